@@ -1,0 +1,164 @@
+/* Validation and generation of block lists (both formats). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sparseattn.h"
+
+size_t sa_tile_rows(const sa_shape *s, const sa_tile_lists *l)
+{
+    return (size_t)s->batch * l->list_heads * sa_q_tiles(s);
+}
+
+size_t sa_query_rows(const sa_shape *s) { return (size_t)s->batch * s->heads_kv * s->len_q; }
+
+/* Checks n rows of max_blocks entries. `seen` is a kv_blocks-sized scratch of row stamps, so a
+ * duplicate test costs O(count) per row instead of a sort. */
+static int check_rows(const int32_t *idx, const int32_t *counts, size_t rows, int max_blocks,
+                      int kv_blocks, int allow_empty)
+{
+    size_t *seen = malloc((size_t)kv_blocks * sizeof *seen);
+    if (!seen)
+        return SA_ERR_NOMEM;
+    memset(seen, 0, (size_t)kv_blocks * sizeof *seen);
+    int err = SA_OK;
+    for (size_t r = 0; r < rows && !err; r++) {
+        int c = counts ? counts[r] : max_blocks;
+        if (c < 0 || c > max_blocks) {
+            err = SA_ERR_COUNT;
+            break;
+        }
+        if (c == 0 && !allow_empty) {
+            err = SA_ERR_EMPTY_ROW;
+            break;
+        }
+        const int32_t *row = idx + r * (size_t)max_blocks;
+        for (int j = 0; j < c; j++) {
+            int32_t b = row[j];
+            if (b < 0 || b >= kv_blocks) {
+                err = SA_ERR_INDEX;
+                break;
+            }
+            if (seen[b] == r + 1) {
+                err = SA_ERR_DUPLICATE;
+                break;
+            }
+            seen[b] = r + 1;
+        }
+    }
+    free(seen);
+    return err;
+}
+
+int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty)
+{
+    if (!s || !l)
+        return SA_ERR_NULL;
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    if (!l->indices)
+        return SA_ERR_NULL;
+    if (l->list_heads != s->heads_kv && l->list_heads != s->heads_q)
+        return SA_ERR_LIST_HEADS;
+    if (l->max_blocks <= 0)
+        return SA_ERR_MAX_BLOCKS;
+    return check_rows(l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks, sa_kv_blocks(s),
+                      allow_empty);
+}
+
+int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_empty)
+{
+    if (!s || !l)
+        return SA_ERR_NULL;
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    if (!l->indices)
+        return SA_ERR_NULL;
+    if (l->max_blocks <= 0)
+        return SA_ERR_MAX_BLOCKS;
+    return check_rows(l->indices, l->counts, sa_query_rows(s), l->max_blocks, sa_kv_blocks(s),
+                      allow_empty);
+}
+
+/* k distinct blocks of [0, n), sorted: a partial Fisher-Yates over `perm`, then a counting pass
+ * over a mark array keeps the row sorted without a comparison sort. */
+static void draw_row(sa_rng *r, int n, int k, int32_t *perm, unsigned char *mark, int32_t *out)
+{
+    for (int i = 0; i < n; i++)
+        perm[i] = i;
+    for (int i = 0; i < k; i++) {
+        int j = i + (int)sa_rng_below(r, (uint32_t)(n - i));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    memset(mark, 0, (size_t)(unsigned)n);
+    for (int i = 0; i < k; i++)
+        mark[perm[i]] = 1;
+    for (int b = 0, j = 0; b < n; b++)
+        if (mark[b])
+            out[j++] = b;
+}
+
+static int draw_rows(const sa_shape *s, size_t rows, int k, int pair_len, uint64_t seed,
+                     int32_t *indices)
+{
+    int n = sa_kv_blocks(s);
+    if (k <= 0 || k > n)
+        return SA_ERR_ARG;
+    int32_t *perm = malloc((size_t)n * sizeof *perm);
+    unsigned char *mark = malloc((size_t)n);
+    if (!perm || !mark) {
+        free(perm);
+        free(mark);
+        return SA_ERR_NOMEM;
+    }
+    sa_rng r;
+    sa_rng_seed(&r, seed);
+    for (size_t row = 0; row < rows; row++) {
+        int32_t *out = indices + row * (size_t)k;
+        if (pair_len > 1 && row % (size_t)pair_len)
+            memcpy(out, out - k, (size_t)k * sizeof *out);
+        else
+            draw_row(&r, n, k, perm, mark, out);
+    }
+    free(perm);
+    free(mark);
+    return SA_OK;
+}
+
+int sa_random_tile_lists(const sa_shape *s, int list_heads, int k, int pattern, uint64_t seed,
+                         int32_t *indices)
+{
+    if (!s || !indices)
+        return SA_ERR_NULL;
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    if (list_heads != s->heads_kv && list_heads != s->heads_q)
+        return SA_ERR_LIST_HEADS;
+    if (pattern != SA_LISTS_INDEPENDENT && pattern != SA_LISTS_PAIRED)
+        return SA_ERR_ARG;
+    int tiles = sa_q_tiles(s);
+    /* Pairs never straddle a (batch, head): draw per head so an odd tile count stays independent. */
+    size_t heads = (size_t)s->batch * list_heads;
+    for (size_t h = 0; h < heads; h++) {
+        int32_t *base = indices + h * (size_t)tiles * k;
+        int pair = pattern == SA_LISTS_PAIRED ? 2 : 1;
+        err = draw_rows(s, (size_t)tiles, k, pair, seed + h * 0x9e3779b97f4a7c15ull, base);
+        if (err)
+            return err;
+    }
+    return SA_OK;
+}
+
+int sa_random_query_lists(const sa_shape *s, int k, uint64_t seed, int32_t *indices)
+{
+    if (!s || !indices)
+        return SA_ERR_NULL;
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    return draw_rows(s, sa_query_rows(s), k, 1, seed, indices);
+}

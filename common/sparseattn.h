@@ -1,0 +1,199 @@
+/*
+ * sparseattn: block-sparse attention, public C API.
+ *
+ * Conventions
+ *   - Tensors are BF16 stored as uint16_t, layout BHSD: (batch, head, seq, head_dim), contiguous.
+ *   - Query tiles and KV blocks are SA_TILE = 128 tokens. len_kv need not be a multiple of 128:
+ *     the final block is then partial and its padding never enters the softmax.
+ *   - Softmax scale is 1/sqrt(head_dim); LSE is FP32, natural log, per (batch, head_q, query).
+ *   - Every entry point returns SA_OK (0) or a negative sa_status; sa_strerror() explains it.
+ *   - Integer metadata (block indices, counts) is int32_t.
+ */
+#ifndef SPARSEATTN_H
+#define SPARSEATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SA_TILE 128 /* tokens per query tile and per KV block */
+
+/* ---------------------------------------------------------------- errors */
+typedef enum sa_status {
+    SA_OK = 0,
+    SA_ERR_NULL = -1,         /* a required pointer is NULL */
+    SA_ERR_SHAPE = -2,        /* a size is zero or negative */
+    SA_ERR_GQA = -3,          /* heads_q is not a multiple of heads_kv */
+    SA_ERR_HEAD_DIM = -4,     /* head_dim not supported */
+    SA_ERR_INDEX = -5,        /* block index outside [0, kv_blocks) */
+    SA_ERR_DUPLICATE = -6,    /* the same block twice in one row */
+    SA_ERR_COUNT = -7,        /* count outside [0, max_blocks] */
+    SA_ERR_EMPTY_ROW = -8,    /* a row of count 0 where empty rows are not allowed */
+    SA_ERR_LIST_HEADS = -9,   /* list_heads is neither heads_kv nor heads_q */
+    SA_ERR_MAX_BLOCKS = -10,  /* max_blocks <= 0 */
+    SA_ERR_ARG = -11,         /* another argument is out of range (k, slots, options) */
+    SA_ERR_NOMEM = -12,       /* host or device allocation failed */
+    SA_ERR_UNSUPPORTED = -13, /* valid input, but this kernel does not support the shape */
+    SA_ERR_NO_DEVICE = -14,   /* no usable CUDA device */
+    SA_ERR_CUDA = -15,        /* a CUDA call or launch failed */
+    SA_ERR_NOT_BUILT = -16,   /* the library was built without CUDA */
+    SA_ERR_UNKNOWN = -17,     /* name not found in a registry */
+} sa_status;
+
+/* One sentence naming the problem; never NULL. */
+const char *sa_strerror(int code);
+
+/* ---------------------------------------------------------------- shapes */
+typedef struct sa_shape {
+    int batch;
+    int heads_q;
+    int heads_kv; /* heads_q % heads_kv == 0; 1 means MQA */
+    int len_q;
+    int len_kv;
+    int head_dim; /* 64 or 128 in the reference; GPU stages say what they support */
+} sa_shape;
+
+/* SA_OK, SA_ERR_NULL, SA_ERR_SHAPE, SA_ERR_GQA or SA_ERR_HEAD_DIM. Also rejects shapes whose
+ * element counts overflow. */
+int sa_shape_check(const sa_shape *s);
+int sa_q_tiles(const sa_shape *s);   /* ceil(len_q / 128) */
+int sa_kv_blocks(const sa_shape *s); /* ceil(len_kv / 128) */
+/* Valid keys in block `blk` (128 except for a partial final block). */
+int sa_block_len(const sa_shape *s, int blk);
+size_t sa_q_elems(const sa_shape *s);   /* B*Hq*Sq*D: Q and O */
+size_t sa_kv_elems(const sa_shape *s);  /* B*Hkv*Skv*D: K and V */
+size_t sa_lse_elems(const sa_shape *s); /* B*Hq*Sq */
+
+/* ---------------------------------------------------------------- BF16 */
+uint16_t sa_bf16_from_f32(float x); /* round to nearest even; NaN stays NaN */
+float sa_bf16_to_f32(uint16_t x);   /* exact */
+void sa_bf16_from_f32_array(uint16_t *dst, const float *src, size_t n);
+void sa_bf16_to_f32_array(float *dst, const uint16_t *src, size_t n);
+
+/* ---------------------------------------------------------------- block lists */
+/* Q-centric lists: one row per (batch, list_head, q_tile).
+ *   indices is (batch, list_heads, q_tiles, max_blocks); a row's first count entries are used.
+ *   counts  is (batch, list_heads, q_tiles), or NULL: every row uses max_blocks.
+ *   list_heads is heads_kv (a GQA group shares one list) or heads_q (one list per head).
+ *   Query head h uses list head h / (heads_q / list_heads). */
+typedef struct sa_tile_lists {
+    const int32_t *indices;
+    const int32_t *counts;
+    int list_heads;
+    int max_blocks;
+} sa_tile_lists;
+
+/* Per-query lists (KV-centric path): one row per (batch, head_kv, query).
+ *   indices is (batch, heads_kv, len_q, max_blocks); counts (batch, heads_kv, len_q) or NULL. */
+typedef struct sa_query_lists {
+    const int32_t *indices;
+    const int32_t *counts;
+    int max_blocks;
+} sa_query_lists;
+
+/* Host-side validators (pointers are host memory). allow_empty = 0 turns a row of count 0 into
+ * SA_ERR_EMPTY_ROW. Check the shape first; these also call sa_shape_check. */
+int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty);
+int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_empty);
+size_t sa_tile_rows(const sa_shape *s, const sa_tile_lists *l);     /* B*list_heads*q_tiles */
+size_t sa_query_rows(const sa_shape *s);                            /* B*Hkv*Sq */
+
+/* ---------------------------------------------------------------- RNG */
+/* xoshiro256** seeded through splitmix64: the same seed gives the same stream everywhere. */
+typedef struct sa_rng {
+    uint64_t s[4];
+} sa_rng;
+void sa_rng_seed(sa_rng *r, uint64_t seed);
+uint64_t sa_rng_u64(sa_rng *r);
+double sa_rng_uniform(sa_rng *r);       /* [0, 1) */
+double sa_rng_normal(sa_rng *r);        /* N(0, 1) */
+uint32_t sa_rng_below(sa_rng *r, uint32_t n); /* uniform in [0, n), n > 0 */
+/* Fill n BF16 values with N(0, 1) * scale. */
+void sa_rng_fill_bf16(sa_rng *r, uint16_t *dst, size_t n, float scale);
+/* A seed from the clock and the process, for tests that draw fresh inputs each run. */
+uint64_t sa_fresh_seed(void);
+
+/* Random lists, sorted by block index within each row, no duplicates.
+ * pattern SA_LISTS_INDEPENDENT: every row drawn independently;
+ * SA_LISTS_PAIRED: tiles 2t and 2t+1 share one list (what a two-tile CTA can reuse). */
+enum { SA_LISTS_INDEPENDENT = 0, SA_LISTS_PAIRED = 1 };
+int sa_random_tile_lists(const sa_shape *s, int list_heads, int k, int pattern, uint64_t seed,
+                         int32_t *indices /* (B, list_heads, q_tiles, k) */);
+int sa_random_query_lists(const sa_shape *s, int k, uint64_t seed,
+                          int32_t *indices /* (B, Hkv, Sq, k) */);
+
+/* ---------------------------------------------------------------- outputs and options */
+typedef struct sa_outputs {
+    uint16_t *o;  /* BF16 (B, Hq, Sq, D), required */
+    float *o_f32; /* FP32 (B, Hq, Sq, D), optional */
+    float *lse;   /* FP32 (B, Hq, Sq), optional; -inf for a query with no selected key */
+} sa_outputs;
+
+typedef struct sa_attn_opts {
+    int allow_empty_rows; /* 1: a row of count 0 gives O = 0, LSE = -inf (default 1) */
+    int validate;         /* 1: validate lists at the entry point (default 1) */
+} sa_attn_opts;
+void sa_attn_opts_default(sa_attn_opts *o);
+
+/* ---------------------------------------------------------------- CPU reference */
+/* q is (B, Hq, Sq, D), k and v are (B, Hkv, Skv, D); outputs as in sa_outputs. opts may be NULL
+ * (defaults). OpenMP across (batch, head, tile); GEMMs through OpenBLAS. */
+int sa_ref_dense(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                 const sa_outputs *out);
+int sa_ref_tile_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                       const sa_tile_lists *l, const sa_attn_opts *opts, const sa_outputs *out);
+int sa_ref_query_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                        const sa_query_lists *l, const sa_attn_opts *opts, const sa_outputs *out);
+/* Partials: for each (b, hq, query, slot) the attention of the query over the single block in its
+ * list's slot. part_o is (B, Hq, Sq, max_blocks, D) FP32, part_lse (B, Hq, Sq, max_blocks);
+ * slots at or past the row's count get O = 0, LSE = -inf. */
+int sa_ref_query_partials(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                          const uint16_t *v, const sa_query_lists *l, float *part_o,
+                          float *part_lse);
+/* Combine: per (b, hq, query), merge `slots` partials by their LSE weights:
+ *   lse = log(sum_j exp(lse_j)), o = sum_j exp(lse_j - lse) * o_j.
+ * part_o is (B, Hq, Sq, slots, D), part_lse (B, Hq, Sq, slots). All -inf gives O = 0, LSE = -inf. */
+int sa_ref_combine(const sa_shape *s, int slots, const float *part_o, const float *part_lse,
+                   const sa_outputs *out);
+
+/* ---------------------------------------------------------------- GPU stages */
+/* 1 when the library was built with CUDA and a CUDA device is present, else 0. */
+int sa_gpu_available(void);
+
+/* Arguments of one GPU attention launch; all pointers are device memory. */
+typedef struct sa_gpu_attn {
+    sa_shape shape;
+    const uint16_t *q, *k, *v; /* BF16 BHSD */
+    sa_tile_lists lists;       /* device pointers; ignored by dense stages */
+    uint16_t *o;               /* BF16 (B, Hq, Sq, D) */
+    float *lse;                /* FP32 (B, Hq, Sq) */
+    int validate;              /* 1 (default): check the lists on the GPU before the launch */
+    int allow_empty_rows;      /* 1 (default) */
+    void *stream;              /* cudaStream_t; NULL is the default stream */
+} sa_gpu_attn;
+void sa_gpu_attn_default(sa_gpu_attn *a);
+
+/* The stage registry: written once, read by tests, the CLI, the benchmarks and the docs. */
+typedef struct sa_stage {
+    int id;              /* the file number: 14, 15, 16 */
+    const char *name;    /* e.g. "dense_persistent" */
+    const char *summary; /* one line */
+    int sparse;          /* 1: consumes tile lists */
+    int (*check)(const sa_gpu_attn *a);  /* SA_OK or why the stage cannot run it; no launch */
+    int (*launch)(const sa_gpu_attn *a); /* validates (check) then launches */
+} sa_stage;
+int sa_stage_count(void);
+const sa_stage *sa_stage_at(int i);
+const sa_stage *sa_stage_by_id(int id);
+const sa_stage *sa_stage_by_name(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include "sa_selectors.h"
+#include "sa_kvcentric.h"
+#endif

@@ -1,0 +1,47 @@
+#!/bin/bash
+# On the GPU machine, from the checkout with .deps carried beside it:
+#   bash scripts/device-gpu-suite.sh [sanitize] [bench NAME...] [peers ARGS...]
+# Builds with CUDA, runs `meson test --suite gpu`, optionally compute-sanitizer (memcheck and
+# racecheck on the small-shape GPU tests) and benchmarks. Logs go to $OUT (or ./device-logs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device-logs}
+mkdir -p "$out"
+source scripts/device-env.sh || { echo "cannot unpack .deps (run scripts/fetch-check-debs.sh here first)"; exit 1; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
+t0=$(date +%s)
+if ! { meson setup build-gpu -Dcuda=enabled -Dtests=enabled --wipe >"$out/setup.log" 2>&1 ||
+       meson setup build-gpu -Dcuda=enabled -Dtests=enabled >"$out/setup.log" 2>&1; }; then
+    tail -30 "$out/setup.log"; exit 1
+fi
+ninja -C build-gpu >"$out/build.log" 2>&1 || { grep -B2 -A8 -m5 error "$out/build.log"; tail -20 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+status=0
+meson test -C build-gpu --suite gpu --print-errorlogs >"$out/gpu-tests.log" 2>&1 || status=1
+grep -E "^ *[0-9]+/[0-9]+ |^Ok:|^Fail:|^Skipped:|FAILED|seed" "$out/gpu-tests.log" | tail -40
+cp build-gpu/meson-logs/testlog.txt "$out/gpu-testlog.txt" 2>/dev/null
+shift_args=("$@")
+i=0
+while [ $i -lt ${#shift_args[@]} ]; do
+    a=${shift_args[$i]}
+    case "$a" in
+    sanitize)
+        # Small shapes only: SA_SMALL asks each gpu test for its smallest case.
+        for t in build-gpu/tests/test_gpu_*; do
+            [ -x "$t" ] || continue
+            for tool in memcheck racecheck; do
+                SA_SMALL=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" \
+                    >"$out/sanitize-$(basename "$t")-$tool.log" 2>&1
+                echo "compute-sanitizer $tool $(basename "$t"): rc=$? $(grep -E 'ERROR SUMMARY' "$out/sanitize-$(basename "$t")-$tool.log" | tail -1)"
+            done
+        done ;;
+    bench)
+        i=$((i + 1))
+        b=${shift_args[$i]}
+        build-gpu/tools/sparseattn bench "$b" 2>&1 | tee "$out/bench-$b.txt" ;;
+    peers)
+        PYTHONUNBUFFERED=1 python3 bench/peers.py --lib build-gpu/libsparseattn.so 2>&1 | tee "$out/peers.txt" ;;
+    esac
+    i=$((i + 1))
+done
+exit $status
