@@ -176,6 +176,14 @@ typedef struct sa_gpu_attn {
 } sa_gpu_attn;
 void sa_gpu_attn_default(sa_gpu_attn *a);
 
+/* Validate lists that live in device memory, with a small GPU kernel (the shape and the list
+ * struct are host memory). Same codes as the host validators; synchronizes `stream`.
+ * SA_ERR_NOT_BUILT without CUDA. */
+int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *device_lists, int allow_empty,
+                            void *stream);
+int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists *device_lists,
+                             int allow_empty, void *stream);
+
 /* The stage registry: written once, read by tests, the CLI, the benchmarks and the docs. */
 typedef struct sa_stage {
     int id;              /* the file number: 14, 15, 16 */
