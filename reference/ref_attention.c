@@ -1,5 +1,237 @@
-/* Placeholder: the exact CPU reference lands with the foundation work. */
-#include "sparseattn.h"
+/*
+ * The exact CPU reference, query-tile path: sa_ref_dense and sa_ref_tile_sparse.
+ * Every GPU stage is tested against these, so they favour clarity and FP32-exact arithmetic over
+ * speed, but stay fast enough (OpenBLAS sgemm, OpenMP) to check full-size benchmark shapes.
+ *
+ * Per work item (batch, list head, 128-query tile):
+ *   1. gather the valid keys of the row's blocks into contiguous FP32 K and V (BF16 -> FP32 is
+ *      exact; the conversion rides along with the copy the gather needs anyway, so K/V are never
+ *      converted as a whole),
+ *   2. for each query head reading that list: S = scale * Q K^T (sgemm),
+ *   3. row softmax over all gathered keys at once (max subtraction, double row sum),
+ *   4. O = P V (sgemm), divided by the row sum; LSE = max + log(sum).
+ * With list_heads = heads_kv a GQA group shares one list, so one gather serves the whole group.
+ */
+#include <cblas.h>
+#include <limits.h>
+#include <stdlib.h>
+
+#include "ref_internal.h"
+
+int ref_check_outputs(const sa_outputs *out)
+{
+    if (!out || !out->o)
+        return SA_ERR_NULL;
+    return SA_OK;
+}
+
+int ref_resolve_opts(const sa_attn_opts *opts, sa_attn_opts *res)
+{
+    sa_attn_opts_default(res);
+    if (!opts)
+        return SA_OK;
+    if ((opts->allow_empty_rows != 0 && opts->allow_empty_rows != 1) ||
+        (opts->validate != 0 && opts->validate != 1))
+        return SA_ERR_ARG;
+    *res = *opts;
+    return SA_OK;
+}
+
+int ref_scan_rows(const sa_shape *s, const int32_t *indices, const int32_t *counts, size_t rows,
+                  int max_blocks, size_t *max_keys)
+{
+    int nb = sa_kv_blocks(s);
+    size_t most = 0;
+    for (size_t r = 0; r < rows; r++) {
+        int c = counts ? counts[r] : max_blocks;
+        if (c < 0 || c > max_blocks)
+            return SA_ERR_COUNT;
+        const int32_t *row = indices + r * (size_t)max_blocks;
+        size_t keys = 0;
+        for (int j = 0; j < c; j++) {
+            if (row[j] < 0 || row[j] >= nb)
+                return SA_ERR_INDEX;
+            keys += (size_t)sa_block_len(s, row[j]);
+        }
+        most = keys > most ? keys : most;
+    }
+    *max_keys = most;
+    return SA_OK;
+}
+
+/* What one call computes. indices == NULL means dense: every row lists all blocks in order. */
+typedef struct tile_job {
+    const sa_shape *s;
+    const uint16_t *q, *k, *v;
+    const int32_t *indices, *counts;
+    int list_heads, max_blocks;
+    size_t max_keys; /* most keys any row gathers: sizes the scratch */
+    const sa_outputs *out;
+} tile_job;
+
+/* Per-thread scratch, sized once per call. */
+typedef struct tile_scratch {
+    float *kf, *vf; /* (max_keys, D) gathered keys and values */
+    float *qf;      /* (128, D) one query tile */
+    float *s;       /* (128, max_keys) logits, then weights */
+    float *of;      /* (128, D) unnormalised P V */
+} tile_scratch;
+
+static int scratch_alloc(tile_scratch *t, size_t max_keys, int d)
+{
+    size_t kd = max_keys * (size_t)d, td = (size_t)SA_TILE * d;
+    t->kf = malloc((kd ? kd : 1) * sizeof(float));
+    t->vf = malloc((kd ? kd : 1) * sizeof(float));
+    t->qf = malloc(td * sizeof(float));
+    t->s = malloc(((size_t)SA_TILE * max_keys + 1) * sizeof(float));
+    t->of = malloc(td * sizeof(float));
+    return t->kf && t->vf && t->qf && t->s && t->of ? SA_OK : SA_ERR_NOMEM;
+}
+
+static void scratch_free(tile_scratch *t)
+{
+    free(t->kf);
+    free(t->vf);
+    free(t->qf);
+    free(t->s);
+    free(t->of);
+}
+
+/* One (batch b, list head lh, query tile t). Shapes:
+ *   q is (B, Hq, Sq, D); k, v are (B, Hkv, Skv, D); the row's blocks are indices[row][0..count).
+ *   Query heads hq in [lh * hpl, (lh + 1) * hpl) read this row, hpl = Hq / list_heads. */
+static void tile_item(const tile_job *job, tile_scratch *sc, int b, int lh, int t)
+{
+    const sa_shape *s = job->s;
+    const int d = s->head_dim, tiles = sa_q_tiles(s), nb = sa_kv_blocks(s);
+    const int hpl = s->heads_q / job->list_heads, group = s->heads_q / s->heads_kv;
+    const int hkv = lh * hpl / group;
+    const int q0 = t * SA_TILE, m = s->len_q - q0 < SA_TILE ? s->len_q - q0 : SA_TILE;
+    const float scale = ref_softmax_scale(d);
+
+    size_t row = ((size_t)b * job->list_heads + lh) * tiles + t;
+    const int32_t *idx = job->indices ? job->indices + row * (size_t)job->max_blocks : NULL;
+    int count = !job->indices ? nb : job->counts ? job->counts[row] : job->max_blocks;
+
+    /* 1. Gather: only a block's valid keys, so a partial final block's padding never exists. */
+    const size_t kv_head = ((size_t)b * s->heads_kv + hkv) * s->len_kv * d;
+    size_t nk = 0;
+    for (int j = 0; j < count; j++) {
+        int blk = idx ? idx[j] : j;
+        size_t len = (size_t)sa_block_len(s, blk), src = kv_head + (size_t)blk * SA_TILE * d;
+        ref_bf16_to_f32(sc->kf + nk * d, job->k + src, len * d);
+        ref_bf16_to_f32(sc->vf + nk * d, job->v + src, len * d);
+        nk += len;
+    }
+
+    for (int hq = lh * hpl; hq < (lh + 1) * hpl; hq++) {
+        size_t qrow = ((size_t)b * s->heads_q + hq) * s->len_q + q0;
+        if (nk == 0) { /* no selected key: O = 0, LSE = -inf */
+            for (int i = 0; i < m; i++)
+                ref_store_row(job->out, qrow + i, d, sc->of, 0.0, 0.0);
+            continue;
+        }
+        ref_bf16_to_f32(sc->qf, job->q + qrow * d, (size_t)m * d);
+        /* 2. S = scale * Q K^T: (m, D) x (nk, D)^T -> (m, nk). */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, (int)nk, d, scale, sc->qf, d,
+                    sc->kf, d, 0.0f, sc->s, (int)nk);
+        /* 3. One softmax per query over every selected key. */
+        double sum[SA_TILE], lse[SA_TILE];
+        for (int i = 0; i < m; i++)
+            lse[i] = ref_softmax_row(sc->s + (size_t)i * nk, nk, &sum[i]);
+        /* 4. O = P V: (m, nk) x (nk, D) -> (m, D), normalised row by row on the way out. */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, d, (int)nk, 1.0f, sc->s,
+                    (int)nk, sc->vf, d, 0.0f, sc->of, d);
+        for (int i = 0; i < m; i++)
+            ref_store_row(job->out, qrow + i, d, sc->of + (size_t)i * d, sum[i], lse[i]);
+    }
+}
+
+/* Runs every (b, list head, tile) item across OpenMP threads. OpenBLAS is held single-threaded
+ * meanwhile: the parallelism is ours, and its own pool would oversubscribe the cores. */
+static int run_tiles(const tile_job *job)
+{
+    const sa_shape *s = job->s;
+    const int tiles = sa_q_tiles(s);
+    const long long items = (long long)s->batch * job->list_heads * tiles;
+    /* sgemm takes int sizes, and a row this long would not fit in memory anyway. */
+    if (job->max_keys > (size_t)INT_MAX / SA_TILE)
+        return SA_ERR_NOMEM;
+    int err = SA_OK;
+    int blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+#pragma omp parallel
+    {
+        tile_scratch sc;
+        int ok = scratch_alloc(&sc, job->max_keys, s->head_dim) == SA_OK;
+        if (!ok) {
+#pragma omp atomic write
+            err = SA_ERR_NOMEM;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (long long w = 0; w < items; w++) {
+            if (!ok)
+                continue;
+            int t = (int)(w % tiles);
+            long long bh = w / tiles;
+            tile_item(job, &sc, (int)(bh / job->list_heads), (int)(bh % job->list_heads), t);
+        }
+        scratch_free(&sc);
+    }
+    openblas_set_num_threads(blas_threads);
+    return err;
+}
+
+/* Dense attention over all len_kv keys.
+ *   q is (B, Hq, Sq, D); k, v are (B, Hkv, Skv, D); out->o (B, Hq, Sq, D) BF16, out->o_f32
+ *   (B, Hq, Sq, D) and out->lse (B, Hq, Sq) optional. Query head h reads KV head h / (Hq / Hkv).
+ *   Scratch per thread: about len_kv * (2 D + 128) floats. */
 int sa_ref_dense(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                  const sa_outputs *out)
-{ (void)s; (void)q; (void)k; (void)v; (void)out; return SA_ERR_UNSUPPORTED; }
+{
+    if (!s || !q || !k || !v)
+        return SA_ERR_NULL;
+    int err = ref_check_outputs(out);
+    if (err)
+        return err;
+    if ((err = sa_shape_check(s)))
+        return err;
+    tile_job job = {.s = s, .q = q, .k = k, .v = v, .list_heads = s->heads_kv,
+                    .max_keys = (size_t)s->len_kv, .out = out};
+    return run_tiles(&job);
+}
+
+/* Block-sparse attention with one block list per (batch, list head, query tile).
+ *   q is (B, Hq, Sq, D); k, v are (B, Hkv, Skv, D); outputs as in sa_ref_dense.
+ *   l->indices is (B, list_heads, q_tiles, max_blocks), l->counts (B, list_heads, q_tiles) or
+ *   NULL (every row uses max_blocks). Query head h uses list head h / (Hq / list_heads).
+ *   Each query's softmax runs once over all keys of its row's blocks; rows of count 0 give
+ *   O = 0, LSE = -inf (or SA_ERR_EMPTY_ROW when opts->allow_empty_rows = 0).
+ *   opts->validate = 0 skips the duplicate and empty-row checks (a duplicate block then counts
+ *   twice); counts and indices are bounds-checked regardless. */
+int sa_ref_tile_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                       const sa_tile_lists *l, const sa_attn_opts *opts, const sa_outputs *out)
+{
+    if (!s || !q || !k || !v || !l || !l->indices)
+        return SA_ERR_NULL;
+    int err = ref_check_outputs(out);
+    if (err)
+        return err;
+    if ((err = sa_shape_check(s)))
+        return err;
+    sa_attn_opts o;
+    if ((err = ref_resolve_opts(opts, &o)))
+        return err;
+    if (l->list_heads != s->heads_kv && l->list_heads != s->heads_q)
+        return SA_ERR_LIST_HEADS;
+    if (l->max_blocks <= 0)
+        return SA_ERR_MAX_BLOCKS;
+    if (o.validate && (err = sa_tile_lists_check(s, l, o.allow_empty_rows)))
+        return err;
+    tile_job job = {.s = s, .q = q, .k = k, .v = v, .indices = l->indices, .counts = l->counts,
+                    .list_heads = l->list_heads, .max_blocks = l->max_blocks, .out = out};
+    if ((err = ref_scan_rows(s, l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks,
+                             &job.max_keys)))
+        return err;
+    return run_tiles(&job);
+}

@@ -1,0 +1,108 @@
+/* Pieces shared by the CPU reference files (ref_attention.c, ref_query.c); not public API. */
+#ifndef SA_REF_INTERNAL_H
+#define SA_REF_INTERNAL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "sparseattn.h"
+
+/* Softmax scale 1/sqrt(head_dim), rounded once to FP32. It is applied as the sgemm alpha, so the
+ * logit is rounded once after the FP32 dot product. */
+static inline float ref_softmax_scale(int head_dim) { return (float)(1.0 / sqrt((double)head_dim)); }
+
+#define REF_LOG2E 1.44269504088896341f
+/* ln 2 split in two (Cody-Waite): LN2_HI has few mantissa bits, so n * LN2_HI is exact for the
+ * |n| <= 126 that ref_exp_nonpos produces. */
+#define REF_LN2_HI 0.693145751953125f
+#define REF_LN2_LO 1.42860682030941723212e-6f
+/* Below this e^x is under FLT_MIN; such weights are < 1e-37 of the row max's weight 1. */
+#define REF_EXP_MIN_ARG (-87.0f)
+
+/* BF16 -> FP32 is exact: the BF16 bits are the top half of the float. Written inline (not through
+ * sa_bf16_to_f32_array in another file) so the compiler vectorises it inside the gathers. */
+static inline void ref_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, 4);
+    }
+}
+
+/* e^x for x <= 0 (softmax weights after max subtraction). glibc's expf does not vectorise without
+ * -ffast-math, and with 128 keys of work per weight the scalar call would cost as much as the
+ * GEMMs. x = n ln2 + r with |r| <= ln2/2; e^r by its Taylor series to r^7 (truncation error
+ * < 6e-9 relative, under half an FP32 ulp); 2^n built in the exponent bits. Total error ~2 ulp. */
+#pragma omp declare simd notinbranch
+static inline float ref_exp_nonpos(float x)
+{
+    int under = x < REF_EXP_MIN_ARG;
+    x = under ? REF_EXP_MIN_ARG : x;
+    /* Round x*log2(e) to nearest: for t <= 0, truncating t - 0.5 toward zero does it, and
+     * float -> int truncation vectorises on every x86-64, unlike rintf. */
+    int n = (int)(x * REF_LOG2E - 0.5f);
+    float nf = (float)n;
+    float r = (x - nf * REF_LN2_HI) - nf * REF_LN2_LO;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    uint32_t bits = (uint32_t)(n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return under ? 0.0f : p * two_n;
+}
+
+/* One softmax row of n > 0 logits, in place: s[j] <- e^(s[j] - max). Returns the natural-log LSE
+ * max + log(sum); *sum gets the sum in double, so 10^5 terms lose nothing to the accumulation. */
+static inline double ref_softmax_row(float *s, size_t n, double *sum)
+{
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (size_t j = 0; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    double acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (size_t j = 0; j < n; j++) {
+        float e = ref_exp_nonpos(s[j] - m);
+        s[j] = e;
+        acc += e;
+    }
+    *sum = acc;
+    return (double)m + log(acc);
+}
+
+/* Writes one output row: o = acc / sum (rounded once to FP32, then once to BF16), and the LSE.
+ * sum <= 0 marks a query with no selected key: O = 0, LSE = -inf. */
+static inline void ref_store_row(const sa_outputs *out, size_t row, int d, const float *acc,
+                                 double sum, double lse)
+{
+    uint16_t *o = out->o + row * (size_t)d;
+    float *of = out->o_f32 ? out->o_f32 + row * (size_t)d : NULL;
+    double inv = sum > 0 ? 1.0 / sum : 0.0;
+    for (int i = 0; i < d; i++) {
+        float x = sum > 0 ? (float)(acc[i] * inv) : 0.0f;
+        o[i] = sa_bf16_from_f32(x);
+        if (of)
+            of[i] = x;
+    }
+    if (out->lse)
+        out->lse[row] = sum > 0 ? (float)lse : -INFINITY;
+}
+
+/* Shared entry-point checks (ref_attention.c). */
+int ref_check_outputs(const sa_outputs *out);
+/* opts NULL -> defaults; fields other than 0/1 -> SA_ERR_ARG. */
+int ref_resolve_opts(const sa_attn_opts *opts, sa_attn_opts *res);
+/* Bounds of every count and index (always checked: the reference reads through them even when
+ * opts->validate = 0) and the most keys any row gathers, which sizes the scratch buffers. */
+int ref_scan_rows(const sa_shape *s, const int32_t *indices, const int32_t *counts, size_t rows,
+                  int max_blocks, size_t *max_keys);
+
+#endif
