@@ -1,9 +1,170 @@
-/* Placeholder until this benchmark lands. */
-#include "cli.h"
+/* "sparseattn bench dense": every dense stage of the registry (or the one --stage names) on the
+ * three dense shapes of the original lineage, in TFLOP/s next to the floors:
+ *   FLOP floor = 4*B*H*Sq*Skv*D / GEMM rate (--gemm-tflops, default measured through PyTorch),
+ *   byte floor = (Q + K + V + O + LSE bytes) / copy bandwidth measured in this run.
+ * One line per (stage, shape); --json gives one JSON object per line instead. */
+#include "bench_gpu.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sparseattn bench dense [flags]\n"
+            "  --stage ID        only this dense stage (default: every dense stage registered)\n"
+            "  --reps N          timed launches per (stage, shape), median reported (default 30)\n"
+            "  --warmup N        untimed launches first (default 5, at least one per input set)\n"
+            "  --gemm-tflops X   bf16 GEMM rate for the FLOP floor (default %.0f: 8192^3\n"
+            "                    torch.matmul on the H200; bench/peers.py measures it)\n"
+            "  --seed S          seed of the random inputs (default 2026)\n"
+            "  --json            one JSON object per line\n"
+            "shapes (B, H, S, D): (8,16,4096,128) (4,16,8192,128) (2,16,16384,128)\n"
+            "stages:",
+            BENCH_GEMM_TFLOPS_DEFAULT);
+    int any = 0;
+    for (int i = 0; i < sa_stage_count(); i++)
+        if (!sa_stage_at(i)->sparse) {
+            fprintf(f, " %d (%s)", sa_stage_at(i)->id, sa_stage_at(i)->name);
+            any = 1;
+        }
+    fprintf(f, "%s\n", any ? "" : " none registered in this build");
+}
+
+#ifndef SA_HAVE_CUDA
 int bench_dense(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "sparseattn: %s is not available in this build yet\n", "bench_dense");
+    bench_flags f;
+    bench_parse(argc, argv, "dense", 0, usage, &f);
+    fprintf(stderr, "sparseattn: bench dense: built without CUDA (configure with -Dcuda=enabled)\n");
     return 1;
 }
+#else
+
+/* (B, Hq = Hkv, S = len_q = len_kv, D): the shapes of the B200 lineage's dense benchmark. */
+static const sa_shape dense_shapes[] = {
+    {8, 16, 16, 4096, 4096, 128},
+    {4, 16, 16, 8192, 8192, 128},
+    {2, 16, 16, 16384, 16384, 128},
+};
+#define NSHAPES (int)(sizeof dense_shapes / sizeof dense_shapes[0])
+
+static void print_head(const bench_flags *f, const sa_stage *st, const sa_shape *s)
+{
+    if (f->json) {
+        printf("{\"bench\":\"dense\",\"kind\":\"stage\",\"stage_id\":%d,\"stage\":", st->id);
+        bench_json_str(st->name);
+        printf(",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"Sq\":%d,\"Skv\":%d,\"D\":%d", s->batch,
+               s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim);
+    } else {
+        printf("stage %2d %-20s B=%d H=%d S=%-5d D=%d  ", st->id, st->name, s->batch, s->heads_q,
+               s->len_q, s->head_dim);
+    }
+}
+
+/* A (stage, shape) that did not run: skipped (check rejects) or failed (launch or outputs). */
+static void print_not_run(const bench_flags *f, const sa_stage *st, const sa_shape *s,
+                          const char *status, const char *why)
+{
+    print_head(f, st, s);
+    if (f->json) {
+        printf(",\"status\":\"%s\",\"reason\":", status);
+        bench_json_str(why);
+        printf("}\n");
+    } else {
+        printf("%s: %s\n", status, why);
+    }
+    fflush(stdout);
+}
+
+/* Times one stage on the shape's sets; returns 1 if it failed (not if skipped). */
+static int run_one(const bench_flags *f, bench_env *e, const sa_stage *st, sa_gb_set *sets,
+                   int nsets)
+{
+    const sa_shape *s = &sets[0].a.shape;
+    char why[600];
+    int rc = st->check ? st->check(&sets[0].a) : SA_OK;
+    if (rc) {
+        print_not_run(f, st, s, "skipped", sa_strerror(rc));
+        return 0;
+    }
+    size_t bad = 0;
+    rc = sa_gb_smoke(e->g, st, &sets[0], &bad);
+    if (rc || bad) {
+        if (rc)
+            snprintf(why, sizeof why, "%s", sa_gb_last_error());
+        else
+            snprintf(why, sizeof why, "%zu outputs (O, LSE) NaN/inf after one launch on poisoned "
+                     "buffers; not timed", bad);
+        print_not_run(f, st, s, "failed", why);
+        return 1;
+    }
+    sa_gb_timing t;
+    rc = sa_gb_time_stage(e->g, st, sets, nsets, 1, f->warmup, f->reps, &t);
+    if (rc) {
+        print_not_run(f, st, s, "failed", sa_gb_last_error());
+        return 1;
+    }
+    const double flops = bench_dense_flops(s);
+    const double tf = bench_tflops(flops, t.median_ms);
+    const double flop_ms = bench_flop_ms(flops, f->gemm_tflops);
+    const double byte_ms = bench_byte_ms((double)sets[0].bytes, e->copy_bps);
+    const double floor_ms = flop_ms > byte_ms ? flop_ms : byte_ms;
+    print_head(f, st, s);
+    if (f->json) {
+        printf(",\"status\":\"ok\",\"flops\":%.6g,\"bytes\":%zu,\"median_ms\":%.6g,\"min_ms\":%.6g,"
+               "\"max_ms\":%.6g,\"reps\":%d,\"input_sets\":%d,\"tflops\":%.6g,"
+               "\"flop_floor_ms\":%.6g,\"byte_floor_ms\":%.6g,\"floor_ms\":%.6g,"
+               "\"gemm_tflops\":%.6g,\"copy_bytes_per_s\":%.6g}\n",
+               flops, sets[0].bytes, t.median_ms, t.min_ms, t.max_ms, t.reps, nsets, tf, flop_ms,
+               byte_ms, floor_ms, f->gemm_tflops, e->copy_bps);
+    } else {
+        printf("%8.3f ms (min %.3f, max %.3f)  %6.1f TFLOP/s | floor %.3f ms (FLOP %.3f, bytes "
+               "%.3f): %4.1f%% of floor speed\n",
+               t.median_ms, t.min_ms, t.max_ms, tf, floor_ms, flop_ms, byte_ms,
+               100.0 * floor_ms / t.median_ms);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+int bench_dense(int argc, char **argv)
+{
+    bench_flags f;
+    bench_parse(argc, argv, "dense", 0, usage, &f);
+    int ndense = 0;
+    for (int i = 0; i < sa_stage_count(); i++)
+        ndense += !sa_stage_at(i)->sparse;
+    if (!sa_gpu_available()) {
+        fprintf(stderr, "sparseattn: bench dense: no usable CUDA device (the stages need compute "
+                        "capability 9.0)\n");
+        return 1;
+    }
+    if (!ndense) {
+        fprintf(stderr, "sparseattn: bench dense: no dense stage in the registry\n");
+        return 1;
+    }
+    bench_env e;
+    if (bench_open("dense", &f, &e))
+        return 1;
+    int failed = 0;
+    for (int si = 0; si < NSHAPES; si++) {
+        const sa_shape *s = &dense_shapes[si];
+        sa_gb_set sets[BENCH_MAX_SETS];
+        int nsets = bench_sets("dense", &e, s, f.seed + (uint64_t)si * 1000003, sets);
+        if (nsets < 0) {
+            failed = 1;
+            continue;
+        }
+        for (int i = 0; i < sa_stage_count(); i++) {
+            const sa_stage *st = sa_stage_at(i);
+            if (st->sparse || (f.stage_id >= 0 && st->id != f.stage_id))
+                continue;
+            cli_progress("stage %d on (%d,%d,%d,%d)...", st->id, s->batch, s->heads_q, s->len_q,
+                         s->head_dim);
+            failed |= run_one(&f, &e, st, sets, nsets);
+            cli_progress_done();
+        }
+        bench_sets_free(sets, nsets);
+    }
+    sa_gb_close(e.g);
+    return failed;
+}
+#endif

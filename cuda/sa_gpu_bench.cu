@@ -1,0 +1,500 @@
+// GPU benchmark harness: see sa_gpu_bench.h. Knows no stage: it times whatever sa_stage it is
+// handed, through the stage's own launch().
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "sa_gpu_bench.h"
+
+namespace {
+
+// Free memory the harness leaves to the stages' own scratch buffers and the driver.
+constexpr size_t kAllocReserve = size_t(512) << 20;
+// Threads per block and a grid cap for the grid-stride utility kernels.
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 132 * 8;
+
+thread_local char last_err[512] = "no error";
+
+void set_err(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_err, sizeof last_err, fmt, ap);
+    va_end(ap);
+}
+
+// Every CUDA call goes through CK: on failure it records the call and returns SA_ERR_CUDA.
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            set_err("%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__);         \
+            return SA_ERR_CUDA;                                                                   \
+        }                                                                                         \
+    } while (0)
+
+int grid_for(size_t work)
+{
+    size_t b = (work + kThreads - 1) / kThreads;
+    return (int)std::max<size_t>(1, std::min<size_t>(b, kMaxBlocks));
+}
+
+// splitmix64's finaliser: a good 64-bit mix, so (seed, index) -> independent-looking bits.
+__host__ __device__ inline uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// Box-Muller on one 64-bit draw per pair of outputs (24 bits per uniform is plenty for BF16).
+__global__ void fill_normal_bf16(uint16_t *p, size_t n, uint64_t seed, float scale)
+{
+    const size_t pairs = (n + 1) / 2;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t r = mix64(seed ^ mix64(i));
+        float u1 = (float)((r >> 40) + 1) * 0x1p-24f; // (0, 1]: log is finite
+        float u2 = (float)((r >> 16) & 0xffffff) * 0x1p-24f;
+        float rad = sqrtf(-2.0f * logf(u1)) * scale;
+        float sn, cs;
+        sincospif(2.0f * u2, &sn, &cs);
+        p[2 * i] = __bfloat16_as_ushort(__float2bfloat16_rn(rad * cs));
+        if (2 * i + 1 < n)
+            p[2 * i + 1] = __bfloat16_as_ushort(__float2bfloat16_rn(rad * sn));
+    }
+}
+
+__global__ void count_bad(const uint16_t *b, size_t nb, const float *f, size_t nf,
+                          unsigned long long *out /* [2] */)
+{
+    unsigned long long cb = 0, cf = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nb; i += stride)
+        cb += (b[i] & 0x7f80u) == 0x7f80u; // exponent all ones: inf or NaN
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nf; i += stride)
+        cf += isnan(f[i]);
+    if (cb)
+        atomicAdd(&out[0], cb);
+    if (cf)
+        atomicAdd(&out[1], cf);
+}
+
+} // namespace
+
+struct sa_gb {
+    cudaStream_t stream;
+    sa_gb_device dev;
+};
+
+extern "C" const char *sa_gb_last_error(void) { return last_err; }
+
+extern "C" int sa_gb_open(sa_gb **g, sa_gb_device *info)
+{
+    if (!g)
+        return SA_ERR_NULL;
+    *g = nullptr;
+    if (!sa_gpu_available()) {
+        set_err("no usable CUDA device (the stages need compute capability 9.0)");
+        return SA_ERR_NO_DEVICE;
+    }
+    CK(cudaSetDevice(0));
+    sa_gb *c = (sa_gb *)calloc(1, sizeof *c);
+    if (!c) {
+        set_err("out of host memory");
+        return SA_ERR_NOMEM;
+    }
+    cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, 0);
+    if (e == cudaSuccess)
+        e = cudaStreamCreate(&c->stream);
+    if (e != cudaSuccess) {
+        set_err("sa_gb_open: %s", cudaGetErrorString(e));
+        free(c);
+        return SA_ERR_CUDA;
+    }
+    snprintf(c->dev.name, sizeof c->dev.name, "%s", p.name);
+    c->dev.cc_major = p.major;
+    c->dev.cc_minor = p.minor;
+    c->dev.sms = p.multiProcessorCount;
+    c->dev.l2_bytes = (size_t)p.l2CacheSize;
+    int clk = 0;
+    if (cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0) != cudaSuccess) {
+        cudaGetLastError();
+        clk = 0;
+    }
+    c->dev.sm_clock_khz = clk;
+    if (cudaMemGetInfo(&c->dev.mem_free, &c->dev.mem_total) != cudaSuccess) {
+        set_err("cudaMemGetInfo failed");
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return SA_ERR_CUDA;
+    }
+    if (info)
+        *info = c->dev;
+    *g = c;
+    return SA_OK;
+}
+
+extern "C" void sa_gb_close(sa_gb *g)
+{
+    if (!g)
+        return;
+    cudaStreamSynchronize(g->stream);
+    cudaStreamDestroy(g->stream);
+    free(g);
+}
+
+extern "C" void *sa_gb_stream(sa_gb *g) { return g ? (void *)g->stream : nullptr; }
+
+extern "C" int sa_gb_alloc(void **p, size_t bytes)
+{
+    if (!p)
+        return SA_ERR_NULL;
+    *p = nullptr;
+    size_t free_b = 0, total_b = 0;
+    CK(cudaMemGetInfo(&free_b, &total_b));
+    if (bytes + kAllocReserve > free_b) {
+        set_err("need %.1f MiB of device memory, %.1f MiB free", bytes / 1048576.0,
+                free_b / 1048576.0);
+        return SA_ERR_NOMEM;
+    }
+    CK(cudaMalloc(p, bytes ? bytes : 1));
+    return SA_OK;
+}
+
+extern "C" void sa_gb_free(void *p)
+{
+    if (p)
+        cudaFree(p);
+}
+
+extern "C" int sa_gb_upload(void *dev, const void *host, size_t bytes)
+{
+    if (!dev || !host)
+        return SA_ERR_NULL;
+    CK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    return SA_OK;
+}
+
+extern "C" int sa_gb_download(void *host, const void *dev, size_t bytes)
+{
+    if (!dev || !host)
+        return SA_ERR_NULL;
+    CK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+    return SA_OK;
+}
+
+extern "C" int sa_gb_fill_bf16(sa_gb *g, uint16_t *dev, size_t n, uint64_t seed, float scale)
+{
+    if (!g || !dev)
+        return SA_ERR_NULL;
+    if (!n)
+        return SA_OK;
+    fill_normal_bf16<<<grid_for((n + 1) / 2), kThreads, 0, g->stream>>>(dev, n, mix64(seed),
+                                                                         scale);
+    CK(cudaGetLastError());
+    return SA_OK;
+}
+
+extern "C" int sa_gb_poison(sa_gb *g, void *dev, size_t bytes)
+{
+    if (!g || !dev)
+        return SA_ERR_NULL;
+    CK(cudaMemsetAsync(dev, 0xff, bytes, g->stream));
+    return SA_OK;
+}
+
+extern "C" int sa_gb_count_bad(sa_gb *g, const uint16_t *bf16, size_t n_bf16, const float *f32,
+                               size_t n_f32, size_t *bad_bf16, size_t *bad_f32)
+{
+    if (!g || (!bf16 && n_bf16) || (!f32 && n_f32))
+        return SA_ERR_NULL;
+    unsigned long long *d = nullptr, h[2] = {0, 0};
+    CK(cudaMalloc(&d, sizeof h));
+    cudaError_t e = cudaMemsetAsync(d, 0, sizeof h, g->stream);
+    if (e == cudaSuccess) {
+        count_bad<<<grid_for(std::max(n_bf16, n_f32)), kThreads, 0, g->stream>>>(bf16, n_bf16, f32,
+                                                                                 n_f32, d);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, g->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(g->stream);
+    cudaFree(d);
+    if (e != cudaSuccess) {
+        set_err("sa_gb_count_bad: %s", cudaGetErrorString(e));
+        return SA_ERR_CUDA;
+    }
+    if (bad_bf16)
+        *bad_bf16 = (size_t)h[0];
+    if (bad_f32)
+        *bad_f32 = (size_t)h[1];
+    return SA_OK;
+}
+
+namespace {
+
+// Median of the elapsed times between event pairs (ev[2i], ev[2i+1]).
+int event_stats(const std::vector<cudaEvent_t> &ev, int reps, sa_gb_timing *t)
+{
+    std::vector<float> ms((size_t)reps);
+    for (int r = 0; r < reps; r++)
+        CK(cudaEventElapsedTime(&ms[(size_t)r], ev[2 * (size_t)r], ev[2 * (size_t)r + 1]));
+    std::sort(ms.begin(), ms.end());
+    t->reps = reps;
+    t->min_ms = ms.front();
+    t->max_ms = ms.back();
+    t->median_ms = reps % 2 ? ms[(size_t)reps / 2]
+                            : 0.5 * ((double)ms[(size_t)reps / 2 - 1] + ms[(size_t)reps / 2]);
+    return SA_OK;
+}
+
+struct Events {
+    std::vector<cudaEvent_t> ev;
+    ~Events()
+    {
+        for (cudaEvent_t e : ev)
+            cudaEventDestroy(e);
+    }
+    int create(int reps)
+    {
+        for (int i = 0; i < 2 * reps; i++) {
+            cudaEvent_t e;
+            CK(cudaEventCreate(&e));
+            ev.push_back(e);
+        }
+        return SA_OK;
+    }
+};
+
+} // namespace
+
+extern "C" int sa_gb_copy_bandwidth(sa_gb *g, size_t bytes, int reps, double *bytes_per_s)
+{
+    if (!g || !bytes_per_s)
+        return SA_ERR_NULL;
+    if (!bytes || reps <= 0)
+        return SA_ERR_ARG;
+    void *a = nullptr, *b = nullptr;
+    int rc = sa_gb_alloc(&a, bytes);
+    if (!rc)
+        rc = sa_gb_alloc(&b, bytes);
+    // Non-zero contents (the copy engine does not care, but never measure on zeros).
+    if (!rc)
+        rc = sa_gb_fill_bf16(g, (uint16_t *)a, bytes / 2, 0x5eed, 1.0f);
+    Events ev;
+    if (!rc)
+        rc = ev.create(reps);
+    for (int w = 0; !rc && w < 3; w++)
+        if (cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g->stream) != cudaSuccess) {
+            set_err("cudaMemcpyAsync D2D: %s", cudaGetErrorString(cudaGetLastError()));
+            rc = SA_ERR_CUDA;
+        }
+    for (int r = 0; !rc && r < reps; r++) {
+        cudaError_t e = cudaEventRecord(ev.ev[2 * (size_t)r], g->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(r % 2 ? a : b, r % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice,
+                                g->stream);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(ev.ev[2 * (size_t)r + 1], g->stream);
+        if (e != cudaSuccess) {
+            set_err("copy bandwidth: %s", cudaGetErrorString(e));
+            rc = SA_ERR_CUDA;
+        }
+    }
+    if (!rc && cudaStreamSynchronize(g->stream) != cudaSuccess) {
+        set_err("copy bandwidth: %s", cudaGetErrorString(cudaGetLastError()));
+        rc = SA_ERR_CUDA;
+    }
+    sa_gb_timing t;
+    if (!rc)
+        rc = event_stats(ev.ev, reps, &t);
+    if (!rc)
+        *bytes_per_s = 2.0 * (double)bytes / (t.median_ms * 1e-3);
+    sa_gb_free(a);
+    sa_gb_free(b);
+    return rc;
+}
+
+extern "C" int sa_gb_set_create(sa_gb *g, const sa_shape *s, uint64_t seed, sa_gb_set *set)
+{
+    if (!g || !s || !set)
+        return SA_ERR_NULL;
+    memset(set, 0, sizeof *set);
+    int rc = sa_shape_check(s);
+    if (rc)
+        return rc;
+    const size_t nq = sa_q_elems(s), nkv = sa_kv_elems(s), nl = sa_lse_elems(s);
+    void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
+    rc = sa_gb_alloc(&q, nq * 2);
+    if (!rc)
+        rc = sa_gb_alloc(&k, nkv * 2);
+    if (!rc)
+        rc = sa_gb_alloc(&v, nkv * 2);
+    if (!rc)
+        rc = sa_gb_alloc(&o, nq * 2);
+    if (!rc)
+        rc = sa_gb_alloc(&lse, nl * 4);
+    if (!rc)
+        rc = sa_gb_fill_bf16(g, (uint16_t *)q, nq, seed * 3 + 0, 1.0f);
+    if (!rc)
+        rc = sa_gb_fill_bf16(g, (uint16_t *)k, nkv, seed * 3 + 1, 1.0f);
+    if (!rc)
+        rc = sa_gb_fill_bf16(g, (uint16_t *)v, nkv, seed * 3 + 2, 1.0f);
+    if (!rc)
+        rc = sa_gb_poison(g, o, nq * 2);
+    if (!rc)
+        rc = sa_gb_poison(g, lse, nl * 4);
+    if (!rc && cudaStreamSynchronize(g->stream) != cudaSuccess) {
+        set_err("filling inputs: %s", cudaGetErrorString(cudaGetLastError()));
+        rc = SA_ERR_CUDA;
+    }
+    if (rc) {
+        sa_gb_free(q), sa_gb_free(k), sa_gb_free(v), sa_gb_free(o), sa_gb_free(lse);
+        return rc;
+    }
+    sa_gpu_attn_default(&set->a);
+    set->a.shape = *s;
+    set->a.q = (const uint16_t *)q;
+    set->a.k = (const uint16_t *)k;
+    set->a.v = (const uint16_t *)v;
+    set->a.o = (uint16_t *)o;
+    set->a.lse = (float *)lse;
+    set->a.stream = g->stream;
+    set->bytes = (2 * nq + 2 * nkv) * 2 + nl * 4;
+    return SA_OK;
+}
+
+static void free_lists(sa_gb_set *set)
+{
+    sa_gb_free((void *)set->a.lists.indices);
+    sa_gb_free((void *)set->a.lists.counts);
+    memset(&set->a.lists, 0, sizeof set->a.lists);
+}
+
+extern "C" int sa_gb_set_lists(sa_gb_set *set, const int32_t *indices, const int32_t *counts,
+                               int list_heads, int max_blocks)
+{
+    if (!set || !indices)
+        return SA_ERR_NULL;
+    if (max_blocks <= 0)
+        return SA_ERR_MAX_BLOCKS;
+    free_lists(set);
+    sa_tile_lists l = {nullptr, nullptr, list_heads, max_blocks};
+    const size_t rows = sa_tile_rows(&set->a.shape, &l);
+    void *di = nullptr, *dc = nullptr;
+    int rc = sa_gb_alloc(&di, rows * (size_t)max_blocks * 4);
+    if (!rc)
+        rc = sa_gb_upload(di, indices, rows * (size_t)max_blocks * 4);
+    if (!rc && counts) {
+        rc = sa_gb_alloc(&dc, rows * 4);
+        if (!rc)
+            rc = sa_gb_upload(dc, counts, rows * 4);
+    }
+    if (rc) {
+        sa_gb_free(di);
+        sa_gb_free(dc);
+        return rc;
+    }
+    set->a.lists.indices = (const int32_t *)di;
+    set->a.lists.counts = (const int32_t *)dc;
+    set->a.lists.list_heads = list_heads;
+    set->a.lists.max_blocks = max_blocks;
+    set->bytes += rows * (size_t)max_blocks * 4 + (counts ? rows * 4 : 0);
+    return SA_OK;
+}
+
+extern "C" void sa_gb_set_destroy(sa_gb_set *set)
+{
+    if (!set)
+        return;
+    free_lists(set);
+    sa_gb_free((void *)set->a.q);
+    sa_gb_free((void *)set->a.k);
+    sa_gb_free((void *)set->a.v);
+    sa_gb_free(set->a.o);
+    sa_gb_free(set->a.lse);
+    memset(set, 0, sizeof *set);
+}
+
+extern "C" int sa_gb_sets_needed(const sa_gb_device *d, size_t set_bytes, int max_sets)
+{
+    const size_t l2 = d && d->l2_bytes ? d->l2_bytes : (size_t)60 << 20;
+    size_t n = 2;
+    if (set_bytes)
+        n = std::max<size_t>(2, 1 + (2 * l2 + set_bytes - 1) / set_bytes);
+    return (int)std::min<size_t>(n, (size_t)std::max(2, max_sets));
+}
+
+static int launch_checked(const sa_stage *st, const sa_gpu_attn *a)
+{
+    int rc = st->launch(a);
+    if (rc)
+        set_err("stage %d (%s) launch: %s", st->id, st->name, sa_strerror(rc));
+    return rc;
+}
+
+extern "C" int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, int nsets,
+                                int validate, int warmup, int reps, sa_gb_timing *t)
+{
+    if (!g || !st || !st->launch || !sets || !t)
+        return SA_ERR_NULL;
+    if (nsets <= 0 || reps <= 0 || warmup < 0)
+        return SA_ERR_ARG;
+    for (int i = 0; i < nsets; i++) {
+        sets[i].a.validate = validate;
+        sets[i].a.stream = g->stream;
+    }
+    Events ev;
+    int rc = ev.create(reps);
+    if (rc)
+        return rc;
+    const int warm = std::max(warmup, nsets);
+    for (int w = 0; w < warm; w++)
+        if ((rc = launch_checked(st, &sets[w % nsets].a)))
+            return rc;
+    CK(cudaStreamSynchronize(g->stream));
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(ev.ev[2 * (size_t)r], g->stream));
+        if ((rc = launch_checked(st, &sets[r % nsets].a))) {
+            cudaStreamSynchronize(g->stream);
+            return rc;
+        }
+        CK(cudaEventRecord(ev.ev[2 * (size_t)r + 1], g->stream));
+    }
+    CK(cudaStreamSynchronize(g->stream));
+    CK(cudaGetLastError());
+    return event_stats(ev.ev, reps, t);
+}
+
+extern "C" int sa_gb_smoke(sa_gb *g, const sa_stage *st, sa_gb_set *set, size_t *bad)
+{
+    if (!g || !st || !st->launch || !set || !bad)
+        return SA_ERR_NULL;
+    const sa_shape *s = &set->a.shape;
+    set->a.stream = g->stream;
+    int rc = sa_gb_poison(g, set->a.o, sa_q_elems(s) * 2);
+    if (!rc)
+        rc = sa_gb_poison(g, set->a.lse, sa_lse_elems(s) * 4);
+    if (!rc)
+        rc = launch_checked(st, &set->a);
+    if (rc)
+        return rc;
+    CK(cudaStreamSynchronize(g->stream));
+    CK(cudaGetLastError());
+    size_t bo = 0, bl = 0;
+    rc = sa_gb_count_bad(g, set->a.o, sa_q_elems(s), set->a.lse, sa_lse_elems(s), &bo, &bl);
+    if (!rc)
+        *bad = bo + bl;
+    return rc;
+}

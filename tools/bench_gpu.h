@@ -1,0 +1,213 @@
+/* Pieces shared by the GPU benchmarks (bench_dense.c, bench_sparse.c): flags common to both,
+ * the measured copy-bandwidth ceiling, the floors and JSON output. Header-only so the two
+ * benchmarks stay the only files in tools/meson.build. */
+#ifndef SA_BENCH_GPU_H
+#define SA_BENCH_GPU_H
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+/* bf16 dense GEMM rate used for the FLOP floor when none is given: 8192^3 torch.matmul on
+ * random data on the H200 (bench/peers.py measures and prints it; pass its number with
+ * --gemm-tflops to use this run's). */
+#define BENCH_GEMM_TFLOPS_DEFAULT 790.0
+/* Bytes per D2D copy for the copy-bandwidth ceiling (read + written counted: 2 GiB moved). */
+#define BENCH_COPY_BYTES ((size_t)1 << 30)
+#define BENCH_COPY_REPS 10
+/* At most this many input sets to rotate among (each set is Q, K, V, O, LSE). */
+#define BENCH_MAX_SETS 8
+
+typedef struct bench_flags {
+    int stage_id; /* -1: every stage of the right kind */
+    int reps, warmup;
+    int json;
+    int no_validate;
+    double gemm_tflops;
+    uint64_t seed;
+} bench_flags;
+
+static inline double bench_double_arg(int argc, char **argv, int *i, double min, double max)
+{
+    const char *flag = argv[*i];
+    const char *s = cli_str_arg(argc, argv, i);
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= min && v <= max))
+        cli_usage_error("%s: '%s' is not a number in [%g, %g]", flag, s, min, max);
+    return v;
+}
+
+/* Parses the flags both benchmarks take; `sparse` enables --no-validate. Exits on --help. */
+static inline void bench_parse(int argc, char **argv, const char *name, int sparse,
+                               void (*usage)(FILE *), bench_flags *f)
+{
+    f->stage_id = -1;
+    f->reps = 30;
+    f->warmup = 5;
+    f->json = 0;
+    f->no_validate = 0;
+    f->gemm_tflops = BENCH_GEMM_TFLOPS_DEFAULT;
+    f->seed = 2026;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--stage"))
+            f->stage_id = (int)cli_int_arg(argc, argv, &i, 0, 1 << 20);
+        else if (!strcmp(a, "--reps"))
+            f->reps = (int)cli_int_arg(argc, argv, &i, 1, 100000);
+        else if (!strcmp(a, "--warmup"))
+            f->warmup = (int)cli_int_arg(argc, argv, &i, 0, 100000);
+        else if (!strcmp(a, "--gemm-tflops"))
+            f->gemm_tflops = bench_double_arg(argc, argv, &i, 1.0, 1e5);
+        else if (!strcmp(a, "--seed"))
+            f->seed = cli_u64_arg(argc, argv, &i);
+        else if (!strcmp(a, "--json"))
+            f->json = 1;
+        else if (sparse && !strcmp(a, "--no-validate"))
+            f->no_validate = 1;
+        else
+            cli_usage_error("bench %s: unknown flag '%s' (sparseattn bench %s --help)", name, a,
+                            name);
+    }
+    if (f->stage_id >= 0) {
+        const sa_stage *st = sa_stage_by_id(f->stage_id);
+        if (!st) {
+            char have[512] = "";
+            size_t n = 0;
+            for (int i = 0; i < sa_stage_count() && n < sizeof have - 40; i++)
+                n += (size_t)snprintf(have + n, sizeof have - n, " %d (%s)", sa_stage_at(i)->id,
+                                      sa_stage_at(i)->name);
+            cli_usage_error("bench %s: no stage %d in the registry; it has:%s", name, f->stage_id,
+                            n ? have : " none (built without CUDA?)");
+        }
+        if (!!st->sparse != sparse)
+            cli_usage_error("bench %s: stage %d (%s) is a %s stage", name, st->id, st->name,
+                            st->sparse ? "sparse" : "dense");
+    }
+}
+
+/* Prints `s` as a JSON string (quotes, backslashes and control characters escaped). */
+static inline void bench_json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+/* Milliseconds for `flops` at `tflops`, and for `bytes` at `bytes_per_s`. */
+static inline double bench_flop_ms(double flops, double tflops) { return flops / (tflops * 1e9); }
+static inline double bench_byte_ms(double bytes, double bps) { return bytes / bps * 1e3; }
+static inline double bench_tflops(double flops, double ms) { return flops / (ms * 1e9); }
+/* QK^T and PV over every (query, key) pair: 2 GEMMs of 2*D FLOPs per pair. */
+static inline double bench_dense_flops(const sa_shape *s)
+{
+    return 4.0 * s->batch * s->heads_q * (double)s->len_q * s->len_kv * s->head_dim;
+}
+
+#ifdef SA_HAVE_CUDA
+#include "sa_gpu_bench.h"
+
+typedef struct bench_env {
+    sa_gb *g;
+    sa_gb_device dev;
+    double copy_bps; /* bytes read + written per second, measured in this run */
+} bench_env;
+
+/* Opens the device, prints it and measures the copy ceiling. On failure prints why and returns
+ * the process exit code (1); 0 on success. */
+static inline int bench_open(const char *name, const bench_flags *f, bench_env *e)
+{
+    int rc = sa_gb_open(&e->g, &e->dev);
+    if (rc) {
+        fprintf(stderr, "sparseattn: bench %s: %s\n", name,
+                rc == SA_ERR_CUDA ? sa_gb_last_error() : sa_strerror(rc));
+        return 1;
+    }
+    rc = sa_gb_copy_bandwidth(e->g, BENCH_COPY_BYTES, BENCH_COPY_REPS, &e->copy_bps);
+    if (rc) {
+        fprintf(stderr, "sparseattn: bench %s: copy bandwidth: %s\n", name, sa_gb_last_error());
+        sa_gb_close(e->g);
+        return 1;
+    }
+    if (f->json) {
+        printf("{\"bench\":\"%s\",\"kind\":\"device\",\"device\":", name);
+        bench_json_str(e->dev.name);
+        printf(",\"cc\":\"%d.%d\",\"sms\":%d,\"l2_bytes\":%zu,\"mem_total\":%zu,"
+               "\"copy_bytes_per_s\":%.6g,\"copy_bytes\":%zu,\"gemm_tflops\":%.6g,"
+               "\"gemm_tflops_source\":\"%s\",\"seed\":%llu,\"reps\":%d,\"warmup\":%d}\n",
+               e->dev.cc_major, e->dev.cc_minor, e->dev.sms, e->dev.l2_bytes,
+               e->dev.mem_total, e->copy_bps, BENCH_COPY_BYTES, f->gemm_tflops,
+               f->gemm_tflops == BENCH_GEMM_TFLOPS_DEFAULT ? "default" : "flag",
+               (unsigned long long)f->seed, f->reps, f->warmup);
+    } else {
+        printf("device: %s (cc %d.%d, %d SMs, L2 %.0f MB, %.1f GiB)\n", e->dev.name,
+               e->dev.cc_major, e->dev.cc_minor, e->dev.sms, e->dev.l2_bytes / 1e6,
+               e->dev.mem_total / 1073741824.0);
+        printf("copy bandwidth (cudaMemcpy D2D %.0f GiB, read+written): %.2f TB/s, measured now\n",
+               BENCH_COPY_BYTES / 1073741824.0, e->copy_bps / 1e12);
+        printf("bf16 GEMM rate for the FLOP floor: %.0f TFLOP/s (%s)\n", f->gemm_tflops,
+               f->gemm_tflops == BENCH_GEMM_TFLOPS_DEFAULT
+                   ? "default: 8192^3 torch.matmul, see bench/peers.py; set --gemm-tflops"
+                   : "--gemm-tflops");
+        printf("timing: CUDA events, %d warm-up launches (at least one per input set), median of "
+               "%d; seed %llu\n",
+               f->warmup, f->reps, (unsigned long long)f->seed);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+/* Creates up to BENCH_MAX_SETS input sets for shape s (enough to rotate through twice the L2).
+ * Returns the count, or a negative sa_status with the reason printed. */
+static inline int bench_sets(const char *name, bench_env *e, const sa_shape *s, uint64_t seed,
+                             sa_gb_set *sets)
+{
+    int rc = sa_gb_set_create(e->g, s, seed, &sets[0]);
+    if (rc) {
+        fprintf(stderr, "sparseattn: bench %s: inputs: %s\n", name,
+                rc == SA_ERR_CUDA || rc == SA_ERR_NOMEM ? sa_gb_last_error() : sa_strerror(rc));
+        return rc;
+    }
+    int n = sa_gb_sets_needed(&e->dev, sets[0].bytes, BENCH_MAX_SETS);
+    for (int i = 1; i < n; i++) {
+        rc = sa_gb_set_create(e->g, s, seed + (uint64_t)i * 7919, &sets[i]);
+        if (rc) {
+            fprintf(stderr, "sparseattn: bench %s: inputs: %s\n", name, sa_gb_last_error());
+            for (int j = 0; j < i; j++)
+                sa_gb_set_destroy(&sets[j]);
+            return rc;
+        }
+    }
+    return n;
+}
+
+static inline void bench_sets_free(sa_gb_set *sets, int n)
+{
+    for (int i = 0; i < n; i++)
+        sa_gb_set_destroy(&sets[i]);
+}
+
+/* Why a call failed, in words: CUDA/allocation failures carry detail from the harness. */
+static inline const char *bench_why(int rc)
+{
+    return rc == SA_ERR_CUDA || rc == SA_ERR_NOMEM ? sa_gb_last_error() : sa_strerror(rc);
+}
+#endif /* SA_HAVE_CUDA */
+
+#endif
