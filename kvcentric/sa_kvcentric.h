@@ -1,9 +1,97 @@
-/* KV-centric attention for per-query block lists. Included by sparseattn.h. */
+/* KV-centric attention for per-query block lists. Included by sparseattn.h.
+ *
+ * When every query keeps its own list (sa_query_lists), a Q tile would have to visit the union
+ * of its queries' blocks, which for independent lists is almost every block. The KV-centric
+ * path turns the work around: a task is one KV block and up to task_queries of the queries that
+ * chose it. Three parts, each callable alone (the benchmark times them apart):
+ *   1. reverse index: for each bucket (batch, kv head, kv block) the entries that chose it, in
+ *      ascending query order; buckets split into tasks of at most task_queries queries, the
+ *      largest tasks first;
+ *   2. attention: per task, one pass over one KV block for all heads of the GQA group of the
+ *      task's queries; writes a partial O and LSE per (query, head, slot);
+ *   3. combine: per (query, head) the partials of its slots, weighted by their LSE.
+ * docs/kvcentric.md describes the dataflow and where the time goes.
+ */
 #ifndef SA_KVCENTRIC_H
 #define SA_KVCENTRIC_H
+#include <stddef.h>
+#include <stdint.h>
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ------------------------------------------------------------ reverse index format
+ * A bucket is one (batch, kv head, kv block): bucket = (b * heads_kv + hkv) * kv_blocks + blk.
+ * An entry is a position in the list array, entry = ((b * heads_kv + hkv) * len_q + q) *
+ * max_blocks + slot: query q chose block indices[entry] in its slot `slot`, and its partial for
+ * that block goes to slot `slot`. Entries of bucket k are entries[offsets[k] .. offsets[k+1]),
+ * in ascending entry order (so ascending query: a valid row names a block at most once). */
+typedef struct sa_kv_task {
+    int32_t bucket; /* which (batch, kv head, kv block) */
+    int32_t begin;  /* first entry: offsets[bucket] + chunk * task_queries */
+    int32_t count;  /* queries in this task, 1 .. task_queries */
+    int32_t chunk;  /* which piece of its bucket, from 0 */
+} sa_kv_task;
+/* Task order: larger count first; equal counts by bucket, then chunk (deterministic). */
+
+size_t sa_kv_buckets(const struct sa_shape *s);                               /* B*Hkv*kv_blocks */
+size_t sa_kv_max_entries(const struct sa_shape *s, const struct sa_query_lists *l); /* rows*max */
+/* An upper bound of the task count: max_entries / task_queries + buckets. */
+size_t sa_kv_max_tasks(const struct sa_shape *s, const struct sa_query_lists *l, int task_queries);
+/* Queries per task of the GPU kernel: 128 / (heads_q / heads_kv), so a task gathers at most 128
+ * rows (queries x heads of the group), one MMA tile. 0 when the group has more than 128 heads. */
+int sa_kv_task_queries(const struct sa_shape *s);
+
+/* CPU reference of part 1 (host memory). Validates the lists (sa_query_lists_check, empty rows
+ * allowed), then writes offsets (buckets + 1), entries (max_entries capacity) and tasks
+ * (sa_kv_max_tasks capacity); *n_entries and *n_tasks get the counts used. */
+int sa_kv_index_ref(const struct sa_shape *s, const struct sa_query_lists *l, int task_queries,
+                    int32_t *offsets, int32_t *entries, sa_kv_task *tasks, int *n_entries,
+                    int *n_tasks);
+
+/* ------------------------------------------------------------ GPU entry point */
+enum { SA_KV_PARTIAL_F32 = 0, SA_KV_PARTIAL_BF16 = 1 };
+
+typedef struct sa_kv_params {
+    struct sa_shape shape;      /* head_dim 128; heads_q / heads_kv <= 128 */
+    const uint16_t *q, *k, *v;  /* device, BF16 BHSD */
+    struct sa_query_lists lists; /* device pointers */
+    uint16_t *o;                /* device BF16 (B, Hq, Sq, D), required */
+    float *o_f32;               /* device FP32 (B, Hq, Sq, D), optional */
+    float *lse;                 /* device FP32 (B, Hq, Sq), optional; -inf for an empty row */
+    int partial_format;         /* SA_KV_PARTIAL_F32 (default) or SA_KV_PARTIAL_BF16 */
+    int validate;               /* 1 (default): check the lists on the GPU; costs one sync */
+    int allow_empty_rows;       /* 1 (default) */
+    void *workspace;            /* device, sa_kv_workspace_size bytes; NULL: allocated per call */
+    size_t workspace_bytes;
+    void *stream;               /* cudaStream_t; NULL is the default stream */
+} sa_kv_params;
+void sa_kv_params_default(sa_kv_params *p);
+
+/* Bytes of device workspace for this shape, list size and partial format: the reverse index,
+ * the tasks, sort scratch, and the partials (B*Hq*Sq*max_blocks rows of D values plus an LSE). */
+int sa_kv_workspace_size(const sa_kv_params *p, size_t *bytes);
+
+/* The whole operation: checks the arguments, builds the index (validating the lists when
+ * p->validate), runs the attention and the combine on p->stream. Returns when the work is
+ * queued (or done, if it had to validate or allocate). */
+int sa_kvcentric_attention(const sa_kv_params *p);
+
+/* The three parts alone, for tests and benchmarks; each needs p->workspace. */
+int sa_kv_build_index(const sa_kv_params *p);
+int sa_kv_attend(const sa_kv_params *p);
+int sa_kv_combine(const sa_kv_params *p);
+
+/* Device pointers into p->workspace where part 1 leaves its results: offsets (buckets + 1),
+ * entries (max_entries), tasks (max_tasks, task_queries = sa_kv_task_queries), and info[0] =
+ * entries used, info[1] = tasks used. */
+typedef struct sa_kv_index_view {
+    const int32_t *offsets;
+    const int32_t *entries;
+    const sa_kv_task *tasks;
+    const int32_t *info;
+} sa_kv_index_view;
+int sa_kv_index_get(const sa_kv_params *p, sa_kv_index_view *v);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,135 @@
+// KV-centric part 3: merge each (query, head)'s partials by their LSE weights.
+//
+//   lse = m + ln(sum_j exp(lse_j - m)),  o = sum_j exp(lse_j - lse) * o_j,  over slots j < count.
+//
+// Memory-bound: a half-warp owns one output row; each lane owns 8 of the 128 dims, so one slot
+// of a BF16 partial is one 16-byte load per lane (two for FP32), coalesced across the row. Slots
+// at or past the row's count were never written and are never read. Loads are streaming
+// (.cs): partials are read once.
+#include <cuda_bf16.h>
+
+#include "kv_internal.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kLanes = 16; // lanes per output row
+
+struct combine_args {
+    const void *part_o;
+    const float *part_lse;
+    const int32_t *counts;
+    uint16_t *o;
+    float *o_f32, *lse;
+    int heads_q, group, len_q, m;
+    long long rows; // B * Hq * Sq
+};
+
+__device__ __forceinline__ void load8(const float *p, float (&v)[8])
+{
+    float4 a = __ldcs((const float4 *)p), b = __ldcs((const float4 *)p + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float (&v)[8])
+{
+    uint4 u = __ldcs((const uint4 *)p);
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
+{
+    const int sub = threadIdx.x % kLanes;
+    // Shuffle within this half-warp only: the other half may own no row on the last pass.
+    const unsigned half = 0xffffu << (threadIdx.x & 16);
+    const T *part = (const T *)a.part_o;
+    for (long long row = (blockIdx.x * (long long)kThreads + threadIdx.x) / kLanes; row < a.rows;
+         row += (long long)gridDim.x * kThreads / kLanes) {
+        // row = (b * Hq + hq) * Sq + q; its list row is (b * Hkv + hq / group) * Sq + q.
+        long long bh = row / a.len_q;
+        int q = (int)(row - bh * a.len_q);
+        int b = (int)(bh / a.heads_q), hq = (int)(bh - (long long)b * a.heads_q);
+        long long lrow = ((long long)b * (a.heads_q / a.group) + hq / a.group) * a.len_q + q;
+        int c = a.counts ? a.counts[lrow] : a.m;
+        c = c < 0 ? 0 : (c > a.m ? a.m : c); // lists were validated; this keeps reads in bounds
+        const float *pl = a.part_lse + row * a.m;
+
+        float mx = -INFINITY;
+        for (int j = sub; j < c; j += kLanes)
+            mx = fmaxf(mx, pl[j]);
+#pragma unroll
+        for (int off = kLanes / 2; off; off >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(half, mx, off));
+        float sum = 0.f;
+        for (int j = sub; j < c; j += kLanes)
+            sum += __expf(pl[j] - mx);
+#pragma unroll
+        for (int off = kLanes / 2; off; off >>= 1)
+            sum += __shfl_xor_sync(half, sum, off);
+        const float lse = c ? mx + __logf(sum) : -INFINITY;
+
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        const T *src = part + row * a.m * KV_D + sub * 8;
+#pragma unroll 4
+        for (int j = 0; j < c; j++) {
+            float v[8];
+            load8(src + (size_t)j * KV_D, v);
+            float w = __expf(pl[j] - lse);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc[i] = fmaf(w, v[i], acc[i]);
+        }
+
+        uint4 ob;
+        __nv_bfloat162 *h = (__nv_bfloat162 *)&ob;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+        *(uint4 *)(a.o + row * KV_D + sub * 8) = ob;
+        if (a.o_f32) {
+            float4 *of = (float4 *)(a.o_f32 + row * KV_D + sub * 8);
+            of[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            of[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+        }
+        if (a.lse && sub == 0)
+            a.lse[row] = lse;
+    }
+}
+
+} // namespace
+
+extern "C" int sa_kv_combine(const sa_kv_params *p)
+{
+    if (!p || !p->workspace)
+        return SA_ERR_NULL;
+    kv_ws w;
+    int err = kv_layout(p, p->workspace, &w);
+    if (err)
+        return err;
+    const sa_shape *s = &p->shape;
+    combine_args a;
+    a.part_o = w.part_o;
+    a.part_lse = w.part_lse;
+    a.counts = p->lists.counts;
+    a.o = p->o;
+    a.o_f32 = p->o_f32;
+    a.lse = p->lse;
+    a.heads_q = s->heads_q;
+    a.group = s->heads_q / s->heads_kv;
+    a.len_q = s->len_q;
+    a.m = p->lists.max_blocks;
+    a.rows = (long long)s->batch * s->heads_q * s->len_q;
+    long long blocks = (a.rows * kLanes + kThreads - 1) / kThreads;
+    unsigned grid = (unsigned)(blocks < (1 << 20) ? blocks : (1 << 20));
+    if (p->partial_format == SA_KV_PARTIAL_F32)
+        kv_combine<float><<<grid, kThreads, 0, kv_stream(p)>>>(a);
+    else
+        kv_combine<__nv_bfloat16><<<grid, kThreads, 0, kv_stream(p)>>>(a);
+    KV_LAUNCHED();
+    return SA_OK;
+}

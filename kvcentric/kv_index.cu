@@ -1,0 +1,328 @@
+// KV-centric part 1: the reverse index and the task list, on the GPU.
+//
+// Dataflow (one launch each, all on the caller's stream):
+//   1. kv_keys: every list position gets a key, its bucket (batch, kv head, block), or a
+//      sentinel past the last bucket for unused slots and bad entries; its value is the
+//      position itself. Count, index and empty-row errors are recorded here.
+//   2. CUB radix sort of (key, position), stable: a bucket's entries keep ascending position
+//      order, which is ascending query order. That is the deterministic order the reference has.
+//   3. kv_offsets: offsets[k] = lower bound of k in the sorted keys (no atomics, no memset), and
+//      the number of tasks of each bucket.
+//   4. CUB exclusive sum of the task counts: where each bucket's tasks start.
+//   5. kv_tasks: every task slot finds its bucket by binary search and writes its task; its key
+//      is task_queries - count, so a second stable radix sort puts larger tasks first, ties in
+//      (bucket, chunk) order. Then kv_gather_tasks applies that order.
+//   6. (validate) kv_duplicates: a row naming a block twice leaves two neighbours in one bucket
+//      with the same row.
+// The sentinel keeps a bad list from ever becoming an address, with or without validation.
+#include <string.h>
+
+#include <cub/cub.cuh>
+
+#include "kv_internal.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+int grid_for(size_t n)
+{
+    size_t g = (n + kThreads - 1) / kThreads;
+    return (int)(g < 8192 ? (g ? g : 1) : 8192); // grid-stride loops cover the rest
+}
+
+int bits_for(unsigned long long x)
+{
+    int b = 0;
+    while (x >> b)
+        b++;
+    return b ? b : 1;
+}
+
+__device__ void record_error(unsigned long long *err, long long row, int pos, int code)
+{
+    atomicMin(err, ((unsigned long long)row << 32) | ((unsigned long long)pos << 8) |
+                       (unsigned long long)(-code));
+}
+
+__global__ void kv_keys(const int32_t *__restrict__ idx, const int32_t *__restrict__ counts,
+                        int m, int len_q, int blocks, long long n, uint32_t sentinel,
+                        int allow_empty, uint32_t *keys, int32_t *vals, unsigned long long *err)
+{
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long row = i / m;
+        int slot = (int)(i - row * m);
+        int c = counts ? counts[row] : m;
+        uint32_t key = sentinel;
+        if (c < 0 || c > m) {
+            if (slot == 0)
+                record_error(err, row, 0, SA_ERR_COUNT);
+        } else if (c == 0) {
+            if (slot == 0 && !allow_empty)
+                record_error(err, row, 0, SA_ERR_EMPTY_ROW);
+        } else if (slot < c) {
+            int blk = idx[i];
+            if (blk < 0 || blk >= blocks)
+                record_error(err, row, slot + 1, SA_ERR_INDEX);
+            else
+                key = (uint32_t)((row / len_q) * blocks + blk);
+        }
+        keys[i] = key;
+        vals[i] = (int32_t)i;
+    }
+}
+
+__device__ long long lower_bound(const uint32_t *a, long long n, uint32_t x)
+{
+    long long lo = 0, hi = n;
+    while (lo < hi) {
+        long long mid = (lo + hi) / 2;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+// One thread per bucket k in [0, buckets]: offsets and tasks per bucket (0 for the last).
+__global__ void kv_offsets(const uint32_t *__restrict__ keys, long long n, int buckets, int tq,
+                           int32_t *offsets, int32_t *task_n)
+{
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k > buckets)
+        return;
+    long long lo = lower_bound(keys, n, (uint32_t)k);
+    offsets[k] = (int32_t)lo;
+    if (k == buckets) {
+        task_n[k] = 0;
+        return;
+    }
+    long long cnt = lower_bound(keys, n, (uint32_t)k + 1) - lo;
+    task_n[k] = (int32_t)((cnt + tq - 1) / tq);
+}
+
+__global__ void kv_tasks(const int32_t *__restrict__ offsets, const int32_t *__restrict__ task_off,
+                         int buckets, int tq, long long max_tasks, sa_kv_task *tasks,
+                         uint32_t *tkeys, int32_t *tvals, int32_t *info)
+{
+    int total = task_off[buckets];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        info[0] = offsets[buckets];
+        info[1] = total;
+    }
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < max_tasks;
+         t += (long long)gridDim.x * blockDim.x) {
+        sa_kv_task task = {0, 0, 0, 0};
+        uint32_t key = (uint32_t)tq; // after every real task (count >= 1 gives key <= tq - 1)
+        if (t < total) {
+            // The last bucket whose first task is <= t (empty buckets share a start).
+            int lo = 0, hi = buckets - 1;
+            while (lo < hi) {
+                int mid = (lo + hi + 1) / 2;
+                if (task_off[mid] <= t)
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            int chunk = (int)(t - task_off[lo]);
+            int n = offsets[lo + 1] - offsets[lo];
+            int cnt = min(tq, n - chunk * tq);
+            task = {lo, offsets[lo] + chunk * tq, cnt, chunk};
+            key = (uint32_t)(tq - cnt);
+        }
+        tasks[t] = task;
+        tkeys[t] = key;
+        tvals[t] = (int32_t)t;
+    }
+}
+
+__global__ void kv_gather_tasks(const sa_kv_task *__restrict__ in, const int32_t *__restrict__ order,
+                                long long n, sa_kv_task *out)
+{
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n;
+         t += (long long)gridDim.x * blockDim.x)
+        out[t] = in[order[t]];
+}
+
+__global__ void kv_duplicates(const uint32_t *__restrict__ keys, const int32_t *__restrict__ entries,
+                              const int32_t *__restrict__ info, int m, unsigned long long *err)
+{
+    long long n = info[0];
+    for (long long p = 1 + blockIdx.x * (long long)blockDim.x + threadIdx.x; p < n;
+         p += (long long)gridDim.x * blockDim.x) {
+        int e = entries[p], prev = entries[p - 1];
+        if (keys[p] == keys[p - 1] && e / m == prev / m)
+            record_error(err, e / m, e % m + 1, SA_ERR_DUPLICATE);
+    }
+}
+
+size_t align_up(size_t x) { return (x + KV_ALIGN - 1) / KV_ALIGN * KV_ALIGN; }
+
+} // namespace
+
+int kv_check_args(const sa_kv_params *p)
+{
+    if (!p)
+        return SA_ERR_NULL;
+    const sa_shape *s = &p->shape;
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    if (!p->q || !p->k || !p->v || !p->o || !p->lists.indices)
+        return SA_ERR_NULL;
+    if (p->lists.max_blocks <= 0)
+        return SA_ERR_MAX_BLOCKS;
+    if (p->partial_format != SA_KV_PARTIAL_F32 && p->partial_format != SA_KV_PARTIAL_BF16)
+        return SA_ERR_ARG;
+    if (s->head_dim != KV_D || sa_kv_task_queries(s) == 0)
+        return SA_ERR_UNSUPPORTED;
+    // Entries, buckets and tasks are int32; a slot must fit the error word's 24 bits.
+    size_t tq = (size_t)sa_kv_task_queries(s);
+    if (sa_kv_max_entries(s, &p->lists) >= INT32_MAX ||
+        sa_kv_max_tasks(s, &p->lists, (int)tq) >= INT32_MAX ||
+        sa_kv_buckets(s) >= INT32_MAX - 1 || p->lists.max_blocks >= (1 << 23))
+        return SA_ERR_UNSUPPORTED;
+    return SA_OK;
+}
+
+int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
+{
+    if (!w)
+        return SA_ERR_NULL;
+    int err = kv_check_args(p);
+    if (err)
+        return err;
+    const sa_shape *s = &p->shape;
+    memset(w, 0, sizeof *w);
+    w->task_queries = sa_kv_task_queries(s);
+    w->buckets = sa_kv_buckets(s);
+    w->max_entries = sa_kv_max_entries(s, &p->lists);
+    w->max_tasks = sa_kv_max_tasks(s, &p->lists, w->task_queries);
+    w->partial_rows = (size_t)s->batch * s->heads_q * s->len_q * p->lists.max_blocks;
+    w->entry_bits = bits_for(w->buckets);      // keys 0 .. buckets (the sentinel)
+    w->task_bits = bits_for(w->task_queries); // keys 0 .. task_queries
+    if (cub::DeviceRadixSort::SortPairs(nullptr, w->sort_entries_tmp, (uint32_t *)nullptr,
+                                        (uint32_t *)nullptr, (int32_t *)nullptr, (int32_t *)nullptr,
+                                        (int)w->max_entries, 0, w->entry_bits) != cudaSuccess ||
+        cub::DeviceRadixSort::SortPairs(nullptr, w->sort_tasks_tmp, (uint32_t *)nullptr,
+                                        (uint32_t *)nullptr, (int32_t *)nullptr, (int32_t *)nullptr,
+                                        (int)w->max_tasks, 0, w->task_bits) != cudaSuccess ||
+        cub::DeviceScan::ExclusiveSum(nullptr, w->scan_tmp, (int32_t *)nullptr,
+                                      (int32_t *)nullptr, (int)w->buckets + 1) != cudaSuccess)
+        return SA_ERR_CUDA;
+    w->tmp_bytes = w->sort_entries_tmp;
+    if (w->sort_tasks_tmp > w->tmp_bytes)
+        w->tmp_bytes = w->sort_tasks_tmp;
+    if (w->scan_tmp > w->tmp_bytes)
+        w->tmp_bytes = w->scan_tmp;
+
+    size_t nb1 = (w->buckets + 1) * sizeof(int32_t), ne = w->max_entries * sizeof(int32_t),
+           nt = w->max_tasks * sizeof(int32_t), ntask = w->max_tasks * sizeof(sa_kv_task);
+    size_t part_elem = p->partial_format == SA_KV_PARTIAL_F32 ? 4 : 2;
+    // Carve in order; with base == NULL only the offsets (the total) matter.
+    char *b = (char *)base;
+    size_t at = 0;
+#define KV_CARVE(field, bytes)                                                                     \
+    do {                                                                                           \
+        w->field = base ? (decltype(w->field))(b + at) : nullptr;                                  \
+        at += align_up(bytes);                                                                     \
+    } while (0)
+    KV_CARVE(err, sizeof(unsigned long long));
+    KV_CARVE(info, 2 * sizeof(int32_t));
+    KV_CARVE(offsets, nb1);
+    KV_CARVE(task_n, nb1);
+    KV_CARVE(task_off, nb1);
+    KV_CARVE(keys_in, ne);
+    KV_CARVE(keys_out, ne);
+    KV_CARVE(vals_in, ne);
+    KV_CARVE(entries, ne);
+    KV_CARVE(tkeys_in, nt);
+    KV_CARVE(tkeys_out, nt);
+    KV_CARVE(tvals_in, nt);
+    KV_CARVE(tvals_out, nt);
+    KV_CARVE(tasks_unsorted, ntask);
+    KV_CARVE(tasks, ntask);
+    KV_CARVE(tmp, w->tmp_bytes);
+    KV_CARVE(part_lse, w->partial_rows * sizeof(float));
+    KV_CARVE(part_o, w->partial_rows * KV_D * part_elem);
+#undef KV_CARVE
+    w->bucket_n = nullptr; // counted by binary search instead
+    w->total = at;
+    if (base && p->workspace_bytes < w->total)
+        return SA_ERR_ARG;
+    return SA_OK;
+}
+
+extern "C" int sa_kv_workspace_size(const sa_kv_params *p, size_t *bytes)
+{
+    if (!bytes)
+        return SA_ERR_NULL;
+    kv_ws w;
+    int err = kv_layout(p, nullptr, &w);
+    *bytes = err ? 0 : w.total;
+    return err;
+}
+
+extern "C" int sa_kv_index_get(const sa_kv_params *p, sa_kv_index_view *v)
+{
+    if (!p || !v || !p->workspace)
+        return SA_ERR_NULL;
+    kv_ws w;
+    int err = kv_layout(p, p->workspace, &w);
+    if (err)
+        return err;
+    v->offsets = w.offsets;
+    v->entries = w.entries;
+    v->tasks = w.tasks;
+    v->info = w.info;
+    return SA_OK;
+}
+
+extern "C" int sa_kv_build_index(const sa_kv_params *p)
+{
+    if (!p || !p->workspace)
+        return SA_ERR_NULL;
+    kv_ws w;
+    int err = kv_layout(p, p->workspace, &w);
+    if (err)
+        return err;
+    cudaStream_t st = kv_stream(p);
+    const sa_shape *s = &p->shape;
+    int m = p->lists.max_blocks, blocks = sa_kv_blocks(s), nb = (int)w.buckets;
+    long long ne = (long long)w.max_entries, nt = (long long)w.max_tasks;
+    size_t tmp;
+
+    KV_CUDA(cudaMemsetAsync(w.err, 0xff, sizeof *w.err, st));
+    kv_keys<<<grid_for(ne), kThreads, 0, st>>>(p->lists.indices, p->lists.counts, m, s->len_q,
+                                               blocks, ne, (uint32_t)nb, p->allow_empty_rows,
+                                               w.keys_in, w.vals_in, w.err);
+    KV_LAUNCHED();
+    tmp = w.tmp_bytes;
+    KV_CUDA(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.keys_in, w.keys_out, w.vals_in,
+                                            w.entries, (int)ne, 0, w.entry_bits, st));
+    kv_offsets<<<grid_for(w.buckets + 1), kThreads, 0, st>>>(w.keys_out, ne, nb, w.task_queries,
+                                                             w.offsets, w.task_n);
+    KV_LAUNCHED();
+    tmp = w.tmp_bytes;
+    KV_CUDA(cub::DeviceScan::ExclusiveSum(w.tmp, tmp, w.task_n, w.task_off, nb + 1, st));
+    kv_tasks<<<grid_for(w.max_tasks), kThreads, 0, st>>>(w.offsets, w.task_off, nb,
+                                                         w.task_queries, nt, w.tasks_unsorted,
+                                                         w.tkeys_in, w.tvals_in, w.info);
+    KV_LAUNCHED();
+    tmp = w.tmp_bytes;
+    KV_CUDA(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.tkeys_in, w.tkeys_out, w.tvals_in,
+                                            w.tvals_out, (int)nt, 0, w.task_bits, st));
+    kv_gather_tasks<<<grid_for(w.max_tasks), kThreads, 0, st>>>(w.tasks_unsorted, w.tvals_out, nt,
+                                                                w.tasks);
+    KV_LAUNCHED();
+    if (!p->validate)
+        return SA_OK;
+    kv_duplicates<<<grid_for(ne), kThreads, 0, st>>>(w.keys_out, w.entries, w.info, m, w.err);
+    KV_LAUNCHED();
+    unsigned long long first = 0;
+    KV_CUDA(cudaMemcpyAsync(&first, w.err, sizeof first, cudaMemcpyDeviceToHost, st));
+    KV_CUDA(cudaStreamSynchronize(st));
+    return first == KV_NO_ERROR ? SA_OK : -(int)(first & 0xff);
+}

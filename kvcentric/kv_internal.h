@@ -1,0 +1,56 @@
+// KV-centric path: what the CUDA files share (workspace layout, error checks). Not public.
+#ifndef SA_KV_INTERNAL_H
+#define SA_KV_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "sparseattn.h"
+
+#define KV_D 128          // the kernels are written for head_dim 128
+#define KV_ALIGN 256      // every workspace array starts on a 256-byte boundary
+
+// Return SA_ERR_CUDA from the enclosing function when a CUDA call fails.
+#define KV_CUDA(call)                                                                              \
+    do {                                                                                           \
+        if ((call) != cudaSuccess)                                                                 \
+            return SA_ERR_CUDA;                                                                    \
+    } while (0)
+// After a launch: a bad configuration shows in cudaGetLastError.
+#define KV_LAUNCHED() KV_CUDA(cudaGetLastError())
+
+// The first list error found on the GPU is kept as the minimum of (row << 32 | pos << 8 | -code),
+// pos = 0 for the row's count, slot + 1 for an entry: the same error the host validator reports
+// (it stops at the first bad row, and within it at the first bad slot).
+#define KV_NO_ERROR 0xffffffffffffffffull
+
+typedef struct kv_ws {
+    // sizes
+    size_t buckets, max_entries, max_tasks, partial_rows;
+    int task_queries, entry_bits, task_bits;
+    size_t sort_entries_tmp, sort_tasks_tmp, scan_tmp, tmp_bytes, total;
+    // arrays (NULL when only the size was asked)
+    unsigned long long *err;
+    int32_t *info;      // [0] entries used, [1] tasks used
+    int32_t *bucket_n;  // (buckets + 1) entries per bucket, last 0
+    int32_t *offsets;   // (buckets + 1)
+    uint32_t *keys_in, *keys_out;
+    int32_t *vals_in, *entries;
+    int32_t *task_n;    // (buckets + 1) tasks per bucket, last 0
+    int32_t *task_off;  // (buckets + 1)
+    uint32_t *tkeys_in, *tkeys_out;
+    int32_t *tvals_in, *tvals_out;
+    sa_kv_task *tasks_unsorted, *tasks;
+    void *tmp;
+    float *part_lse;    // (B, Hq, Sq, max_blocks)
+    void *part_o;       // (B, Hq, Sq, max_blocks, D), FP32 or BF16
+} kv_ws;
+
+// Checks the arguments, not the lists (no CUDA call).
+int kv_check_args(const sa_kv_params *p);
+// Checks the arguments and lays the workspace out; base may be NULL to size it.
+int kv_layout(const sa_kv_params *p, void *base, kv_ws *w);
+
+static inline cudaStream_t kv_stream(const sa_kv_params *p) { return (cudaStream_t)p->stream; }
+
+#endif
