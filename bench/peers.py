@@ -264,7 +264,7 @@ def dense_peers(torch, F, args):
                     with sdpa_kernel(be):
                         return F.scaled_dot_product_attention(q, k, v)
                 peers[key] = fn
-    if "flex" in want:
+    if "flex" in want and "dense" in args.flex_modes.split(","):
         try:
             from torch.nn.attention.flex_attention import flex_attention
             flex = torch.compile(flex_attention, dynamic=False)
@@ -272,8 +272,8 @@ def dense_peers(torch, F, args):
         except Exception as e:  # noqa: BLE001
             why["flex"] = "flex_attention: %s" % e
     for key in ("cudnn", "flash", "flex"):
-        if key not in want:
-            why.setdefault(key, "not asked for (--peers)")
+        if key not in peers:
+            why.setdefault(key, "not asked for (--peers / --flex-modes)")
     return peers, why
 
 
@@ -323,7 +323,8 @@ def run_dense(torch, F, lib, args, gemm, copy, summary):
                 l.fill_(float("nan"))
                 st.call(attns[0])()
                 torch.cuda.synchronize()
-                notes = ["%d outputs NaN/inf" % nonfinite(torch, o, l)]
+                bad = nonfinite(torch, o, l)
+                notes = ["%d outputs NaN/inf%s" % (bad, " FAIL" if bad else "")]
                 if "cudnn" in ref_o:
                     e = rel_l2(torch, o, ref_o["cudnn"])
                     notes.append("O vs cuDNN rel L2 %.2e %s" % (e, "ok" if e <= REL_L2_TOL
@@ -376,7 +377,7 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
     if not sparse:
         log("sparse: no sparse stage in the registry: ours n/a (dense baseline and Flex still run)")
     flex = None
-    if "flex" in args.peers.split(","):
+    if "flex" in args.peers.split(",") and "sparse" in args.flex_modes.split(","):
         try:
             from torch.nn.attention.flex_attention import flex_attention
             flex = torch.compile(flex_attention, dynamic=False)
@@ -470,7 +471,8 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
                     l.fill_(float("nan"))
                     st.call(attns[1][0])()
                     torch.cuda.synchronize()
-                    notes = ["%d outputs NaN/inf" % nonfinite(torch, o, l)]
+                    bad = nonfinite(torch, o, l)
+                    notes = ["%d outputs NaN/inf%s" % (bad, " FAIL" if bad else "")]
                     if flex_o is not None:
                         e = rel_l2(torch, o, flex_o)
                         notes.append("O vs Flex %.2e %s" % (e, "ok" if e <= REL_L2_TOL else "FAIL"))
@@ -549,6 +551,8 @@ def main():
     ap.add_argument("--mode", choices=["dense", "sparse", "all"], default="all")
     ap.add_argument("--peers", default="cudnn,flash,flex",
                     help="comma list of peers to run (cudnn, flash, flex)")
+    ap.add_argument("--flex-modes", default="dense,sparse",
+                    help="where FlexAttention runs (each shape costs a torch.compile)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=2026)
