@@ -483,6 +483,7 @@ extern "C" int sa_gb_smoke(sa_gb *g, const sa_stage *st, sa_gb_set *set, size_t 
         return SA_ERR_NULL;
     const sa_shape *s = &set->a.shape;
     set->a.stream = g->stream;
+    set->a.validate = 1; // the default path, and the lists get checked at least once
     int rc = sa_gb_poison(g, set->a.o, sa_q_elems(s) * 2);
     if (!rc)
         rc = sa_gb_poison(g, set->a.lse, sa_lse_elems(s) * 4);

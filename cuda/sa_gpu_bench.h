@@ -94,8 +94,9 @@ typedef struct sa_gb_timing {
 int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, int nsets, int validate,
                      int warmup, int reps, sa_gb_timing *t);
 
-/* Poison O and LSE of `set`, launch once, synchronise, and count outputs left NaN/inf: a
- * stage that leaves outputs unwritten is not worth timing. *bad is O's count plus LSE's. */
+/* Poison O and LSE of `set`, launch once with validation on, synchronise, and count outputs
+ * left NaN/inf: a stage that leaves outputs unwritten is not worth timing. *bad is O's count
+ * plus LSE's (NaN only: -inf is the LSE of an empty row). */
 int sa_gb_smoke(sa_gb *g, const sa_stage *st, sa_gb_set *set, size_t *bad);
 
 #ifdef __cplusplus
