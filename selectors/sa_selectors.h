@@ -5,6 +5,7 @@
 #ifndef SA_SELECTORS_H
 #define SA_SELECTORS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -23,6 +24,7 @@ typedef struct sa_select_params {
     const uint16_t *k_index;
     int index_dim;
     void *stream; /* cudaStream_t for the CUDA function; NULL = default stream */
+    uint64_t seed; /* the "random" selector's seed (default 0); others ignore it */
 } sa_select_params;
 void sa_select_params_default(sa_select_params *p);
 
@@ -44,6 +46,100 @@ typedef struct sa_selector {
 int sa_selector_count(void);
 const sa_selector *sa_selector_at(int i);
 const sa_selector *sa_selector_by_name(const char *name);
+
+/* Rules every CPU selector follows (checked at its entry point, before any work):
+ *   - s, q, k, indices non-NULL (SA_ERR_NULL; the "random" selector alone accepts NULL q, k);
+ *     p may be NULL (defaults); the shape passes sa_shape_check.
+ *   - 1 <= k <= kv_blocks, else SA_ERR_ARG; k == kv_blocks returns every block.
+ *   - keep_diagonal and keep_sink are 0 or 1; keep_diagonal needs len_q == len_kv (a tile t's
+ *     diagonal block is block t; for per-query lists, query i's is block i / 128); forced blocks
+ *     count toward k, and k smaller than the forced blocks of some row is SA_ERR_ARG.
+ *   - q_index and k_index are both NULL (index_dim must then be 0) or both set (SA_ERR_NULL
+ *     otherwise) with index_dim a positive multiple of 16, at most SA_MAX_INDEX_DIM (SA_ERR_ARG).
+ *   - Scores are FP32; a NaN score ranks below every number. Among equal scores the lower block
+ *     index wins; rows come out sorted by block index, every row holds exactly k blocks, and
+ *     counts (if not NULL) is filled with k. */
+#define SA_MAX_INDEX_DIM 1024
+
+/* Entries of `indices` a selector writes: B*Hkv*q_tiles*k (tile lists) or B*Hkv*Sq*k
+ * (per-query lists). 0 if an argument is NULL. */
+size_t sa_selector_list_len(const sa_selector *sel, const struct sa_shape *s, int k);
+
+/* Look a selector up by name and run its CPU function: what a caller such as `sparseattn run
+ * --selector NAME` needs. SA_ERR_UNKNOWN for a name not in the registry. */
+int sa_select_cpu(const char *name, const struct sa_shape *s, const uint16_t *q,
+                  const uint16_t *k, const sa_select_params *p, int32_t *indices,
+                  int32_t *counts);
+
+/* ---------------------------------------------------------------- NVFP4
+ * The format of the "nvfp4" scorer's index vectors, defined here so that a GPU quantizer can be
+ * bit-identical to this one. A tensor of n elements (n a multiple of 16) is stored as
+ *   values:       n/2 bytes, E2M1 codes, element 2i in the low nibble of byte i, 2i+1 in the high;
+ *   scales:       n/16 bytes, one E4M3 (OCP "E4M3FN", bias 7, no infinities) per 16 consecutive
+ *                 elements (blocks never straddle vectors when the vector length is a multiple
+ *                 of 16);
+ *   tensor_scale: one FP32 for the whole tensor.
+ * Algorithm (every operation a single IEEE FP32 operation, round to nearest even):
+ *   1. amax = max |x| over the tensor; tensor_scale = amax / 2688.0f (2688 = 6 * 448: E2M1's
+ *      largest value times E4M3's). Non-finite input is SA_ERR_ARG. amax == 0 gives
+ *      tensor_scale = 0, every scale byte 0 and every value code 0.
+ *   2. per block of 16: bamax = max |x|; s = (bamax / 6.0f) / tensor_scale; the scale byte is
+ *      E4M3(s) by round to nearest even, saturating to 448 (0x7E) for s >= 448; NaN (0x7F) is
+ *      never produced. s below 2^-6 uses E4M3 subnormals (multiples of 2^-9); s <= 2^-10 rounds
+ *      to 0 (ties to even).
+ *   3. decoded scale d = E4M3 value of the byte; if d == 0 (all-zero or negligible block) every
+ *      code of the block is 0 (+0). Else denom = d * tensor_scale; each code is
+ *      E2M1(x / denom): magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6} (codes 0..7), round to nearest
+ *      even code on ties (values: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4,
+ *      5 -> 4), saturating to 6 above 5; bit 3 is the sign of x, kept also when the magnitude
+ *      rounds to 0 (so -0.0 and -0.1 give code 0x8, "negative zero", which decodes to -0.0).
+ * Dequantization: x' = (E2M1(code) * d) * tensor_scale; the first product is exact. */
+typedef struct sa_nvfp4 {
+    uint8_t *values; /* n / 2 bytes */
+    uint8_t *scales; /* n / 16 bytes */
+    float tensor_scale;
+    size_t n; /* elements; a positive multiple of 16 */
+} sa_nvfp4;
+
+uint8_t sa_e2m1_from_f32(float x); /* code of x (finite), rounded and saturated as above */
+float sa_e2m1_to_f32(uint8_t code); /* low 4 bits */
+uint8_t sa_e4m3_from_f32(float x);  /* x >= 0 finite: RNE, saturating to 448 */
+float sa_e4m3_to_f32(uint8_t code); /* 0x7F / 0xFF decode to NaN */
+/* q->values, q->scales must hold n/2 and n/16 bytes; q->n is set. SA_ERR_NULL, SA_ERR_SHAPE
+ * (n == 0 or not a multiple of 16), SA_ERR_ARG (non-finite input). */
+int sa_nvfp4_quantize_f32(const float *x, size_t n, sa_nvfp4 *q);
+int sa_nvfp4_quantize_bf16(const uint16_t *x, size_t n, sa_nvfp4 *q);
+int sa_nvfp4_dequantize(const sa_nvfp4 *q, float *x); /* x has q->n floats */
+
+/* ---------------------------------------------------------------- exact block mass
+ * mass is (B, Hq, Sq, kv_blocks) FP32: for each query, the dense softmax probability (scale
+ * 1/sqrt(D)) that falls in each KV block; a row sums to 1. The oracle selector's scores and
+ * select-eval's recall come from it. */
+int sa_block_mass(const struct sa_shape *s, const uint16_t *q, const uint16_t *k, float *mass);
+
+/* Recall of lists against a block mass: recall is (B, Hq, Sq), for each query the mass inside the
+ * blocks of its list (its tile's list for tile lists, its own for per-query lists).
+ * indices as a selector writes them (all rows hold k blocks). */
+int sa_lists_recall(const struct sa_shape *s, const float *mass, int per_query,
+                    const int32_t *indices, int k, float *recall);
+
+/* ---------------------------------------------------------------- workloads
+ * Synthetic Q/K/V with structure a selector can find, reproducible from (name, shape, seed,
+ * strength) on every machine. Q is (B, Hq, Sq, D), K and V (B, Hkv, Skv, D), BF16. The heads of
+ * a GQA group share the planted structure; their noise is independent. */
+typedef struct sa_workload {
+    const char *name;
+    const char *description; /* one line */
+    const char *knob;        /* what strength means */
+    double default_strength;
+} sa_workload;
+#define SA_STRENGTH_DEFAULT (-1.0) /* any negative strength selects the workload's default */
+int sa_workload_count(void);
+const sa_workload *sa_workload_at(int i);
+const sa_workload *sa_workload_by_name(const char *name);
+/* SA_ERR_UNKNOWN for an unknown name, SA_ERR_ARG for a non-finite strength. */
+int sa_workload_generate(const char *name, const struct sa_shape *s, uint64_t seed,
+                         double strength, uint16_t *q, uint16_t *k, uint16_t *v);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,344 @@
-/* Placeholder until this benchmark lands. */
+/* "sparseattn select-eval": selection quality of every registered selector on every workload.
+ * Per workload: the exact per-block softmax mass (sa_block_mass) and dense attention (sa_ref_dense)
+ * once; per selector: its lists, their recall of the mass, the output error of attention over
+ * the lists against dense, the overlap with the oracle's lists, and the selector's time. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli.h"
+
+#define RECALL_PERCENTILE 0.05
+
+typedef struct eval_cfg {
+    sa_shape s;
+    int topk;
+    uint64_t seed;
+    double strength; /* negative: each workload's default */
+    const char *workload, *selector, *device;
+    int json, keep_sink, keep_diagonal;
+} eval_cfg;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sparseattn select-eval [flags]\n"
+            "  --batch N --heads-q N --heads-kv N --len-q N --len-kv N --head-dim 64|128\n"
+            "                    (default 1, 4, 1, 4096, 4096, 128)\n"
+            "  --topk K          blocks per row (default 8)\n"
+            "  --seed S          workload seed; the random selector uses it too (default 1)\n"
+            "  --workload NAME   only this workload (default all)\n"
+            "  --strength X      the workloads' knob (default: each workload's own)\n"
+            "  --selector NAME   only this selector (the oracle still runs for the overlap)\n"
+            "  --keep-sink --keep-diagonal   selector options (default off)\n"
+            "  --device cpu|cuda (default cpu)\n"
+            "  --json            one JSON object per line instead of the table\n");
+    fprintf(f, "selectors:");
+    for (int i = 0; i < sa_selector_count(); i++)
+        fprintf(f, " %s", sa_selector_at(i)->name);
+    fprintf(f, "\nworkloads:");
+    for (int i = 0; i < sa_workload_count(); i++)
+        fprintf(f, " %s", sa_workload_at(i)->name);
+    fprintf(f, "\n");
+}
+
+static double double_arg(int argc, char **argv, int *i)
+{
+    const char *flag = argv[*i], *v = cli_str_arg(argc, argv, i);
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x) || x < 0)
+        cli_usage_error("select-eval: %s: '%s' is not a number >= 0", flag, v);
+    return x;
+}
+
+static void parse(int argc, char **argv, eval_cfg *c)
+{
+    const long big = 1 << 24;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--batch"))
+            c->s.batch = (int)cli_int_arg(argc, argv, &i, 1, 4096);
+        else if (!strcmp(a, "--heads-q"))
+            c->s.heads_q = (int)cli_int_arg(argc, argv, &i, 1, 1024);
+        else if (!strcmp(a, "--heads-kv"))
+            c->s.heads_kv = (int)cli_int_arg(argc, argv, &i, 1, 1024);
+        else if (!strcmp(a, "--len-q"))
+            c->s.len_q = (int)cli_int_arg(argc, argv, &i, 1, big);
+        else if (!strcmp(a, "--len-kv"))
+            c->s.len_kv = (int)cli_int_arg(argc, argv, &i, 1, big);
+        else if (!strcmp(a, "--head-dim"))
+            c->s.head_dim = (int)cli_int_arg(argc, argv, &i, 1, 1024);
+        else if (!strcmp(a, "--topk"))
+            c->topk = (int)cli_int_arg(argc, argv, &i, 1, big);
+        else if (!strcmp(a, "--seed"))
+            c->seed = cli_u64_arg(argc, argv, &i);
+        else if (!strcmp(a, "--strength"))
+            c->strength = double_arg(argc, argv, &i);
+        else if (!strcmp(a, "--workload"))
+            c->workload = cli_str_arg(argc, argv, &i);
+        else if (!strcmp(a, "--selector"))
+            c->selector = cli_str_arg(argc, argv, &i);
+        else if (!strcmp(a, "--device"))
+            c->device = cli_str_arg(argc, argv, &i);
+        else if (!strcmp(a, "--keep-sink"))
+            c->keep_sink = 1;
+        else if (!strcmp(a, "--keep-diagonal"))
+            c->keep_diagonal = 1;
+        else if (!strcmp(a, "--json"))
+            c->json = 1;
+        else
+            cli_usage_error("select-eval: unknown flag '%s' (sparseattn select-eval --help)", a);
+    }
+    int err = sa_shape_check(&c->s);
+    if (err)
+        cli_usage_error("select-eval: %s", sa_strerror(err));
+    if (c->topk > sa_kv_blocks(&c->s))
+        cli_usage_error("select-eval: --topk %d is larger than the %d KV blocks of len-kv %d",
+                        c->topk, sa_kv_blocks(&c->s), c->s.len_kv);
+    if (c->keep_diagonal && c->s.len_q != c->s.len_kv)
+        cli_usage_error("select-eval: --keep-diagonal needs len-q == len-kv");
+    if (c->keep_diagonal && c->keep_sink && c->topk < 2)
+        cli_usage_error("select-eval: --keep-diagonal with --keep-sink needs --topk >= 2");
+    if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))
+        cli_usage_error("select-eval: --device must be cpu or cuda, not '%s'", c->device);
+    if (c->workload && !sa_workload_by_name(c->workload))
+        cli_usage_error("select-eval: unknown workload '%s' (select-eval --help lists them)",
+                        c->workload);
+    if (c->selector && !sa_selector_by_name(c->selector))
+        cli_usage_error("select-eval: unknown selector '%s' (select-eval --help lists them)",
+                        c->selector);
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Mean and lower percentile of n values (sorts them). */
+static void summarize(float *x, size_t n, double *mean, double *pct)
+{
+    double acc = 0;
+    for (size_t i = 0; i < n; i++)
+        acc += x[i];
+    *mean = acc / (double)n;
+    qsort(x, n, sizeof *x, cmp_float);
+    *pct = x[(size_t)(RECALL_PERCENTILE * (double)(n - 1))];
+}
+
+/* Mean over a selector's rows of |row & oracle row of the same tile| / k. */
+static double oracle_overlap(const sa_shape *s, int per_query, const int32_t *idx,
+                             const int32_t *oracle, int k)
+{
+    const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s);
+    const size_t per = per_query ? (size_t)s->len_q : (size_t)tiles;
+    const size_t rows = (size_t)s->batch * s->heads_kv * per;
+    unsigned char *mark = calloc((size_t)n, 1);
+    if (!mark)
+        return NAN;
+    double acc = 0;
+    for (size_t r = 0; r < rows; r++) {
+        size_t bh = r / per, x = r % per;
+        const int32_t *orow = oracle + (bh * tiles + (per_query ? x / SA_TILE : x)) * k;
+        const int32_t *row = idx + r * k;
+        for (int j = 0; j < k; j++)
+            mark[orow[j]] = 1;
+        int both = 0;
+        for (int j = 0; j < k; j++)
+            both += mark[row[j]];
+        for (int j = 0; j < k; j++)
+            mark[orow[j]] = 0;
+        acc += (double)both / k;
+    }
+    free(mark);
+    return acc / (double)rows;
+}
+
+static double rel_l2(const float *x, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)x[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void die(const char *what, int err)
+{
+    cli_progress_done();
+    fprintf(stderr, "sparseattn: select-eval: %s: %s\n", what, sa_strerror(err));
+    exit(1);
+}
+
+typedef struct buffers {
+    uint16_t *q, *k, *v, *o;
+    float *o_dense, *o_sparse, *mass, *recall;
+    int32_t *idx, *oracle;
+} buffers;
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die("allocation", SA_ERR_NOMEM);
+    return p;
+}
+
+static void print_row(const eval_cfg *c, const char *wl, double strength, const char *sel,
+                      double rmean, double rp5, double oerr, double overlap, double ms)
+{
+    if (c->json) {
+        printf("{\"workload\":\"%s\",\"strength\":%g,\"selector\":\"%s\",\"batch\":%d,"
+               "\"heads_q\":%d,\"heads_kv\":%d,\"len_q\":%d,\"len_kv\":%d,\"head_dim\":%d,"
+               "\"topk\":%d,\"seed\":%llu,\"recall_mean\":%.6f,\"recall_p5\":%.6f,",
+               wl, strength, sel, c->s.batch, c->s.heads_q, c->s.heads_kv, c->s.len_q,
+               c->s.len_kv, c->s.head_dim, c->topk, (unsigned long long)c->seed, rmean, rp5);
+        if (isfinite(oerr))
+            printf("\"out_rel_err\":%.6g,", oerr);
+        else
+            printf("\"out_rel_err\":null,");
+        printf("\"oracle_overlap\":%.6f,\"select_ms\":%.3f}\n", overlap, ms);
+    } else {
+        char e[32];
+        if (isfinite(oerr))
+            snprintf(e, sizeof e, "%.4f", oerr);
+        else
+            snprintf(e, sizeof e, "n/a");
+        printf("%-10s %-12s %11.4f %9.4f %11s %8.3f %10.2f\n", wl, sel, rmean, rp5, e, overlap,
+               ms);
+    }
+    fflush(stdout);
+}
+
 int cmd_select_eval(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "sparseattn: %s is not available in this build yet\n", "cmd_select_eval");
-    return 1;
+    eval_cfg c = {.s = {1, 4, 1, 4096, 4096, 128}, .topk = 8, .seed = 1, .strength = -1,
+                  .device = "cpu"};
+    parse(argc, argv, &c);
+    if (!strcmp(c.device, "cuda")) {
+        int any = 0;
+        for (int i = 0; i < sa_selector_count(); i++)
+            any |= sa_selector_at(i)->cuda != NULL;
+        fprintf(stderr, "sparseattn: select-eval: %s\n",
+                any ? "--device cuda is not wired into select-eval yet"
+                    : "GPU selectors are not built yet (no registry entry has a cuda function)");
+        return 1;
+    }
+    const sa_shape *s = &c.s;
+    const size_t nq = sa_q_elems(s), nkv = sa_kv_elems(s), queries = sa_lse_elems(s);
+    const int n = sa_kv_blocks(s);
+    const sa_selector *oracle = sa_selector_by_name("oracle");
+    if (!oracle)
+        die("the registry has no oracle selector", SA_ERR_UNKNOWN);
+    size_t max_list = 0;
+    for (int i = 0; i < sa_selector_count(); i++) {
+        size_t len = sa_selector_list_len(sa_selector_at(i), s, c.topk);
+        max_list = len > max_list ? len : max_list;
+    }
+    buffers b = {
+        .q = xmalloc(nq * 2), .k = xmalloc(nkv * 2), .v = xmalloc(nkv * 2), .o = xmalloc(nq * 2),
+        .o_dense = xmalloc(nq * 4), .o_sparse = xmalloc(nq * 4),
+        .mass = xmalloc(queries * n * sizeof(float)), .recall = xmalloc(queries * sizeof(float)),
+        .idx = xmalloc(max_list * 4), .oracle = xmalloc(sa_selector_list_len(oracle, s, c.topk) * 4),
+    };
+    sa_select_params p;
+    sa_select_params_default(&p);
+    p.k = c.topk;
+    p.seed = c.seed;
+    p.keep_sink = c.keep_sink;
+    p.keep_diagonal = c.keep_diagonal;
+
+    if (!c.json) {
+        printf("select-eval: batch %d, heads %d/%d, len %d/%d, head_dim %d, topk %d of %d blocks,"
+               " seed %llu%s%s\n",
+               s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim, c.topk, n,
+               (unsigned long long)c.seed, c.keep_sink ? ", keep_sink" : "",
+               c.keep_diagonal ? ", keep_diagonal" : "");
+        printf("%-10s %-12s %11s %9s %11s %8s %10s\n", "workload", "selector", "recall_mean",
+               "recall_p5", "out_rel_err", "overlap", "select_ms");
+    }
+    int warned = 0;
+    for (int w = 0; w < sa_workload_count(); w++) {
+        const sa_workload *wl = sa_workload_at(w);
+        if (c.workload && strcmp(c.workload, wl->name))
+            continue;
+        double strength = c.strength < 0 ? wl->default_strength : c.strength;
+        cli_progress("select-eval: %s: generating inputs", wl->name);
+        int err = sa_workload_generate(wl->name, s, c.seed, strength, b.q, b.k, b.v);
+        if (err)
+            die("workload", err);
+        cli_progress("select-eval: %s: exact block mass", wl->name);
+        if ((err = sa_block_mass(s, b.q, b.k, b.mass)))
+            die("block mass", err);
+        cli_progress("select-eval: %s: dense attention", wl->name);
+        sa_outputs dense = {b.o, b.o_dense, NULL};
+        int have_dense = sa_ref_dense(s, b.q, b.k, b.v, &dense) == SA_OK;
+        if (!have_dense && !warned) {
+            fprintf(stderr, "sparseattn: select-eval: the CPU reference is unavailable: "
+                            "out_rel_err is n/a\n");
+            warned = 1;
+        }
+        cli_progress("select-eval: %s: oracle", wl->name);
+        double t_oracle = cli_now();
+        if ((err = oracle->cpu(s, b.q, b.k, &p, b.oracle, NULL)))
+            die("oracle", err);
+        t_oracle = (cli_now() - t_oracle) * 1e3;
+        for (int i = 0; i < sa_selector_count(); i++) {
+            const sa_selector *sel = sa_selector_at(i);
+            if (c.selector && strcmp(c.selector, sel->name))
+                continue;
+            cli_progress("select-eval: %s: %s", wl->name, sel->name);
+            double ms = t_oracle;
+            if (sel == oracle) { /* already run above: reuse its lists and time */
+                memcpy(b.idx, b.oracle, sa_selector_list_len(oracle, s, c.topk) * 4);
+                err = SA_OK;
+            } else {
+                double t0 = cli_now();
+                err = sel->cpu(s, b.q, b.k, &p, b.idx, NULL);
+                ms = (cli_now() - t0) * 1e3;
+            }
+            if (err)
+                die(sel->name, err);
+            if ((err = sa_lists_recall(s, b.mass, sel->per_query, b.idx, c.topk, b.recall)))
+                die("recall", err);
+            double rmean, rp5;
+            summarize(b.recall, queries, &rmean, &rp5);
+            double oerr = NAN;
+            if (have_dense) {
+                cli_progress("select-eval: %s: %s: sparse attention", wl->name, sel->name);
+                sa_outputs so = {b.o, b.o_sparse, NULL};
+                if (sel->per_query) {
+                    sa_query_lists l = {b.idx, NULL, c.topk};
+                    err = sa_ref_query_sparse(s, b.q, b.k, b.v, &l, NULL, &so);
+                } else {
+                    sa_tile_lists l = {b.idx, NULL, s->heads_kv, c.topk};
+                    err = sa_ref_tile_sparse(s, b.q, b.k, b.v, &l, NULL, &so);
+                }
+                if (err)
+                    die("sparse attention", err);
+                oerr = rel_l2(b.o_sparse, b.o_dense, nq);
+            }
+            double ov = oracle_overlap(s, sel->per_query, b.idx, b.oracle, c.topk);
+            cli_progress_done();
+            print_row(&c, wl->name, strength, sel->name, rmean, rp5, oerr, ov, ms);
+        }
+    }
+    cli_progress_done();
+    free(b.q);
+    free(b.k);
+    free(b.v);
+    free(b.o);
+    free(b.o_dense);
+    free(b.o_sparse);
+    free(b.mass);
+    free(b.recall);
+    free(b.idx);
+    free(b.oracle);
+    return 0;
 }

@@ -1,0 +1,116 @@
+/* Validation, conversion and top-k shared by the CPU selectors. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sel_internal.h"
+
+int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_select_params *p,
+              const int32_t *indices, int needs_qk, int use_index, sel_ctx *c)
+{
+    sa_select_params def;
+    if (!p) {
+        sa_select_params_default(&def);
+        p = &def;
+    }
+    if (!s || !indices || !c)
+        return SA_ERR_NULL;
+    if (needs_qk && (!q || !k))
+        return SA_ERR_NULL;
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    memset(c, 0, sizeof *c);
+    c->s = *s;
+    c->q_tiles = sa_q_tiles(s);
+    c->kv_blocks = sa_kv_blocks(s);
+    c->group = s->heads_q / s->heads_kv;
+    if (p->k <= 0 || p->k > c->kv_blocks)
+        return SA_ERR_ARG;
+    if ((p->keep_diagonal != 0 && p->keep_diagonal != 1) ||
+        (p->keep_sink != 0 && p->keep_sink != 1))
+        return SA_ERR_ARG;
+    if (p->keep_diagonal && s->len_q != s->len_kv)
+        return SA_ERR_ARG;
+    /* With both options every tile but the first forces two distinct blocks. */
+    if (p->keep_diagonal && p->keep_sink && c->q_tiles > 1 && p->k < 2)
+        return SA_ERR_ARG;
+    if ((p->q_index == NULL) != (p->k_index == NULL))
+        return SA_ERR_NULL;
+    if (p->q_index) {
+        if (p->index_dim <= 0 || p->index_dim % 16 || p->index_dim > SA_MAX_INDEX_DIM)
+            return SA_ERR_ARG;
+    } else if (p->index_dim != 0) {
+        return SA_ERR_ARG;
+    }
+    c->k_sel = p->k;
+    c->keep_diagonal = p->keep_diagonal;
+    c->keep_sink = p->keep_sink;
+    if (p->q_index && use_index) {
+        c->q = p->q_index;
+        c->k = p->k_index;
+        c->dim = p->index_dim;
+    } else {
+        c->q = q;
+        c->k = k;
+        c->dim = s->head_dim;
+    }
+    return SA_OK;
+}
+
+float *sel_to_f32(const uint16_t *x, size_t n)
+{
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    if (!f)
+        return NULL;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        f[i] = sa_bf16_to_f32(x[i]);
+    return f;
+}
+
+/* a (visited later, so a higher index) beats b only with a strictly larger score; a number
+ * beats NaN. */
+static int beats(float a, float b) { return a > b || (isnan(b) && !isnan(a)); }
+
+void sel_pick_row(const float *score, int n, int k, int diag, int sink, unsigned char *mark,
+                  int32_t *top, int32_t *out)
+{
+    memset(mark, 0, (size_t)n);
+    int forced = 0;
+    if (diag >= 0 && diag < n) {
+        mark[diag] = 1;
+        forced++;
+    }
+    if (sink && !mark[0]) {
+        mark[0] = 1;
+        forced++;
+    }
+    int need = k - forced, have = 0;
+    /* top[0..have) holds the best unforced blocks so far, best first. */
+    for (int b = 0; b < n && need > 0; b++) {
+        if (mark[b])
+            continue;
+        if (have == need && !beats(score[b], score[top[have - 1]]))
+            continue;
+        int j = have < need ? have++ : need - 1;
+        while (j > 0 && beats(score[b], score[top[j - 1]])) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = b;
+    }
+    for (int j = 0; j < have; j++)
+        mark[top[j]] = 1;
+    for (int b = 0, j = 0; b < n; b++)
+        if (mark[b])
+            out[j++] = b;
+}
+
+void sel_fill_counts(int32_t *counts, size_t rows, int k)
+{
+    if (!counts)
+        return;
+    for (size_t r = 0; r < rows; r++)
+        counts[r] = k;
+}

@@ -1,0 +1,69 @@
+/* GPU selectors (selectors/*.cu): internal declarations, not installed.
+ *
+ * The GPU selectors are reached through the selector registry: each CPU selector's struct names
+ * its GPU function in `.cuda` through SEL_CUDA(), which is NULL in a build without CUDA, so the
+ * library links either way. They take device pointers, queue their work on
+ * sa_select_params.stream and validate their arguments exactly as the CPU selectors do (the same
+ * sel_begin), so the error codes agree. Scratch memory comes from cudaMallocAsync on that stream.
+ *
+ * Synchronisation: r1 and r4 never synchronise the host. nvfp4 / nvfp4_query synchronise the
+ * stream once at their end, because a non-finite input must come back as SA_ERR_ARG (as on the
+ * CPU) and only the GPU knows.
+ */
+#ifndef SA_SEL_CUDA_H
+#define SA_SEL_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sparseattn.h"
+
+#ifdef SA_HAVE_CUDA
+#define SEL_CUDA(f) f
+#else
+#define SEL_CUDA(f) NULL
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifdef SA_HAVE_CUDA
+/* Registered in sel_r1.c, sel_r4.c, sel_nvfp4.c (sa_select_fn, device pointers). */
+int sel_r1_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_select_params *p,
+                int32_t *indices, int32_t *counts);
+int sel_r4_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_select_params *p,
+                int32_t *indices, int32_t *counts);
+int sel_nvfp4_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                   const sa_select_params *p, int32_t *indices, int32_t *counts);
+int sel_nvfp4_query_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                         const sa_select_params *p, int32_t *indices, int32_t *counts);
+#endif
+
+/* NVFP4 quantization on the GPU, bit-identical to sa_nvfp4_quantize_bf16 (format and algorithm
+ * in sa_selectors.h). x (n BF16), q->values (n/2 bytes) and q->scales (n/16 bytes) are device
+ * memory; q->n and q->tensor_scale are set on the host. Synchronises `stream` (cudaStream_t,
+ * NULL = default) to return the tensor scale and to report non-finite input.
+ * SA_ERR_NULL, SA_ERR_SHAPE (n == 0 or not a multiple of 16), SA_ERR_ARG (non-finite input),
+ * SA_ERR_CUDA, SA_ERR_NOT_BUILT without CUDA. */
+#ifdef SA_HAVE_CUDA
+int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4 *q, void *stream);
+#else
+static inline int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4 *q,
+                                              void *stream)
+{
+    (void)x, (void)n, (void)q, (void)stream;
+    return SA_ERR_NOT_BUILT;
+}
+#endif
+
+/* Largest index_dim (or head_dim when no index vectors are given) the GPU nvfp4 scorer takes;
+ * larger ones are SA_ERR_UNSUPPORTED there (the CPU takes up to SA_MAX_INDEX_DIM). */
+#define SEL_CUDA_NVFP4_MAX_DIM 256
+/* Largest kv_blocks a GPU top-k row takes (its keys sit in 48 KB of shared memory). */
+#define SEL_CUDA_MAX_BLOCKS 12288
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,45 @@
+/* Pieces shared by the CPU selectors (not installed): validation, input conversion, top-k. */
+#ifndef SA_SEL_INTERNAL_H
+#define SA_SEL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sparseattn.h"
+
+/* What a selector works on, filled by sel_begin after validation. */
+typedef struct sel_ctx {
+    sa_shape s;
+    const uint16_t *q, *k; /* scored vectors: the index vectors when given, else Q and K */
+    int dim;               /* their length */
+    int q_tiles, kv_blocks;
+    int group;             /* heads_q / heads_kv */
+    int k_sel;             /* blocks per row */
+    int keep_diagonal, keep_sink;
+} sel_ctx;
+
+/* Validates every argument (rules in sa_selectors.h). needs_qk = 0 lets q and k be NULL.
+ * use_index = 0 scores the attention's Q and K even when index vectors are given (the oracle). */
+int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_select_params *p,
+              const int32_t *indices, int needs_qk, int use_index, sel_ctx *c);
+
+/* BF16 -> freshly malloc'ed FP32 array (NULL on failure). */
+float *sel_to_f32(const uint16_t *x, size_t n);
+
+/* The diagonal block of tile t (or of the block holding position pos): -1 when not kept. */
+static inline int sel_diag_of_tile(const sel_ctx *c, int t) { return c->keep_diagonal ? t : -1; }
+
+/* One row: forced blocks (diag >= 0, block 0 if sink), then the best of score[0..n) until k are
+ * chosen (higher score first, NaN last, ties to the lower index); writes out[0..k) sorted by
+ * block index. Scratch: mark holds n bytes, top k ints. */
+void sel_pick_row(const float *score, int n, int k, int diag, int sink, unsigned char *mark,
+                  int32_t *top, int32_t *out);
+
+void sel_fill_counts(int32_t *counts, size_t rows, int k);
+
+/* Representative scoring shared by r1 and r4: group means of `span` tokens (128 or 32), a
+ * block's score the max over (query group, key group) pairs and over the GQA group's heads. */
+int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                   const sa_select_params *p, int span, int32_t *indices, int32_t *counts);
+
+#endif

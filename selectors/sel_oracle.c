@@ -1,0 +1,72 @@
+/* oracle: the blocks holding the most exact attention mass. A tile's score for a block is the sum,
+ * over the tile's valid queries and the GQA group's heads, of the dense softmax probability that
+ * falls in the block (sa_block_mass). It needs the full dense QK^T, so it is an upper bound for
+ * select-eval, not a practical selector. It always scores the attention's Q and K; index vectors
+ * in the params are validated and ignored. */
+#include <stdlib.h>
+
+#include "sel_internal.h"
+
+static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                      const sa_select_params *p, int32_t *indices, int32_t *counts)
+{
+    sel_ctx c;
+    int err = sel_begin(s, q, k, p, indices, 1, 0, &c);
+    if (err)
+        return err;
+    const int n = c.kv_blocks, kk = c.k_sel;
+    float *mass = malloc(sa_lse_elems(s) * n * sizeof *mass);
+    if (!mass)
+        return SA_ERR_NOMEM;
+    err = sa_block_mass(s, q, k, mass);
+    const int rows = s->batch * s->heads_kv * c.q_tiles;
+    int oom = 0;
+#pragma omp parallel reduction(| : oom) if (!err)
+    {
+        double *acc = malloc((size_t)n * sizeof *acc);
+        float *score = malloc((size_t)n * sizeof *score);
+        unsigned char *mark = malloc((size_t)n);
+        int32_t *top = malloc((size_t)kk * sizeof *top);
+        if (!acc || !score || !mark || !top)
+            oom = 1;
+#pragma omp for schedule(dynamic, 4)
+        for (int r = 0; r < rows; r++) {
+            if (oom || err)
+                continue;
+            int t = r % c.q_tiles, bh = r / c.q_tiles;
+            int b = bh / s->heads_kv, hkv = bh % s->heads_kv;
+            int i0 = t * SA_TILE, i1 = i0 + SA_TILE < s->len_q ? i0 + SA_TILE : s->len_q;
+            for (int blk = 0; blk < n; blk++)
+                acc[blk] = 0.0;
+            for (int j = 0; j < c.group; j++) {
+                size_t hq = (size_t)b * s->heads_q + (size_t)hkv * c.group + j;
+                for (int i = i0; i < i1; i++)
+                    for (int blk = 0; blk < n; blk++)
+                        acc[blk] += mass[(hq * s->len_q + i) * n + blk];
+            }
+            for (int blk = 0; blk < n; blk++)
+                score[blk] = (float)acc[blk];
+            sel_pick_row(score, n, kk, sel_diag_of_tile(&c, t), c.keep_sink, mark, top,
+                         indices + (size_t)r * kk);
+        }
+        free(acc);
+        free(score);
+        free(mark);
+        free(top);
+    }
+    free(mass);
+    if (err)
+        return err;
+    if (oom)
+        return SA_ERR_NOMEM;
+    sel_fill_counts(counts, (size_t)rows, kk);
+    return SA_OK;
+}
+
+const sa_selector sa_selector_oracle = {
+    .name = "oracle",
+    .description = "blocks of largest exact softmax mass (needs dense QK^T: an upper bound)",
+    .per_query = 0,
+    .cpu = oracle_cpu,
+    .cuda = NULL,
+};

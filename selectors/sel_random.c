@@ -1,0 +1,57 @@
+/* random: k blocks drawn uniformly (after the forced ones) per (b, KV head, tile), from
+ * params.seed. Each row has its own stream, so the lists do not depend on the thread count. A
+ * lower bound for select-eval; q and k are not read and may be NULL. */
+#include <stdlib.h>
+
+#include "sel_internal.h"
+
+#define ROW_STRIDE 0x9e3779b97f4a7c15ull /* golden-ratio step between row seeds */
+
+static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                      const sa_select_params *p, int32_t *indices, int32_t *counts)
+{
+    sel_ctx c;
+    int err = sel_begin(s, q, k, p, indices, 0, 1, &c);
+    if (err)
+        return err;
+    const uint64_t seed = p ? p->seed : 0;
+    const int n = c.kv_blocks, kk = c.k_sel;
+    const int rows = s->batch * s->heads_kv * c.q_tiles;
+    int oom = 0;
+#pragma omp parallel reduction(| : oom)
+    {
+        /* A random score per block, picked like any other selector's scores: forced blocks and
+         * the sorted output come from the shared top-k. */
+        float *score = malloc((size_t)n * sizeof *score);
+        unsigned char *mark = malloc((size_t)n);
+        int32_t *top = malloc((size_t)kk * sizeof *top);
+        if (!score || !mark || !top)
+            oom = 1;
+#pragma omp for schedule(static)
+        for (int r = 0; r < rows; r++) {
+            if (oom)
+                continue;
+            sa_rng rng;
+            sa_rng_seed(&rng, seed + (uint64_t)r * ROW_STRIDE);
+            for (int blk = 0; blk < n; blk++)
+                score[blk] = (float)sa_rng_uniform(&rng);
+            sel_pick_row(score, n, kk, sel_diag_of_tile(&c, r % c.q_tiles), c.keep_sink, mark,
+                         top, indices + (size_t)r * kk);
+        }
+        free(score);
+        free(mark);
+        free(top);
+    }
+    if (oom)
+        return SA_ERR_NOMEM;
+    sel_fill_counts(counts, (size_t)rows, kk);
+    return SA_OK;
+}
+
+const sa_selector sa_selector_random = {
+    .name = "random",
+    .description = "uniformly random blocks from params.seed (a lower bound)",
+    .per_query = 0,
+    .cpu = random_cpu,
+    .cuda = NULL,
+};

@@ -1,0 +1,101 @@
+/* Representative scoring, shared by r1 (one mean per 128 tokens) and r4 (one per 32).
+ * Means are taken once per (batch, head, group of `span` tokens), never per (tile, block) pair. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "sel_internal.h"
+
+/* x is (heads, len, dim) BF16; out is (heads, ceil(len / span), dim): the mean of each group's
+ * valid tokens (a final partial group averages only the tokens it has). */
+static void group_means(const uint16_t *x, int heads, int len, int dim, int span, float *out)
+{
+    int groups = (len + span - 1) / span;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int h = 0; h < heads; h++)
+        for (int g = 0; g < groups; g++) {
+            int n = len - g * span < span ? len - g * span : span;
+            const uint16_t *src = x + ((size_t)h * len + (size_t)g * span) * dim;
+            float *dst = out + ((size_t)h * groups + g) * dim;
+            for (int d = 0; d < dim; d++)
+                dst[d] = 0.0f;
+            for (int i = 0; i < n; i++)
+                for (int d = 0; d < dim; d++)
+                    dst[d] += sa_bf16_to_f32(src[(size_t)i * dim + d]);
+            for (int d = 0; d < dim; d++)
+                dst[d] /= (float)n;
+        }
+}
+
+static float dot(const float *a, const float *b, int n)
+{
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++)
+        acc += a[i] * b[i];
+    return acc;
+}
+
+int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                   const sa_select_params *p, int span, int32_t *indices, int32_t *counts)
+{
+    sel_ctx c;
+    int err = sel_begin(s, q, k, p, indices, 1, 1, &c);
+    if (err)
+        return err;
+    const int per = SA_TILE / span; /* groups per tile or block */
+    const int qg = (s->len_q + span - 1) / span, kg = (s->len_kv + span - 1) / span;
+    const int dim = c.dim, n = c.kv_blocks, kk = c.k_sel;
+    float *qr = malloc((size_t)s->batch * s->heads_q * qg * dim * sizeof *qr);
+    float *kr = malloc((size_t)s->batch * s->heads_kv * kg * dim * sizeof *kr);
+    if (!qr || !kr) {
+        free(qr);
+        free(kr);
+        return SA_ERR_NOMEM;
+    }
+    group_means(c.q, s->batch * s->heads_q, s->len_q, dim, span, qr);
+    group_means(c.k, s->batch * s->heads_kv, s->len_kv, dim, span, kr);
+
+    const int rows = s->batch * s->heads_kv * c.q_tiles;
+    int oom = 0;
+#pragma omp parallel reduction(| : oom)
+    {
+        float *score = malloc((size_t)n * sizeof *score);
+        unsigned char *mark = malloc((size_t)n);
+        int32_t *top = malloc((size_t)kk * sizeof *top);
+        if (!score || !mark || !top)
+            oom = 1;
+#pragma omp for schedule(dynamic, 4)
+        for (int r = 0; r < rows; r++) {
+            if (oom)
+                continue;
+            int t = r % c.q_tiles, bh = r / c.q_tiles; /* bh = b * Hkv + hkv */
+            int b = bh / s->heads_kv, hkv = bh % s->heads_kv;
+            const float *kbase = kr + (size_t)bh * kg * dim;
+            for (int blk = 0; blk < n; blk++) {
+                float best = -INFINITY;
+                for (int j = 0; j < c.group; j++) {
+                    int hq = hkv * c.group + j;
+                    const float *qbase = qr + ((size_t)b * s->heads_q + hq) * qg * dim;
+                    for (int a = t * per; a < (t + 1) * per && a < qg; a++)
+                        for (int e = blk * per; e < (blk + 1) * per && e < kg; e++) {
+                            float v = dot(qbase + (size_t)a * dim, kbase + (size_t)e * dim, dim);
+                            if (v > best || isnan(v))
+                                best = isnan(best) ? best : v;
+                        }
+                }
+                score[blk] = best;
+            }
+            sel_pick_row(score, n, kk, sel_diag_of_tile(&c, t), c.keep_sink, mark, top,
+                         indices + (size_t)r * kk);
+        }
+        free(score);
+        free(mark);
+        free(top);
+    }
+    free(qr);
+    free(kr);
+    if (oom)
+        return SA_ERR_NOMEM;
+    sel_fill_counts(counts, (size_t)rows, kk);
+    return SA_OK;
+}
