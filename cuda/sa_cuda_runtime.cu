@@ -1,6 +1,9 @@
-// Device discovery shared by every CUDA entry point.
+// Device discovery and host-side helpers shared by every CUDA entry point.
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
+#include "sa_cuda_internal.h"
 #include "sparseattn.h"
 
 extern "C" int sa_gpu_available(void)
@@ -14,4 +17,56 @@ extern "C" int sa_gpu_available(void)
     if (cudaGetDeviceProperties(&p, 0) != cudaSuccess)
         return 0;
     return p.major == 9 ? 1 : 0; // the stages are built for sm_90a only
+}
+
+int sa_cuda_device_info(int *sms, int *cc_major)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return SA_ERR_NO_DEVICE;
+    }
+    return SA_OK;
+}
+
+// The driver's encoder, looked up once. The pointer does not depend on any tensor, so caching it
+// is safe; concurrent first calls store the same value.
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    if (!fn) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            return nullptr;
+        }
+        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }
+    return fn;
+}
+
+int sa_tensor_map_bf16_2d(CUtensorMap *map, const void *base, uint64_t rows, uint64_t cols,
+                          uint32_t box_rows, uint32_t box_cols)
+{
+    // The map's limits: dimensions below 2^32, strides multiples of 16 below 2^40, 16-byte base.
+    if (rows == 0 || cols == 0 || rows >= (1ull << 32) || (cols * 2) % 16 != 0 ||
+        (reinterpret_cast<uintptr_t>(base) & 15) != 0 || box_cols * 2 != 128)
+        return SA_ERR_UNSUPPORTED;
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode)
+        return SA_ERR_CUDA;
+    cuuint64_t dims[2] = {cols, rows};
+    cuuint64_t strides[1] = {cols * 2};
+    cuuint32_t box[2] = {box_cols, box_rows};
+    cuuint32_t elem_strides[2] = {1, 1};
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(base), dims,
+                        strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? SA_OK : SA_ERR_CUDA;
 }

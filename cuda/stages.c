@@ -4,8 +4,20 @@
 
 #include "sparseattn.h"
 
+#ifdef SA_HAVE_CUDA
+#include "sa_stage_entries.h"
+
+static const sa_stage stage14 = {
+    14, "dense_persistent",
+    "dense BF16 forward, d=128: TMA + wgmma, 1 producer warp + 2 consumer warpgroups, persistent",
+    0, sa_stage14_check, sa_stage14_launch};
+#endif
+
 static const sa_stage *const registry[] = {
-    NULL, /* placeholder until the first stage lands */
+#ifdef SA_HAVE_CUDA
+    &stage14,
+#endif
+    NULL, /* end marker */
 };
 
 int sa_stage_count(void) { return (int)(sizeof registry / sizeof registry[0]) - 1; }

@@ -1,0 +1,27 @@
+// Host-side helpers shared by the CUDA stage files (C++ only, not installed).
+#pragma once
+#include <cuda.h> // CUtensorMap and the driver enums only: the library never links libcuda
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "sparseattn.h"
+
+// Evaluate a CUDA runtime call; on failure clear the (non-sticky) error and return SA_ERR_CUDA
+// from the enclosing function.
+#define SA_CUDA_TRY(call)                                                                         \
+    do {                                                                                          \
+        if ((call) != cudaSuccess) {                                                              \
+            (void)cudaGetLastError();                                                             \
+            return SA_ERR_CUDA;                                                                   \
+        }                                                                                         \
+    } while (0)
+
+// A 2-D tensor map over a row-major BF16 matrix of `rows` x `cols` (cols contiguous), read in
+// boxes of box_rows x box_cols with the 128-byte swizzle (box_cols * 2 must be 128). The base
+// must be 16-byte aligned. cuTensorMapEncodeTiled is found through the runtime's driver entry
+// point query. Returns SA_OK, SA_ERR_UNSUPPORTED (sizes the map cannot express) or SA_ERR_CUDA.
+int sa_tensor_map_bf16_2d(CUtensorMap *map, const void *base, uint64_t rows, uint64_t cols,
+                          uint32_t box_rows, uint32_t box_cols);
+
+// Multiprocessor count and compute capability of the current device; SA_ERR_NO_DEVICE if none.
+int sa_cuda_device_info(int *sms, int *cc_major);

@@ -1,0 +1,99 @@
+// wgmma primitives for BF16 inputs and FP32 accumulators (introduced by stage 14).
+//
+// wgmma.mma_async is issued by a whole warpgroup (4 consecutive warps, the first at a warp index
+// divisible by 4). It runs asynchronously: the accumulator registers and a register A operand
+// belong to the tensor core from the issue until wgmma.wait_group says the group is done.
+// Operands in shared memory are named by 64-bit descriptors (address, two strides, swizzle).
+//
+// Register layouts of m64nNk16 (thread t of the warpgroup, warp w = t / 32, lane l = t % 32):
+//   accumulator d[4*j + 2*i + c] holds row 16*w + l/4 + 8*i, column 8*j + 2*(l%4) + c;
+//   register A a[r] (two bf16 each) holds row 16*w + l/4 + 8*(r&1), columns 8*(r>>1) + 2*(l%4) + {0,1}.
+// So an accumulator's columns 16*kk..16*kk+15 are exactly the A fragment of k-step kk: a score
+// tile computed by one wgmma becomes the A operand of the next without touching shared memory.
+#pragma once
+#include <stdint.h>
+
+// Shared-memory matrix descriptor with the 128-byte swizzle (layout type 1, bits 62-63).
+//   K-major operands (Q, K): rows of 64 bf16 = 128 B, 8-row atoms of 1024 B; sbo = 1024 is the
+//   step between atoms and lbo is unused. A k16 step inside the 128 B row advances the start
+//   address by 32 B: the hardware applies the swizzle to the final address, as TMA did.
+//   MN-major operands (V as B of P V): lbo = step between 64-element column blocks, sbo = step
+//   between groups of 8 rows along K.
+// Addresses and offsets are stored divided by 16 in 14-bit fields.
+__device__ __forceinline__ uint64_t sa_desc_sw128(uint32_t smem_addr, uint32_t lbo, uint32_t sbo)
+{
+    uint64_t d = 0;
+    d |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
+    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
+    d |= (uint64_t)1 << 62;
+    return d;
+}
+
+// Orders register writes before the tensor core reads them (accumulators zeroed or rescaled,
+// P written) and must precede the first wgmma of a batch.
+__device__ __forceinline__ void sa_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void sa_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void sa_wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Pin registers in place across an asynchronous wgmma: the empty asm "reads and writes" them, so
+// the compiler can neither move them nor reuse them for something else between issue and wait.
+__device__ __forceinline__ void sa_fence_regs(float (&d)[64])
+{
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void sa_fence_regs(uint32_t (&a)[32])
+{
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// d (64 x 128, fp32) = A (64 x 16, smem, K-major) * B (16 x 128, smem, K-major) + (accumulate ? d : 0)
+__device__ __forceinline__ void sa_wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a,
+                                                       uint64_t desc_b, int accumulate)
+{
+    asm volatile("{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// d (64 x 128, fp32) += A (64 x 16, registers, bf16x2) * B (16 x 128, smem, MN-major)
+__device__ __forceinline__ void sa_wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                       uint64_t desc_b, int accumulate)
+{
+    asm volatile("{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}

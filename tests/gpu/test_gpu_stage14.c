@@ -1,0 +1,271 @@
+/* Stage 14 (dense_persistent) against the CPU reference sa_ref_dense: fresh random inputs each
+ * run, outputs poisoned with NaN before every launch, shapes from one tile to a few thousand
+ * tokens (odd tile counts, more work items than SMs, GQA and MQA, wide logit ranges); and the
+ * error paths, which must return their code without launching. SA_SMALL=1 runs only the
+ * smallest case (used under compute-sanitizer). */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sa_test.h"
+
+#define STAGE_ID 14
+/* A launch that writes nothing leaves this byte pattern: NaN in BF16 and in FP32. */
+#define POISON_BYTE 0xFF
+
+#define CK_CUDA(x)                                                                                \
+    ck_assert_msg((x) == cudaSuccess, "%s failed: %s (seed %llu)", #x,                           \
+                  cudaGetErrorString(cudaGetLastError()), (unsigned long long)sa_test_seed())
+
+static const sa_stage *stage(void)
+{
+    const sa_stage *st = sa_stage_by_id(STAGE_ID);
+    ck_assert_msg(st != NULL, "stage %d is not in the registry", STAGE_ID);
+    return st;
+}
+
+static int small_only(void)
+{
+    const char *e = getenv("SA_SMALL");
+    return e && e[0] == '1';
+}
+
+typedef struct dev_set {
+    uint16_t *q, *k, *v, *o;
+    float *lse;
+} dev_set;
+
+static void dev_alloc(dev_set *d, const sa_shape *s)
+{
+    CK_CUDA(cudaMalloc((void **)&d->q, sa_q_elems(s) * 2));
+    CK_CUDA(cudaMalloc((void **)&d->k, sa_kv_elems(s) * 2));
+    CK_CUDA(cudaMalloc((void **)&d->v, sa_kv_elems(s) * 2));
+    CK_CUDA(cudaMalloc((void **)&d->o, sa_q_elems(s) * 2));
+    CK_CUDA(cudaMalloc((void **)&d->lse, sa_lse_elems(s) * 4));
+}
+
+static void dev_free(dev_set *d)
+{
+    CK_CUDA(cudaFree(d->q));
+    CK_CUDA(cudaFree(d->k));
+    CK_CUDA(cudaFree(d->v));
+    CK_CUDA(cudaFree(d->o));
+    CK_CUDA(cudaFree(d->lse));
+}
+
+static sa_gpu_attn args_for(const sa_shape *s, const dev_set *d)
+{
+    sa_gpu_attn a;
+    sa_gpu_attn_default(&a);
+    a.shape = *s;
+    a.q = d->q;
+    a.k = d->k;
+    a.v = d->v;
+    a.o = d->o;
+    a.lse = d->lse;
+    return a;
+}
+
+/* One comparison. q_scale widens the logits (std of a logit is about q_scale * k_scale);
+ * rising > 0 multiplies key block b by (1 + rising * b), so the row max keeps growing along the
+ * sequence and the lazy rescale must fire in later blocks, not only in the first. */
+static void check_case(int batch, int hq, int hkv, int len_q, int len_kv, float q_scale,
+                       float rising, uint64_t salt)
+{
+    sa_shape s = {batch, hq, hkv, len_q, len_kv, 128};
+    ck_assert_int_eq(sa_shape_check(&s), SA_OK);
+    size_t nq = sa_q_elems(&s), nkv = sa_kv_elems(&s), nl = sa_lse_elems(&s);
+    uint16_t *q = malloc(nq * 2), *k = malloc(nkv * 2), *v = malloc(nkv * 2);
+    uint16_t *o_ref = malloc(nq * 2), *o_gpu = malloc(nq * 2);
+    float *lse_ref = malloc(nl * 4), *lse_gpu = malloc(nl * 4);
+    float *of_ref = malloc(nq * 4), *of_gpu = malloc(nq * 4);
+    ck_assert(q && k && v && o_ref && o_gpu && lse_ref && lse_gpu && of_ref && of_gpu);
+
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ salt);
+    sa_rng_fill_bf16(&r, q, nq, q_scale);
+    sa_rng_fill_bf16(&r, k, nkv, 1.0f);
+    sa_rng_fill_bf16(&r, v, nkv, 1.0f);
+    if (rising > 0) {
+        for (size_t row = 0; row < nkv / 128; row++) {
+            int blk = (int)(row % (size_t)len_kv) / 128;
+            for (int d = 0; d < 128; d++) {
+                size_t i = row * 128 + d;
+                k[i] = sa_bf16_from_f32(sa_bf16_to_f32(k[i]) * (1.0f + rising * blk));
+            }
+        }
+    }
+
+    sa_outputs ref = {o_ref, NULL, lse_ref};
+    sa_poison_bf16(o_ref, nq);
+    sa_poison_f32(lse_ref, nl);
+    ck_assert_int_eq(sa_ref_dense(&s, q, k, v, &ref), SA_OK);
+
+    dev_set d;
+    dev_alloc(&d, &s);
+    CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d.k, k, nkv * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d.v, v, nkv * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemset(d.o, POISON_BYTE, nq * 2));
+    CK_CUDA(cudaMemset(d.lse, POISON_BYTE, nl * 4));
+    sa_gpu_attn a = args_for(&s, &d);
+    int rc = stage()->launch(&a);
+    ck_assert_msg(rc == SA_OK, "launch: %s", sa_strerror(rc));
+    CK_CUDA(cudaDeviceSynchronize());
+    CK_CUDA(cudaGetLastError());
+    CK_CUDA(cudaMemcpy(o_gpu, d.o, nq * 2, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(lse_gpu, d.lse, nl * 4, cudaMemcpyDeviceToHost));
+    dev_free(&d);
+
+    sa_bf16_to_f32_array(of_ref, o_ref, nq);
+    sa_bf16_to_f32_array(of_gpu, o_gpu, nq);
+    sa_cmp c = sa_compare(of_gpu, of_ref, nq);
+    double lse_err = sa_lse_maxdiff(lse_gpu, lse_ref, nl);
+    ck_assert_msg(sa_cmp_ok(&c) && lse_err <= 1e-2,
+                  "B%d Hq%d Hkv%d Sq%d Skv%d qscale %.1f rising %.2f: O rel_l2 %.3g max_abs %.3g "
+                  "(ref max %.3g, %zu non-finite, first bad %zu), LSE max diff %.3g (seed %llu)",
+                  batch, hq, hkv, len_q, len_kv, q_scale, rising, c.rel_l2, c.max_abs, c.ref_max,
+                  c.nonfinite, c.first_bad, lse_err, (unsigned long long)sa_test_seed());
+    free(q), free(k), free(v), free(o_ref), free(o_gpu), free(lse_ref), free(lse_gpu);
+    free(of_ref), free(of_gpu);
+}
+
+/* len_q = 128: one work item whose second tile is absent. */
+START_TEST(one_tile)
+{
+    check_case(1, 1, 1, 128, 128, 4.0f, 0, 1);
+}
+END_TEST
+
+START_TEST(odd_tiles_gqa)
+{
+    if (small_only())
+        return;
+    check_case(2, 4, 2, 384, 256, 6.0f, 0, 2);   /* 3 tiles: last item has one tile */
+    check_case(1, 8, 1, 1024, 2048, 8.0f, 0, 3); /* MQA, long KV */
+}
+END_TEST
+
+START_TEST(rising_max)
+{
+    if (small_only())
+        return;
+    check_case(1, 2, 2, 640, 1024, 2.0f, 0.5f, 4); /* 5 tiles, max grows block by block */
+}
+END_TEST
+
+/* More items than SMs: every CTA loops, the ring wraps many times, Q buffers are reused. */
+START_TEST(persistent_many_items)
+{
+    if (small_only())
+        return;
+    check_case(4, 16, 4, 1024, 512, 4.0f, 0, 5);    /* 256 items */
+    check_case(2, 6, 3, 2048, 640, 8.0f, 0, 6);     /* 96 items, 5 KV tiles (odd ring laps) */
+    check_case(1, 2, 1, 4096, 4096, 1.0f, 0, 7);    /* long sequence */
+}
+END_TEST
+
+/* Unsupported shapes and NULL pointers: the code, and no launch (O keeps its sentinel). */
+START_TEST(errors_without_launch)
+{
+    sa_shape s = {1, 2, 2, 256, 256, 128};
+    dev_set d;
+    dev_alloc(&d, &s);
+    const size_t no = sa_q_elems(&s);
+    uint16_t *o = malloc(no * 2);
+    ck_assert(o);
+    CK_CUDA(cudaMemset(d.o, 0x3c, no * 2)); /* a finite sentinel a launch would overwrite */
+    const sa_stage *st = stage();
+
+    struct {
+        sa_shape s;
+        int expect;
+    } bad[] = {
+        {{1, 2, 2, 200, 256, 128}, SA_ERR_UNSUPPORTED}, /* len_q not a multiple of 128 */
+        {{1, 2, 2, 256, 300, 128}, SA_ERR_UNSUPPORTED}, /* len_kv not a multiple of 128 */
+        {{1, 2, 2, 128, 128, 64}, SA_ERR_UNSUPPORTED},  /* head_dim 64 */
+        {{1, 3, 2, 256, 256, 128}, SA_ERR_GQA},
+        {{0, 2, 2, 256, 256, 128}, SA_ERR_SHAPE},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sa_gpu_attn a = args_for(&bad[i].s, &d);
+        ck_assert_int_eq(st->check(&a), bad[i].expect);
+        ck_assert_int_eq(st->launch(&a), bad[i].expect);
+    }
+    sa_gpu_attn a = args_for(&s, &d);
+    ck_assert_int_eq(st->check(&a), SA_OK);
+    ck_assert_int_eq(st->check(NULL), SA_ERR_NULL);
+    ck_assert_int_eq(st->launch(NULL), SA_ERR_NULL);
+    for (int i = 0; i < 4; i++) {
+        sa_gpu_attn b = a;
+        if (i == 0)
+            b.q = NULL;
+        else if (i == 1)
+            b.k = NULL;
+        else if (i == 2)
+            b.v = NULL;
+        else
+            b.o = NULL;
+        ck_assert_int_eq(st->check(&b), SA_ERR_NULL);
+        ck_assert_int_eq(st->launch(&b), SA_ERR_NULL);
+    }
+    sa_gpu_attn mis = a;
+    mis.q = (const uint16_t *)((const char *)a.q + 2); /* TMA needs 16-byte aligned tensors */
+    ck_assert_int_eq(st->launch(&mis), SA_ERR_UNSUPPORTED);
+
+    CK_CUDA(cudaDeviceSynchronize());
+    CK_CUDA(cudaMemcpy(o, d.o, no * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < no; i++)
+        ck_assert_msg(o[i] == 0x3c3c, "a rejected call wrote O[%zu]", i);
+    free(o);
+    dev_free(&d);
+}
+END_TEST
+
+/* A valid launch without LSE writes O and nothing else goes wrong. */
+START_TEST(lse_optional)
+{
+    if (small_only())
+        return;
+    sa_shape s = {1, 1, 1, 256, 256, 128};
+    dev_set d;
+    dev_alloc(&d, &s);
+    size_t nq = sa_q_elems(&s);
+    uint16_t *h = malloc(nq * 2);
+    ck_assert(h);
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 99);
+    sa_rng_fill_bf16(&r, h, nq, 1.0f);
+    CK_CUDA(cudaMemcpy(d.q, h, nq * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d.k, h, nq * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d.v, h, nq * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemset(d.o, POISON_BYTE, nq * 2));
+    sa_gpu_attn a = args_for(&s, &d);
+    a.lse = NULL;
+    ck_assert_int_eq(stage()->launch(&a), SA_OK);
+    CK_CUDA(cudaDeviceSynchronize());
+    CK_CUDA(cudaMemcpy(h, d.o, nq * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < nq; i++)
+        ck_assert_msg((h[i] & 0x7f80) != 0x7f80, "O[%zu] not written (seed %llu)", i,
+                      (unsigned long long)sa_test_seed());
+    free(h);
+    dev_free(&d);
+}
+END_TEST
+
+int main(void)
+{
+    sa_test_require_gpu();
+    Suite *s = suite_create("gpu_stage14");
+    TCase *tc = tcase_create("dense_persistent");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, one_tile);
+    tcase_add_test(tc, odd_tiles_gqa);
+    tcase_add_test(tc, rising_max);
+    tcase_add_test(tc, persistent_many_items);
+    tcase_add_test(tc, errors_without_launch);
+    tcase_add_test(tc, lse_optional);
+    suite_add_tcase(s, tc);
+    return sa_test_run(s);
+}
