@@ -1,0 +1,210 @@
+/* CPU test of the KV-centric reverse index reference (sa_kv_index_ref) against a brute force,
+ * on fresh random shapes and lists each run, plus its error paths and the GPU entry point's
+ * argument checks that need no device. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kv_test_lists.h"
+
+static void run_case(const sa_shape *s, int m, int pattern, int tq, int with_counts, sa_rng *r)
+{
+    size_t rows = sa_query_rows(s);
+    int32_t *idx = malloc(rows * m * sizeof *idx), *cnt = malloc(rows * sizeof *cnt);
+    ck_assert(idx && cnt);
+    kv_make_lists(s, m, pattern, r, idx, cnt);
+    if (!with_counts) /* every row uses max_blocks: only possible when m blocks exist */
+        ck_assert_int_le(m, sa_kv_blocks(s));
+    sa_query_lists l = {idx, with_counts ? cnt : NULL, m};
+    if (!with_counts)
+        for (size_t row = 0; row < rows; row++)
+            ck_assert_int_eq(cnt[row], m); /* the pattern drew full rows */
+    size_t nb = sa_kv_buckets(s), ne = sa_kv_max_entries(s, &l), nt = sa_kv_max_tasks(s, &l, tq);
+    int32_t *off = malloc((nb + 1) * sizeof *off), *ent = malloc(ne * sizeof *ent);
+    sa_kv_task *tasks = malloc(nt * sizeof *tasks);
+    ck_assert(off && ent && tasks);
+    int n_e = -1, n_t = -1;
+    ck_assert_int_eq(sa_kv_index_ref(s, &l, tq, off, ent, tasks, &n_e, &n_t), SA_OK);
+    kv_check_index(s, &l, tq, off, ent, n_e, tasks, n_t);
+    free(off);
+    free(ent);
+    free(tasks);
+    free(idx);
+    free(cnt);
+}
+
+START_TEST(test_random)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed());
+    static const int tqs[] = {1, 3, 8, 32, 128};
+    for (int it = 0; it < 40; it++) {
+        sa_shape s = {.batch = 1 + (int)sa_rng_below(&r, 3), .heads_kv = 1 + (int)sa_rng_below(&r, 3),
+                      .len_q = 1 + (int)sa_rng_below(&r, 700), .len_kv = 1 + (int)sa_rng_below(&r, 3000),
+                      .head_dim = 128};
+        s.heads_q = s.heads_kv * (1 + (int)sa_rng_below(&r, 4));
+        int m = 1 + (int)sa_rng_below(&r, 20);
+        run_case(&s, m, KV_PAT_RANDOM, tqs[it % 5], 1, &r);
+    }
+}
+END_TEST
+
+START_TEST(test_patterns)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x5a5a);
+    sa_shape s = {.batch = 2, .heads_q = 4, .heads_kv = 2, .len_q = 300, .len_kv = 1000,
+                  .head_dim = 128}; /* 8 blocks, the last partial */
+    /* Every query the same 5 blocks: 300 queries per bucket, many full tasks and a tail. */
+    run_case(&s, 5, KV_PAT_SAME, 32, 1, &r);
+    run_case(&s, 5, KV_PAT_SAME, 7, 0, &r);
+    /* One query per block: every task has one query. */
+    run_case(&s, 2, KV_PAT_SINGLE, 32, 1, &r);
+    /* No counts: every row uses max_blocks. */
+    sa_shape t = s;
+    t.len_kv = 128 * 6;
+    run_case(&t, 6, KV_PAT_SAME, 64, 0, &r);
+}
+END_TEST
+
+/* A hand-checked case: 1 head, 3 queries, 2 blocks, tq = 1. */
+START_TEST(test_small_exact)
+{
+    sa_shape s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 3, .len_kv = 200,
+                  .head_dim = 128};
+    int32_t idx[] = {1, 0, /* q0: blocks 1, 0 */ 1, 9, /* q1: block 1 (count 1) */ 0, 1};
+    int32_t cnt[] = {2, 1, 2};
+    sa_query_lists l = {idx, cnt, 2};
+    int32_t off[3], ent[6];
+    sa_kv_task tasks[8];
+    int ne, nt;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 2, off, ent, tasks, &ne, &nt), SA_OK);
+    /* block 0: q0 slot 1 (entry 1), q2 slot 0 (entry 4); block 1: q0 s0 (0), q1 s0 (2), q2 s1 (5) */
+    ck_assert_int_eq(ne, 5);
+    ck_assert_int_eq(off[0], 0);
+    ck_assert_int_eq(off[1], 2);
+    ck_assert_int_eq(off[2], 5);
+    int want[] = {1, 4, 0, 2, 5};
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(ent[i], want[i]);
+    /* tq 2: block 0 -> one task of 2; block 1 -> 2 + 1. Order: (b0,c0,2), (b1,c0,2), (b1,c1,1). */
+    ck_assert_int_eq(nt, 3);
+    ck_assert(tasks[0].bucket == 0 && tasks[0].count == 2 && tasks[0].begin == 0);
+    ck_assert(tasks[1].bucket == 1 && tasks[1].count == 2 && tasks[1].begin == 2);
+    ck_assert(tasks[2].bucket == 1 && tasks[2].count == 1 && tasks[2].begin == 4 &&
+              tasks[2].chunk == 1);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    sa_shape s = {.batch = 1, .heads_q = 2, .heads_kv = 1, .len_q = 2, .len_kv = 300,
+                  .head_dim = 128}; /* 3 blocks */
+    int32_t idx[] = {0, 2, 1, 2};
+    int32_t cnt[] = {2, 2};
+    sa_query_lists l = {idx, cnt, 2};
+    int32_t off[4], ent[4];
+    sa_kv_task tasks[8];
+    int ne, nt;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 4, off, ent, tasks, &ne, &nt), SA_OK);
+    ck_assert_int_eq(sa_kv_index_ref(NULL, &l, 4, off, ent, tasks, &ne, &nt), SA_ERR_NULL);
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 4, off, NULL, tasks, &ne, &nt), SA_ERR_NULL);
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 0, off, ent, tasks, &ne, &nt), SA_ERR_ARG);
+    idx[3] = 3;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 4, off, ent, tasks, &ne, &nt), SA_ERR_INDEX);
+    idx[3] = -1;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 4, off, ent, tasks, &ne, &nt), SA_ERR_INDEX);
+    idx[3] = 1;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 4, off, ent, tasks, &ne, &nt), SA_ERR_DUPLICATE);
+    idx[3] = 2;
+    cnt[1] = 3;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 4, off, ent, tasks, &ne, &nt), SA_ERR_COUNT);
+    cnt[1] = -1;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 4, off, ent, tasks, &ne, &nt), SA_ERR_COUNT);
+    cnt[1] = 0; /* empty rows are fine for the index */
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 4, off, ent, tasks, &ne, &nt), SA_OK);
+    ck_assert_int_eq(ne, 2);
+    l.max_blocks = 0;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 4, off, ent, tasks, &ne, &nt), SA_ERR_MAX_BLOCKS);
+}
+END_TEST
+
+START_TEST(test_sizes)
+{
+    sa_shape s = {.batch = 2, .heads_q = 16, .heads_kv = 1, .len_q = 4096, .len_kv = 4096,
+                  .head_dim = 128};
+    sa_query_lists l = {NULL, NULL, 16};
+    ck_assert_int_eq(sa_kv_task_queries(&s), 8); /* 8 queries x 16 heads = 128 rows */
+    ck_assert_uint_eq(sa_kv_buckets(&s), 64);
+    ck_assert_uint_eq(sa_kv_max_entries(&s, &l), 2u * 4096 * 16);
+    ck_assert_uint_eq(sa_kv_max_tasks(&s, &l, 8), 2u * 4096 * 16 / 8 + 64);
+    s.heads_q = 256;
+    ck_assert_int_eq(sa_kv_task_queries(&s), 0); /* a group of 256 heads cannot fit 128 rows */
+    s.heads_q = 3;
+    ck_assert_int_eq(sa_kv_task_queries(&s), 42);
+}
+END_TEST
+
+/* The GPU entry point checks its arguments before it looks for a device; built without CUDA it
+ * says so. Host pointers stand in for device ones: they are never touched on these paths. */
+START_TEST(test_entry_args)
+{
+    uint16_t dummy[8];
+    int32_t lidx[1] = {0};
+    sa_kv_params p;
+    sa_kv_params_default(&p);
+    ck_assert_int_eq(p.validate, 1);
+    ck_assert_int_eq(p.allow_empty_rows, 1);
+    ck_assert_int_eq(p.partial_format, SA_KV_PARTIAL_F32);
+    p.shape = (sa_shape){.batch = 1, .heads_q = 2, .heads_kv = 1, .len_q = 1, .len_kv = 128,
+                         .head_dim = 128};
+    p.q = p.k = p.v = dummy;
+    p.o = dummy;
+    p.lists = (sa_query_lists){lidx, NULL, 1};
+    size_t bytes = 1;
+#ifdef SA_HAVE_CUDA
+    ck_assert_int_eq(sa_kvcentric_attention(NULL), SA_ERR_NULL);
+    p.o = NULL;
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_NULL);
+    p.o = dummy;
+    p.lists.max_blocks = 0;
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_MAX_BLOCKS);
+    p.lists.max_blocks = 1;
+    p.partial_format = 7;
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
+    p.partial_format = SA_KV_PARTIAL_BF16;
+    p.shape.head_dim = 64;
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_UNSUPPORTED);
+    p.shape.head_dim = 128;
+    p.shape.heads_q = 3;
+    p.shape.heads_kv = 2;
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_GQA);
+    p.shape.heads_q = 2;
+    p.shape.heads_kv = 1;
+    ck_assert_int_eq(sa_kv_workspace_size(&p, NULL), SA_ERR_NULL);
+    if (!sa_gpu_available())
+        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_NO_DEVICE);
+    (void)bytes;
+#else
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_NOT_BUILT);
+    ck_assert_int_eq(sa_kv_workspace_size(&p, &bytes), SA_ERR_NOT_BUILT);
+    ck_assert_uint_eq(bytes, 0);
+    ck_assert_int_eq(sa_kv_build_index(&p), SA_ERR_NOT_BUILT);
+    ck_assert_int_eq(sa_kv_attend(&p), SA_ERR_NOT_BUILT);
+    ck_assert_int_eq(sa_kv_combine(&p), SA_ERR_NOT_BUILT);
+#endif
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("kv_index");
+    TCase *tc = tcase_create("reference");
+    tcase_add_test(tc, test_small_exact);
+    tcase_add_test(tc, test_random);
+    tcase_add_test(tc, test_patterns);
+    tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_sizes);
+    tcase_add_test(tc, test_entry_args);
+    suite_add_tcase(s, tc);
+    return sa_test_run(s);
+}
