@@ -377,6 +377,11 @@ extern "C" int sa_gb_set_create(sa_gb *g, const sa_shape *s, uint64_t seed, sa_g
 
 static void free_lists(sa_gb_set *set)
 {
+    if (set->a.lists.indices) {
+        const size_t rows = sa_tile_rows(&set->a.shape, &set->a.lists);
+        set->bytes -= rows * (size_t)set->a.lists.max_blocks * 4 +
+                      (set->a.lists.counts ? rows * 4 : 0);
+    }
     sa_gb_free((void *)set->a.lists.indices);
     sa_gb_free((void *)set->a.lists.counts);
     memset(&set->a.lists, 0, sizeof set->a.lists);
