@@ -42,7 +42,8 @@ int bench_sparse(int argc, char **argv)
 {
     bench_flags f;
     bench_parse(argc, argv, "sparse", 1, usage, &f);
-    fprintf(stderr, "sparseattn: bench sparse: built without CUDA (configure with -Dcuda=enabled)\n");
+    fprintf(stderr,
+            "sparseattn: bench sparse: built without CUDA (configure with -Dcuda=enabled)\n");
     return 1;
 }
 #else
@@ -69,7 +70,8 @@ static void list_work(const sa_shape *s, const int32_t *idx, int list_heads, int
             const int kvh = kv_per_list ? lh : lh / (s->heads_q / s->heads_kv);
             for (int t = 0; t < tiles; t++) {
                 const int32_t *row = idx + (((size_t)b * list_heads + lh) * tiles + t) * k;
-                const int rows_q = s->len_q - t * SA_TILE < SA_TILE ? s->len_q - t * SA_TILE : SA_TILE;
+                const int left = s->len_q - t * SA_TILE;
+                const int rows_q = left < SA_TILE ? left : SA_TILE;
                 long keys = 0;
                 for (int j = 0; j < k; j++) {
                     keys += sa_block_len(s, row[j]);
