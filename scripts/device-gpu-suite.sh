@@ -3,6 +3,8 @@
 #   bash scripts/device-gpu-suite.sh [sanitize] [bench NAME...] [peers ARGS...]
 # Builds with CUDA, runs `meson test --suite gpu`, optionally compute-sanitizer (memcheck and
 # racecheck on the small-shape GPU tests) and benchmarks. Logs go to $OUT (or ./device-logs).
+# Extra flags: $SA_BENCH_ARGS goes to every `sparseattn bench NAME` (e.g. "--json"),
+# $SA_PEERS_ARGS to bench/peers.py (e.g. "--mode sparse --budget-s 200").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-logs}
@@ -38,9 +40,10 @@ while [ $i -lt ${#shift_args[@]} ]; do
     bench)
         i=$((i + 1))
         b=${shift_args[$i]}
-        build-gpu/tools/sparseattn bench "$b" 2>&1 | tee "$out/bench-$b.txt" ;;
+        build-gpu/tools/sparseattn bench "$b" ${SA_BENCH_ARGS:-} 2>&1 | tee "$out/bench-$b.txt" ;;
     peers)
-        PYTHONUNBUFFERED=1 python3 bench/peers.py --lib build-gpu/libsparseattn.so 2>&1 | tee "$out/peers.txt" ;;
+        PYTHONUNBUFFERED=1 python3 bench/peers.py --lib build-gpu/libsparseattn.so ${SA_PEERS_ARGS:-} \
+            2>&1 | tee "$out/peers.txt" ;;
     esac
     i=$((i + 1))
 done
