@@ -170,8 +170,8 @@ def slice_reference(torch, q, k, v, b, h, q0, q1, keys=None):
 
 def nonfinite(torch, o, lse):
     """Outputs left NaN/inf (the buffers were poisoned with NaN before the launch)."""
-    n = (~torch.isfinite(o)).sum().item()
-    return n + (torch.isnan(lse).sum().item() if lse is not None else 0)
+    n = int((~torch.isfinite(o)).sum().item())
+    return n + (int(torch.isnan(lse).sum().item()) if lse is not None else 0)
 
 
 def check_slices(torch, o, lse, q, k, v, slices):
@@ -222,19 +222,25 @@ class OurStage:
 
 
 # ---------------------------------------------------------------- ceilings
-def measure_ceilings(torch, args):
-    g = torch.Generator(device="cuda").manual_seed(args.seed)
+def gemm_tflops(torch, g):
     a = torch.randn(GEMM_N, GEMM_N, device="cuda", dtype=torch.bfloat16, generator=g)
     b = torch.randn(GEMM_N, GEMM_N, device="cuda", dtype=torch.bfloat16, generator=g)
     c = torch.empty(GEMM_N, GEMM_N, device="cuda", dtype=torch.bfloat16)
     ms = time_calls(torch, [lambda: torch.matmul(a, b, out=c)], 3, 10)
-    gemm = 2.0 * GEMM_N ** 3 / (ms * 1e9)
-    del a, b, c
+    return 2.0 * GEMM_N ** 3 / (ms * 1e9)
+
+
+def copy_bytes_per_s(torch, g):
     src = torch.randn(COPY_BYTES // 2, device="cuda", dtype=torch.bfloat16, generator=g)
     dst = torch.empty_like(src)
     ms = time_calls(torch, [lambda: dst.copy_(src)], 3, 10)
-    copy = 2.0 * COPY_BYTES / (ms * 1e-3)
-    del src, dst
+    return 2.0 * COPY_BYTES / (ms * 1e-3)  # bytes read + bytes written
+
+
+def measure_ceilings(torch, args):
+    g = torch.Generator(device="cuda").manual_seed(args.seed)
+    gemm = gemm_tflops(torch, g)
+    copy = copy_bytes_per_s(torch, g)
     torch.cuda.empty_cache()
     log("ceilings: bf16 GEMM %d^3 torch.matmul %.1f TFLOP/s; D2D copy (read+written) %.2f TB/s"
         % (GEMM_N, gemm, copy / 1e12))
@@ -533,7 +539,7 @@ def print_summary(summary, gemm, copy, device):
         % (device, fmt(gemm), fmt(copy / 1e12 if copy else None, ".2f")))
     if summary["dense"]:
         log("dense (B,H,S,D)  TFLOP/s: %-12s %7s %7s %7s %7s | ours/cudnn ours/flash ours/flex"
-            % ("ours", "cudnn", "flash", "flex", "floor"))
+            % ("ours", "cudnn", "flash", "flex", "bound"))
         for r in summary["dense"]:
             p = r["peer"]
             for label, tf in (r["ours"] or {"ours": None}).items():
@@ -544,9 +550,11 @@ def print_summary(summary, gemm, copy, device):
                        fmt(ratio(tf, p.get("flex")), ".2f")))
                 if label in r["check"]:
                     log("%-25s check: %s" % ("", r["check"][label]))
+    if summary["dense"] and not summary["sparse"]:
+        log("bound: the rate at the floor, FLOPs / max(FLOPs / GEMM rate, bytes / copy bandwidth)")
     if summary["sparse"]:
         log("sparse len_kv pattern   useful TFLOP/s: %-20s %7s %7s %7s | ours/flex ours/dense"
-            % ("ours valid. on/off", "flex", "dense", "floor"))
+            % ("ours valid. on/off", "flex", "dense", "bound"))
         for r in summary["sparse"]:
             d = r["dense"][1] if r["dense"] else None
             for label, tf in (r["ours"] or {"ours": None}).items():
@@ -558,6 +566,7 @@ def print_summary(summary, gemm, copy, device):
                 if label in r["check"]:
                     log("%-18s check: %s" % ("", r["check"][label]))
         names = sorted({r["dense"][0] for r in summary["sparse"] if r["dense"]})
+        log("bound: the rate at the floor, FLOPs / max(FLOPs / GEMM rate, bytes / copy bandwidth)")
         log("dense column: best dense stage at the same len_kv (%s)" % (", ".join(names) or "none"))
 
 
