@@ -17,7 +17,8 @@ BF16 BHSD inputs with PyTorch and measures, in this order:
             blocks as a BlockMask of full blocks, in useful TFLOP/s, and against the dense
             stage at the same len_kv.
 Timing: CUDA events around each call, warm-up, median; input sets rotated so that at least twice
-the L2 passes between two uses of one set. A short summary table is printed last.
+the L2 passes between two uses of one set. The sparse part runs first (so --budget-s keeps it);
+a short summary table is printed last.
 """
 import argparse
 import ctypes
@@ -621,13 +622,14 @@ def main():
     gemm = copy = None
     try:
         gemm, copy = measure_ceilings(torch, args)
-        if args.mode in ("dense", "all"):
-            run_dense(torch, F, lib, args, gemm, copy, summary)
+        # Sparse first: with --budget-s, the block-sparse comparison is the one to keep.
         if args.mode in ("sparse", "all"):
             if lib is None:
                 log("sparse: needs libsparseattn (lists come from sa_random_tile_lists): skipped")
             else:
                 run_sparse(torch, F, lib, args, gemm, copy, summary)
+        if args.mode in ("dense", "all"):
+            run_dense(torch, F, lib, args, gemm, copy, summary)
     except Exception:  # noqa: BLE001 - still print what was measured
         traceback.print_exc()
     log("peers: %.0f s" % (time.time() - T_START))
