@@ -1,9 +1,368 @@
-/* Placeholder until this benchmark lands. */
-#include "cli.h"
+/* "sparseattn bench kvcentric": the KV-centric path on the original study's shape (batch 8, 16
+ * query heads on 1 KV head, len_q = len_kv = 4096, D 128, each query 16 random blocks of 32).
+ * Times its three parts apart (reverse index, attention, combine) and whole, with FP32 and BF16
+ * partials, CUDA events, warm-up, median. Floors beside them: the partials' bytes (written by the
+ * attention, read by the combine) over the copy bandwidth measured in this run, and the useful
+ * FLOPs over the GEMM rate. In the same run: stage 14 dense at this shape and stages 15/16 on
+ * the per-tile union of the queries' lists (whatever the stage registry has). */
+#include "bench_gpu.h"
+
+#define KV_BATCH 8
+#define KV_HEADS_Q 16
+#define KV_HEADS_KV 1
+#define KV_LEN 4096
+#define KV_HEAD_DIM 128
+#define KV_TOPK 16 /* selected blocks per query, of 32 */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sparseattn bench kvcentric [flags]\n"
+            "  --reps N          timed runs per measurement, median reported (default 20)\n"
+            "  --warmup N        untimed runs first (default 3)\n"
+            "  --gemm-tflops X   bf16 GEMM rate for the FLOP floor (default %.0f)\n"
+            "  --seed S          seed of the inputs and lists (default 2026)\n"
+            "  --json            one JSON object per line\n"
+            "shape: B=%d Hq=%d Hkv=%d len_q=len_kv=%d D=%d, %d random blocks of %d per query\n",
+            BENCH_GEMM_TFLOPS_DEFAULT, KV_BATCH, KV_HEADS_Q, KV_HEADS_KV, KV_LEN, KV_HEAD_DIM,
+            KV_TOPK, KV_LEN / SA_TILE);
+}
+
+static void parse(int argc, char **argv, bench_flags *f)
+{
+    memset(f, 0, sizeof *f);
+    f->stage_id = -1;
+    f->reps = 20;
+    f->warmup = 3;
+    f->gemm_tflops = BENCH_GEMM_TFLOPS_DEFAULT;
+    f->seed = 2026;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--reps"))
+            f->reps = (int)cli_int_arg(argc, argv, &i, 1, 100000);
+        else if (!strcmp(a, "--warmup"))
+            f->warmup = (int)cli_int_arg(argc, argv, &i, 0, 100000);
+        else if (!strcmp(a, "--gemm-tflops"))
+            f->gemm_tflops = bench_double_arg(argc, argv, &i, 1.0, 1e5);
+        else if (!strcmp(a, "--seed"))
+            f->seed = cli_u64_arg(argc, argv, &i);
+        else if (!strcmp(a, "--json"))
+            f->json = 1;
+        else
+            cli_usage_error("bench kvcentric: unknown flag '%s' (sparseattn bench kvcentric "
+                            "--help)",
+                            a);
+    }
+}
+
+#ifndef SA_HAVE_CUDA
 int bench_kvcentric(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "sparseattn: %s is not available in this build yet\n", "bench_kvcentric");
+    bench_flags f;
+    parse(argc, argv, &f);
+    fprintf(stderr, "sparseattn: bench kvcentric: built without CUDA (configure with "
+                    "-Dcuda=enabled)\n");
     return 1;
 }
+#else
+#include <cuda_runtime_api.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "sparseattn: bench kvcentric: %s: %s\n", #x, cudaGetErrorString(e_)); \
+            return 1;                                                                             \
+        }                                                                                         \
+    } while (0)
+#define CK_SA(x)                                                                                  \
+    do {                                                                                          \
+        int r_ = (x);                                                                             \
+        if (r_ != SA_OK) {                                                                        \
+            fprintf(stderr, "sparseattn: bench kvcentric: %s: %s\n", #x, sa_strerror(r_));       \
+            return 1;                                                                             \
+        }                                                                                         \
+    } while (0)
+
+/* Medians of one configuration, in ms. */
+typedef struct kv_times {
+    double index, attend, combine, total, total_validated;
+} kv_times;
+
+/* reps runs of the three parts, each bracketed by events; then reps runs of the whole entry
+ * point with validation on (it synchronises once inside, which the events include). */
+static int time_kv(const bench_flags *f, sa_kv_params *p, kv_times *out)
+{
+    cudaStream_t st = (cudaStream_t)p->stream;
+    int reps = f->reps;
+    cudaEvent_t ev[4];
+    for (int i = 0; i < 4; i++)
+        CK(cudaEventCreate(&ev[i]));
+    double *t[5];
+    for (int i = 0; i < 5; i++) {
+        t[i] = malloc((size_t)reps * sizeof *t[i]);
+        if (!t[i])
+            return 1;
+    }
+    p->validate = 0;
+    for (int w = 0; w < f->warmup; w++)
+        CK_SA(sa_kvcentric_attention(p));
+    CK(cudaStreamSynchronize(st));
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(ev[0], st));
+        CK_SA(sa_kv_build_index(p));
+        CK(cudaEventRecord(ev[1], st));
+        CK_SA(sa_kv_attend(p));
+        CK(cudaEventRecord(ev[2], st));
+        CK_SA(sa_kv_combine(p));
+        CK(cudaEventRecord(ev[3], st));
+        CK(cudaEventSynchronize(ev[3]));
+        float ms[3], all;
+        for (int i = 0; i < 3; i++)
+            CK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
+        CK(cudaEventElapsedTime(&all, ev[0], ev[3]));
+        t[0][r] = ms[0], t[1][r] = ms[1], t[2][r] = ms[2], t[3][r] = all;
+    }
+    p->validate = 1;
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(ev[0], st));
+        CK_SA(sa_kvcentric_attention(p));
+        CK(cudaEventRecord(ev[3], st));
+        CK(cudaEventSynchronize(ev[3]));
+        float all;
+        CK(cudaEventElapsedTime(&all, ev[0], ev[3]));
+        t[4][r] = all;
+    }
+    CK(cudaGetLastError());
+    out->index = median(t[0], reps);
+    out->attend = median(t[1], reps);
+    out->combine = median(t[2], reps);
+    out->total = median(t[3], reps);
+    out->total_validated = median(t[4], reps);
+    for (int i = 0; i < 5; i++)
+        free(t[i]);
+    for (int i = 0; i < 4; i++)
+        CK(cudaEventDestroy(ev[i]));
+    return 0;
+}
+
+/* Per (b, hkv, tile) the union of its queries' lists: what a Q-centric stage must visit. */
+static double tile_union(const sa_shape *s, const int32_t *qidx, int k, int32_t *tidx,
+                         int32_t *tcnt)
+{
+    int nb = sa_kv_blocks(s), tiles = sa_q_tiles(s);
+    double sum = 0;
+    for (int h = 0; h < s->batch * s->heads_kv; h++)
+        for (int t = 0; t < tiles; t++) {
+            unsigned char mark[4096] = {0};
+            for (int q = t * SA_TILE; q < s->len_q && q < (t + 1) * SA_TILE; q++)
+                for (int j = 0; j < k; j++)
+                    mark[qidx[((size_t)h * s->len_q + q) * k + j]] = 1;
+            size_t row = (size_t)h * tiles + t;
+            int c = 0;
+            for (int b = 0; b < nb; b++)
+                if (mark[b])
+                    tidx[row * nb + c++] = b;
+            tcnt[row] = c;
+            sum += c;
+        }
+    return sum / ((double)s->batch * s->heads_kv * tiles);
+}
+
+static void print_row(const bench_flags *f, const char *what, double ms, double floor_ms,
+                      const char *floor_what, double ratio_dense)
+{
+    if (f->json) {
+        printf("{\"bench\":\"kvcentric\",\"kind\":\"time\",\"what\":");
+        bench_json_str(what);
+        printf(",\"median_ms\":%.6g,\"floor_ms\":%.6g,\"floor\":", ms, floor_ms);
+        bench_json_str(floor_what);
+        printf(",\"vs_dense\":%.6g}\n", ratio_dense);
+    } else {
+        printf("  %-34s %8.3f ms", what, ms);
+        if (floor_ms > 0)
+            printf("   floor %7.3f ms (%s, %3.0f%% of it)", floor_ms, floor_what,
+                   100 * floor_ms / ms);
+        if (ratio_dense > 0)
+            printf("   %.2fx stage 14", ratio_dense);
+        printf("\n");
+    }
+}
+
+int bench_kvcentric(int argc, char **argv)
+{
+    bench_flags f;
+    parse(argc, argv, &f);
+    if (!sa_gpu_available()) {
+        fprintf(stderr, "sparseattn: bench kvcentric: no usable CUDA device (sm_90 needed)\n");
+        return 1;
+    }
+    bench_env e;
+    if (bench_open("kvcentric", &f, &e))
+        return 1;
+    sa_shape s = {.batch = KV_BATCH, .heads_q = KV_HEADS_Q, .heads_kv = KV_HEADS_KV,
+                  .len_q = KV_LEN, .len_kv = KV_LEN, .head_dim = KV_HEAD_DIM};
+    size_t rows = sa_query_rows(&s), nq = sa_q_elems(&s);
+    int32_t *qidx = malloc(rows * KV_TOPK * sizeof *qidx);
+    if (!qidx)
+        return 1;
+    CK_SA(sa_random_query_lists(&s, KV_TOPK, f.seed, qidx));
+
+    /* Inputs: the dense set of the harness gives Q, K, V, O and LSE; the lists are ours. */
+    sa_gb_set set;
+    if (sa_gb_set_create(e.g, &s, f.seed, &set)) {
+        fprintf(stderr, "sparseattn: bench kvcentric: inputs: %s\n", sa_gb_last_error());
+        return 1;
+    }
+    int32_t *d_idx = NULL;
+    CK_SA(sa_gb_alloc((void **)&d_idx, rows * KV_TOPK * sizeof *d_idx));
+    CK_SA(sa_gb_upload(d_idx, qidx, rows * KV_TOPK * sizeof *d_idx));
+
+    sa_kv_params p;
+    sa_kv_params_default(&p);
+    p.shape = s;
+    p.q = set.a.q;
+    p.k = set.a.k;
+    p.v = set.a.v;
+    p.o = set.a.o;
+    p.lse = set.a.lse;
+    p.lists = (sa_query_lists){d_idx, NULL, KV_TOPK};
+    p.stream = sa_gb_stream(e.g);
+    size_t ws = 0;
+    CK_SA(sa_kv_workspace_size(&p, &ws)); /* FP32 partials: the larger */
+    CK_SA(sa_gb_alloc(&p.workspace, ws));
+    p.workspace_bytes = ws;
+
+    /* Work and floors. Useful FLOPs: QK and PV over the selected keys of every (query, head). */
+    double sel_keys = (double)KV_TOPK * SA_TILE;
+    double flops = 4.0 * KV_HEAD_DIM * sel_keys * (double)s.batch * s.heads_q * s.len_q;
+    double prow = (double)s.batch * s.heads_q * s.len_q * KV_TOPK; /* partial rows */
+    double out_bytes = (double)nq * 2 + (double)sa_lse_elems(&s) * 4;
+
+    const sa_stage *dense = sa_stage_by_id(14);
+    double dense_ms = 0;
+    if (dense) {
+        sa_gb_timing t;
+        size_t bad = 0;
+        if (sa_gb_smoke(e.g, dense, &set, &bad) == SA_OK && bad == 0 &&
+            sa_gb_time_stage(e.g, dense, &set, 1, 1, f.warmup, f.reps, &t) == SA_OK)
+            dense_ms = t.median_ms;
+        else
+            fprintf(stderr, "stage 14 did not run cleanly (%zu bad outputs): %s\n", bad,
+                    sa_gb_last_error());
+    }
+
+    if (!f.json)
+        printf("shape: B=%d Hq=%d Hkv=%d len_q=len_kv=%d D=%d, %d random blocks of %d per query; "
+               "useful %.3g TFLOP; workspace %.2f GiB\n",
+               s.batch, s.heads_q, s.heads_kv, s.len_q, s.head_dim, KV_TOPK, sa_kv_blocks(&s),
+               flops / 1e12, ws / 1073741824.0);
+    double kv_bf16_total = 0;
+    for (int fmt = SA_KV_PARTIAL_F32; fmt <= SA_KV_PARTIAL_BF16; fmt++) {
+        p.partial_format = fmt;
+        kv_times t;
+        if (time_kv(&f, &p, &t))
+            return 1;
+        /* Smoke: O and LSE fully written after a run on poisoned outputs. */
+        size_t bad_o = 0, bad_l = 0;
+        CK_SA(sa_gb_poison(e.g, set.a.o, nq * 2));
+        CK_SA(sa_gb_poison(e.g, set.a.lse, sa_lse_elems(&s) * 4));
+        CK_SA(sa_kvcentric_attention(&p));
+        CK_SA(sa_gb_count_bad(e.g, set.a.o, nq, set.a.lse, sa_lse_elems(&s), &bad_o, &bad_l));
+        double elem = fmt == SA_KV_PARTIAL_F32 ? 4 : 2;
+        double part_bytes = prow * (KV_HEAD_DIM * elem + 4); /* O and LSE partials */
+        double attend_floor = bench_byte_ms(part_bytes, e.copy_bps);
+        double attend_flop_floor = bench_flop_ms(flops, f.gemm_tflops);
+        double combine_floor = bench_byte_ms(part_bytes + out_bytes, e.copy_bps);
+        const char *name = fmt == SA_KV_PARTIAL_F32 ? "FP32" : "BF16";
+        char what[96], fw[96];
+        if (!f.json)
+            printf("partials %s (%.2f GB written, read back once)%s\n", name, part_bytes / 1e9,
+                   bad_o + bad_l ? "  OUTPUT NOT FULLY WRITTEN" : "");
+        snprintf(what, sizeof what, "%s reverse index", name);
+        print_row(&f, what, t.index, 0, "", 0);
+        snprintf(what, sizeof what, "%s attention", name);
+        int bytes_bound = attend_floor > attend_flop_floor;
+        snprintf(fw, sizeof fw, "%s", bytes_bound ? "partials written / copy bw"
+                                                  : "useful FLOP / GEMM rate");
+        print_row(&f, what, t.attend, bytes_bound ? attend_floor : attend_flop_floor, fw, 0);
+        snprintf(what, sizeof what, "%s combine", name);
+        print_row(&f, what, t.combine, combine_floor, "partials read + O / copy bw", 0);
+        snprintf(what, sizeof what, "%s total (no validation)", name);
+        double tot_floor = attend_floor + combine_floor;
+        print_row(&f, what, t.total, tot_floor, "partials both ways / copy bw",
+                  dense_ms > 0 ? t.total / dense_ms : 0);
+        snprintf(what, sizeof what, "%s total (validated, 1 sync)", name);
+        print_row(&f, what, t.total_validated, 0, "", dense_ms > 0 ? t.total_validated / dense_ms : 0);
+        if (!f.json)
+            printf("  combine moves %.2f TB/s = %.0f%% of the copy bandwidth; attention %.0f "
+                   "useful TFLOP/s; outputs NaN after a run: %zu O, %zu LSE\n",
+                   (part_bytes + out_bytes) / (t.combine * 1e9), 100 * combine_floor / t.combine,
+                   bench_tflops(flops, t.attend), bad_o, bad_l);
+        if (fmt == SA_KV_PARTIAL_BF16)
+            kv_bf16_total = t.total;
+    }
+
+    /* Peers in the same run. */
+    if (!f.json)
+        printf("peers, same inputs:\n");
+    if (dense_ms > 0)
+        print_row(&f, "stage 14 dense (all 32 blocks)", dense_ms,
+                  bench_flop_ms(bench_dense_flops(&s), f.gemm_tflops), "dense FLOP / GEMM rate",
+                  1.0);
+    else
+        printf("  stage 14: not in the registry of this build, or failed: no dense ratio\n");
+    int tiles = sa_q_tiles(&s), nb = sa_kv_blocks(&s);
+    size_t trows = (size_t)s.batch * s.heads_kv * tiles;
+    int32_t *tidx = malloc(trows * nb * sizeof *tidx), *tcnt = malloc(trows * sizeof *tcnt);
+    if (!tidx || !tcnt)
+        return 1;
+    double avg = tile_union(&s, qidx, KV_TOPK, tidx, tcnt);
+    int peers = 0;
+    for (int id = 15; id <= 16; id++) {
+        const sa_stage *st = sa_stage_by_id(id);
+        if (!st)
+            continue;
+        peers++;
+        sa_gb_timing t;
+        char what[96];
+        if (sa_gb_set_lists(&set, tidx, tcnt, s.heads_kv, nb) != SA_OK ||
+            sa_gb_time_stage(e.g, st, &set, 1, 1, f.warmup, f.reps, &t) != SA_OK) {
+            printf("  stage %d (%s) on the tile union: failed: %s\n", id, st->name,
+                   sa_gb_last_error());
+            continue;
+        }
+        snprintf(what, sizeof what, "stage %d %s, tile union", id, st->name);
+        print_row(&f, what, t.median_ms, 0, "", dense_ms > 0 ? t.median_ms / dense_ms : 0);
+    }
+    if (!f.json) {
+        printf("  per-tile union of the queries' lists: %.2f of %d blocks on average%s\n", avg,
+               nb, peers ? "" : " (stages 15/16 not in this build's registry: not timed)");
+        if (dense_ms > 0)
+            printf("goal: KV-centric with BF16 partials <= 0.75x stage 14: %.2fx (%s)\n",
+                   kv_bf16_total / dense_ms, kv_bf16_total <= 0.75 * dense_ms ? "met" : "missed");
+    }
+    free(tidx);
+    free(tcnt);
+    free(qidx);
+    sa_gb_free(p.workspace);
+    sa_gb_free(d_idx);
+    sa_gb_set_destroy(&set);
+    sa_gb_close(e.g);
+    return 0;
+}
+#endif

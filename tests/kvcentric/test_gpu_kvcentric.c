@@ -1,0 +1,433 @@
+/* KV-centric attention on the GPU: the reverse index and task list equal the CPU reference
+ * exactly; O and LSE match sa_ref_query_sparse with FP32 and BF16 partials; list errors return
+ * the host validator's code without launching the attention. Fresh random inputs each run,
+ * outputs poisoned with NaN before every launch. SA_SMALL=1 runs only the smallest case (used
+ * under compute-sanitizer). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_test_lists.h"
+
+#ifndef SA_HAVE_CUDA
+int main(void)
+{
+    printf("built without CUDA: skipped\n");
+    return 77;
+}
+#else
+#include <cuda_runtime_api.h>
+
+#define POISON_BYTE 0xFF /* NaN in BF16 and FP32 */
+#define LSE_TOL 1e-2
+
+#define CK_CUDA(x)                                                                                \
+    ck_assert_msg((x) == cudaSuccess, "%s failed: %s (seed %llu)", #x,                           \
+                  cudaGetErrorString(cudaGetLastError()), (unsigned long long)sa_test_seed())
+
+static int small_only(void)
+{
+    const char *e = getenv("SA_SMALL");
+    return e && e[0] == '1';
+}
+
+static void *dev_upload(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    CK_CUDA(cudaMalloc(&d, bytes ? bytes : 1));
+    if (host && bytes)
+        CK_CUDA(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void download(void *host, const void *dev, size_t bytes)
+{
+    CK_CUDA(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+}
+
+/* Everything one case needs on both sides. */
+typedef struct kv_case {
+    sa_shape s;
+    int m;
+    size_t nq, nkv, nl, rows;
+    uint16_t *q, *k, *v;
+    int32_t *idx, *cnt;
+    uint16_t *d_q, *d_k, *d_v, *d_o;
+    float *d_of, *d_lse;
+    int32_t *d_idx, *d_cnt;
+    void *d_ws;
+    size_t ws_bytes;
+} kv_case;
+
+static void case_init(kv_case *c, const sa_shape *s, int m, int pattern, sa_rng *r)
+{
+    memset(c, 0, sizeof *c);
+    c->s = *s;
+    c->m = m;
+    c->nq = sa_q_elems(s);
+    c->nkv = sa_kv_elems(s);
+    c->nl = sa_lse_elems(s);
+    c->rows = sa_query_rows(s);
+    c->q = malloc(c->nq * 2);
+    c->k = malloc(c->nkv * 2);
+    c->v = malloc(c->nkv * 2);
+    c->idx = malloc(c->rows * m * 4);
+    c->cnt = malloc(c->rows * 4);
+    ck_assert(c->q && c->k && c->v && c->idx && c->cnt);
+    /* Q at twice the scale widens the logits: block maxima far apart test the LSE weights. */
+    sa_rng_fill_bf16(r, c->q, c->nq, 2.0f);
+    sa_rng_fill_bf16(r, c->k, c->nkv, 1.0f);
+    sa_rng_fill_bf16(r, c->v, c->nkv, 1.0f);
+    kv_make_lists(s, m, pattern, r, c->idx, c->cnt);
+    c->d_q = dev_upload(c->q, c->nq * 2);
+    c->d_k = dev_upload(c->k, c->nkv * 2);
+    c->d_v = dev_upload(c->v, c->nkv * 2);
+    c->d_o = dev_upload(NULL, c->nq * 2);
+    c->d_of = dev_upload(NULL, c->nq * 4);
+    c->d_lse = dev_upload(NULL, c->nl * 4);
+    c->d_idx = dev_upload(c->idx, c->rows * m * 4);
+    c->d_cnt = dev_upload(c->cnt, c->rows * 4);
+}
+
+static void case_params(const kv_case *c, int with_counts, int fmt, sa_kv_params *p)
+{
+    sa_kv_params_default(p);
+    p->shape = c->s;
+    p->q = c->d_q;
+    p->k = c->d_k;
+    p->v = c->d_v;
+    p->o = c->d_o;
+    p->o_f32 = c->d_of;
+    p->lse = c->d_lse;
+    p->lists = (sa_query_lists){c->d_idx, with_counts ? c->d_cnt : NULL, c->m};
+    p->partial_format = fmt;
+    p->workspace = c->d_ws;
+    p->workspace_bytes = c->ws_bytes;
+}
+
+static void case_alloc_ws(kv_case *c)
+{
+    sa_kv_params p;
+    case_params(c, 1, SA_KV_PARTIAL_F32, &p); /* FP32 partials need the most */
+    ck_assert_int_eq(sa_kv_workspace_size(&p, &c->ws_bytes), SA_OK);
+    sa_kv_params pb = p;
+    pb.partial_format = SA_KV_PARTIAL_BF16;
+    size_t b16 = 0;
+    ck_assert_int_eq(sa_kv_workspace_size(&pb, &b16), SA_OK);
+    ck_assert_uint_lt(b16, c->ws_bytes);
+    c->d_ws = dev_upload(NULL, c->ws_bytes);
+}
+
+static void case_free(kv_case *c)
+{
+    void *d[] = {c->d_q, c->d_k, c->d_v, c->d_o, c->d_of, c->d_lse, c->d_idx, c->d_cnt, c->d_ws};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        if (d[i])
+            CK_CUDA(cudaFree(d[i]));
+    free(c->q);
+    free(c->k);
+    free(c->v);
+    free(c->idx);
+    free(c->cnt);
+}
+
+static void poison_outputs(const kv_case *c)
+{
+    CK_CUDA(cudaMemset(c->d_o, POISON_BYTE, c->nq * 2));
+    CK_CUDA(cudaMemset(c->d_of, POISON_BYTE, c->nq * 4));
+    CK_CUDA(cudaMemset(c->d_lse, POISON_BYTE, c->nl * 4));
+}
+
+/* The GPU index of the last build in p's workspace equals the CPU reference. */
+static void check_index(const kv_case *c, const sa_kv_params *p, const sa_query_lists *host_l)
+{
+    const sa_shape *s = &c->s;
+    int tq = sa_kv_task_queries(s);
+    size_t nb = sa_kv_buckets(s), ne = sa_kv_max_entries(s, host_l),
+           nt = sa_kv_max_tasks(s, host_l, tq);
+    int32_t *off = malloc((nb + 1) * 4), *ent = malloc(ne * 4), *goff = malloc((nb + 1) * 4),
+            *gent = malloc(ne * 4);
+    sa_kv_task *tasks = malloc(nt * sizeof *tasks), *gtasks = malloc(nt * sizeof *gtasks);
+    ck_assert(off && ent && goff && gent && tasks && gtasks);
+    int n_e, n_t, info[2];
+    ck_assert_int_eq(sa_kv_index_ref(s, host_l, tq, off, ent, tasks, &n_e, &n_t), SA_OK);
+    /* The brute force vouches for the reference on this very input too. */
+    kv_check_index(s, host_l, tq, off, ent, n_e, tasks, n_t);
+    sa_kv_index_view v;
+    ck_assert_int_eq(sa_kv_index_get(p, &v), SA_OK);
+    download(info, v.info, sizeof info);
+    ck_assert_int_eq(info[0], n_e);
+    ck_assert_int_eq(info[1], n_t);
+    download(goff, v.offsets, (nb + 1) * 4);
+    download(gent, v.entries, (size_t)n_e * 4);
+    download(gtasks, v.tasks, (size_t)n_t * sizeof *gtasks);
+    ck_assert_msg(!memcmp(goff, off, (nb + 1) * 4), "GPU offsets differ (seed %llu)",
+                  (unsigned long long)sa_test_seed());
+    ck_assert_msg(!memcmp(gent, ent, (size_t)n_e * 4), "GPU entries differ (seed %llu)",
+                  (unsigned long long)sa_test_seed());
+    for (int t = 0; t < n_t; t++)
+        ck_assert_msg(!memcmp(&gtasks[t], &tasks[t], sizeof *tasks),
+                      "GPU task %d (%d %d %d %d) != ref (%d %d %d %d) (seed %llu)", t,
+                      gtasks[t].bucket, gtasks[t].begin, gtasks[t].count, gtasks[t].chunk,
+                      tasks[t].bucket, tasks[t].begin, tasks[t].count, tasks[t].chunk,
+                      (unsigned long long)sa_test_seed());
+    free(off);
+    free(ent);
+    free(goff);
+    free(gent);
+    free(tasks);
+    free(gtasks);
+}
+
+/* One shape and list pattern: the index, then O / O_f32 / LSE for both partial formats, with
+ * validation on for one and off for the other. */
+static void run_full(const sa_shape *s, int m, int pattern, int with_counts, sa_rng *r)
+{
+    kv_case c;
+    case_init(&c, s, m, pattern, r);
+    case_alloc_ws(&c);
+    sa_query_lists host_l = {c.idx, with_counts ? c.cnt : NULL, m};
+    ck_assert_int_eq(sa_query_lists_check(s, &host_l, 1), SA_OK);
+
+    uint16_t *o_ref = malloc(c.nq * 2), *o = malloc(c.nq * 2);
+    float *of_ref = malloc(c.nq * 4), *of = malloc(c.nq * 4), *lse_ref = malloc(c.nl * 4),
+          *lse = malloc(c.nl * 4);
+    ck_assert(o_ref && o && of_ref && of && lse_ref && lse);
+    sa_outputs ref = {o_ref, of_ref, lse_ref};
+    ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &host_l, NULL, &ref), SA_OK);
+
+    for (int fmt = SA_KV_PARTIAL_F32; fmt <= SA_KV_PARTIAL_BF16; fmt++) {
+        sa_kv_params p;
+        case_params(&c, with_counts, fmt, &p);
+        p.validate = fmt == SA_KV_PARTIAL_F32;
+        poison_outputs(&c);
+        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_OK);
+        CK_CUDA(cudaDeviceSynchronize());
+        CK_CUDA(cudaGetLastError());
+        download(o, c.d_o, c.nq * 2);
+        download(of, c.d_of, c.nq * 4);
+        download(lse, c.d_lse, c.nl * 4);
+        sa_cmp co = sa_compare_bf16(o, o_ref, c.nq), cf = sa_compare(of, of_ref, c.nq);
+        double dl = sa_lse_maxdiff(lse, lse_ref, c.nl);
+        ck_assert_msg(sa_cmp_ok(&co) && sa_cmp_ok(&cf) && dl <= LSE_TOL,
+                      "B%d Hq%d Hkv%d Sq%d Skv%d m%d pattern %d counts %d partials %s: O rel %.3g "
+                      "max %.3g (ref max %.3g, %zu nonfinite at %zu), O_f32 rel %.3g max %.3g "
+                      "(%zu nonfinite), LSE %.3g (seed %llu)",
+                      s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, m, pattern,
+                      with_counts, fmt ? "bf16" : "f32", co.rel_l2, co.max_abs, co.ref_max,
+                      co.nonfinite, co.first_bad, cf.rel_l2, cf.max_abs, cf.nonfinite, dl,
+                      (unsigned long long)sa_test_seed());
+        if (fmt == SA_KV_PARTIAL_F32)
+            check_index(&c, &p, &host_l);
+    }
+    free(o_ref);
+    free(o);
+    free(of_ref);
+    free(of);
+    free(lse_ref);
+    free(lse);
+    case_free(&c);
+}
+
+static sa_shape shape(int b, int hq, int hkv, int sq, int skv)
+{
+    return (sa_shape){.batch = b, .heads_q = hq, .heads_kv = hkv, .len_q = sq, .len_kv = skv,
+                      .head_dim = 128};
+}
+
+START_TEST(test_small)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed());
+    /* GQA 4, 3 blocks (the last 44 keys), counts 0..3. */
+    sa_shape s = shape(1, 4, 1, 37, 300);
+    run_full(&s, 3, KV_PAT_RANDOM, 1, &r);
+}
+END_TEST
+
+START_TEST(test_gqa)
+{
+    if (small_only())
+        return;
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x11);
+    sa_shape s1 = shape(2, 2, 2, 300, 1000); /* GQA 1: 128 queries a task */
+    run_full(&s1, 4, KV_PAT_RANDOM, 1, &r);
+    sa_shape s4 = shape(1, 8, 2, 517, 2000); /* GQA 4: 32 queries a task */
+    run_full(&s4, 8, KV_PAT_RANDOM, 1, &r);
+    sa_shape s16 = shape(2, 16, 1, 400, 1536); /* GQA 16: 8 queries a task, full last block */
+    run_full(&s16, 6, KV_PAT_RANDOM, 1, &r);
+    sa_shape s3 = shape(1, 6, 2, 129, 700); /* GQA 3: 42 queries, 126 of 128 rows used */
+    run_full(&s3, 5, KV_PAT_RANDOM, 1, &r);
+}
+END_TEST
+
+START_TEST(test_extremes)
+{
+    if (small_only())
+        return;
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x22);
+    /* Every query the same blocks: each bucket split into many tasks (maximal splitting). */
+    sa_shape a = shape(1, 16, 1, 1000, 1100);
+    run_full(&a, 4, KV_PAT_SAME, 1, &r);
+    run_full(&a, 4, KV_PAT_SAME, 0, &r); /* no counts array */
+    /* Each block chosen by one query; the other queries have none. */
+    sa_shape b = shape(2, 4, 2, 200, 130 * 128 - 50);
+    run_full(&b, 2, KV_PAT_SINGLE, 1, &r);
+    /* Larger random case: more tasks than two per SM. */
+    sa_shape c = shape(2, 16, 1, 1024, 4000);
+    run_full(&c, 16, KV_PAT_RANDOM, 1, &r);
+}
+END_TEST
+
+/* Corrupted lists: the GPU validation returns what sa_query_lists_check returns (the first bad
+ * row and slot decide), and O stays poisoned: the attention never ran. */
+static void expect_error(kv_case *c, int allow_empty, int with_counts)
+{
+    sa_query_lists host_l = {c->idx, with_counts ? c->cnt : NULL, c->m};
+    int want = sa_query_lists_check(&c->s, &host_l, allow_empty);
+    CK_CUDA(cudaMemcpy(c->d_idx, c->idx, c->rows * c->m * 4, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(c->d_cnt, c->cnt, c->rows * 4, cudaMemcpyHostToDevice));
+    sa_kv_params p;
+    case_params(c, with_counts, SA_KV_PARTIAL_BF16, &p);
+    p.allow_empty_rows = allow_empty;
+    poison_outputs(c);
+    int got = sa_kvcentric_attention(&p);
+    ck_assert_msg(got == want, "GPU validation gave %d (%s), host %d (%s) (seed %llu)", got,
+                  sa_strerror(got), want, sa_strerror(want), (unsigned long long)sa_test_seed());
+    if (want != SA_OK) {
+        uint16_t *o = malloc(c->nq * 2);
+        ck_assert(o);
+        download(o, c->d_o, c->nq * 2);
+        for (size_t i = 0; i < c->nq; i++)
+            ck_assert_msg(o[i] == 0xFFFF, "O written at %zu despite error %d", i, want);
+        free(o);
+    }
+}
+
+START_TEST(test_validation)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x33);
+    sa_shape s = shape(1, 2, 1, 40, 900); /* 8 blocks */
+    int m = 5, nb = sa_kv_blocks(&s);
+    kv_case c;
+    case_init(&c, &s, m, KV_PAT_RANDOM, &r);
+    case_alloc_ws(&c);
+    int32_t *idx0 = malloc(c.rows * m * 4), *cnt0 = malloc(c.rows * 4);
+    ck_assert(idx0 && cnt0);
+    for (size_t row = 0; row < c.rows; row++)
+        c.cnt[row] = 2 + (int)sa_rng_below(&r, 4); /* 2..5 */
+    memcpy(idx0, c.idx, c.rows * m * 4);
+    memcpy(cnt0, c.cnt, c.rows * 4);
+#define RESET() (memcpy(c.idx, idx0, c.rows * m * 4), memcpy(c.cnt, cnt0, c.rows * 4))
+
+    expect_error(&c, 1, 1); /* valid */
+    c.idx[7 * m + 1] = nb; /* one past the last block */
+    expect_error(&c, 1, 1);
+    RESET();
+    c.idx[3 * m] = -1;
+    expect_error(&c, 1, 1);
+    RESET();
+    c.idx[5 * m + 1] = c.idx[5 * m]; /* duplicate */
+    expect_error(&c, 1, 1);
+    RESET();
+    c.cnt[9] = m + 1;
+    expect_error(&c, 1, 1);
+    RESET();
+    c.cnt[2] = -3;
+    expect_error(&c, 1, 1);
+    RESET();
+    c.cnt[11] = 0; /* empty row: fine when allowed, an error when not */
+    expect_error(&c, 1, 1);
+    expect_error(&c, 0, 1);
+    RESET();
+
+    /* Random corruptions, one to three per list, compared with the host's first error. */
+    int rounds = small_only() ? 2 : 40;
+    for (int it = 0; it < rounds; it++) {
+        RESET();
+        int n = 1 + (int)sa_rng_below(&r, 3);
+        for (int j = 0; j < n; j++) {
+            size_t row = sa_rng_below(&r, (uint32_t)c.rows);
+            int cr = c.cnt[row], lim = cr >= 2 && cr <= m ? cr : 1; /* may be corrupted already */
+            int slot = (int)sa_rng_below(&r, (uint32_t)lim);
+            switch (sa_rng_below(&r, 5)) {
+            case 0: c.idx[row * m + slot] = nb + (int)sa_rng_below(&r, 1000); break;
+            case 1: c.idx[row * m + slot] = -1 - (int)sa_rng_below(&r, 1000); break;
+            case 2: c.idx[row * m + slot] = c.idx[row * m + (slot + 1) % lim]; break;
+            case 3: c.cnt[row] = sa_rng_below(&r, 2) ? m + 1 : -1; break;
+            default: c.cnt[row] = 0; break;
+            }
+        }
+        expect_error(&c, (int)sa_rng_below(&r, 2), 1);
+    }
+#undef RESET
+
+    /* Workspace too small, no workspace for a part, and a bad format. */
+    sa_kv_params p;
+    case_params(&c, 1, SA_KV_PARTIAL_F32, &p);
+    p.workspace_bytes = c.ws_bytes - 1;
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
+    p.workspace = NULL;
+    ck_assert_int_eq(sa_kv_build_index(&p), SA_ERR_NULL);
+    p.workspace = c.d_ws;
+    p.workspace_bytes = c.ws_bytes;
+    p.partial_format = 2;
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
+    free(idx0);
+    free(cnt0);
+    case_free(&c);
+}
+END_TEST
+
+/* No workspace given: the entry point allocates its own. */
+START_TEST(test_own_workspace)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x44);
+    sa_shape s = shape(1, 4, 2, 50, 256);
+    kv_case c;
+    case_init(&c, &s, 2, KV_PAT_RANDOM, &r);
+    sa_query_lists host_l = {c.idx, c.cnt, 2};
+    uint16_t *o_ref = malloc(c.nq * 2), *o = malloc(c.nq * 2);
+    float *lse_ref = malloc(c.nl * 4), *lse = malloc(c.nl * 4);
+    ck_assert(o_ref && o && lse_ref && lse);
+    sa_outputs ref = {o_ref, NULL, lse_ref};
+    ck_assert_int_eq(sa_ref_query_sparse(&s, c.q, c.k, c.v, &host_l, NULL, &ref), SA_OK);
+    sa_kv_params p;
+    case_params(&c, 1, SA_KV_PARTIAL_BF16, &p);
+    p.o_f32 = NULL;
+    poison_outputs(&c);
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_OK);
+    CK_CUDA(cudaDeviceSynchronize());
+    download(o, c.d_o, c.nq * 2);
+    download(lse, c.d_lse, c.nl * 4);
+    sa_cmp co = sa_compare_bf16(o, o_ref, c.nq);
+    ck_assert_msg(sa_cmp_ok(&co), "O rel %.3g max %.3g (seed %llu)", co.rel_l2, co.max_abs,
+                  (unsigned long long)sa_test_seed());
+    ck_assert(sa_lse_maxdiff(lse, lse_ref, c.nl) <= LSE_TOL);
+    free(o_ref);
+    free(o);
+    free(lse_ref);
+    free(lse);
+    case_free(&c);
+}
+END_TEST
+
+int main(void)
+{
+    sa_test_require_gpu();
+    Suite *s = suite_create("gpu_kvcentric");
+    TCase *tc = tcase_create("kvcentric");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_small);
+    tcase_add_test(tc, test_validation);
+    tcase_add_test(tc, test_own_workspace);
+    tcase_add_test(tc, test_gqa);
+    tcase_add_test(tc, test_extremes);
+    suite_add_tcase(s, tc);
+    return sa_test_run(s);
+}
+#endif
