@@ -86,21 +86,21 @@ __device__ long long lower_bound(const uint32_t *a, long long n, uint32_t x)
     return lo;
 }
 
-// One thread per bucket k in [0, buckets]: offsets and tasks per bucket (0 for the last).
+// Per bucket k in [0, buckets]: offsets and tasks per bucket (0 for the last).
 __global__ void kv_offsets(const uint32_t *__restrict__ keys, long long n, int buckets, int tq,
                            int32_t *offsets, int32_t *task_n)
 {
-    int k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k > buckets)
-        return;
-    long long lo = lower_bound(keys, n, (uint32_t)k);
-    offsets[k] = (int32_t)lo;
-    if (k == buckets) {
-        task_n[k] = 0;
-        return;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k <= buckets;
+         k += (long long)gridDim.x * blockDim.x) {
+        long long lo = lower_bound(keys, n, (uint32_t)k);
+        offsets[k] = (int32_t)lo;
+        if (k == buckets) {
+            task_n[k] = 0;
+            continue;
+        }
+        long long cnt = lower_bound(keys, n, (uint32_t)k + 1) - lo;
+        task_n[k] = (int32_t)((cnt + tq - 1) / tq);
     }
-    long long cnt = lower_bound(keys, n, (uint32_t)k + 1) - lo;
-    task_n[k] = (int32_t)((cnt + tq - 1) / tq);
 }
 
 __global__ void kv_tasks(const int32_t *__restrict__ offsets, const int32_t *__restrict__ task_off,

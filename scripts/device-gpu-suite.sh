@@ -3,6 +3,8 @@
 #   bash scripts/device-gpu-suite.sh [sanitize] [bench NAME...] [peers ARGS...]
 # Builds with CUDA, runs `meson test --suite gpu`, optionally compute-sanitizer (memcheck and
 # racecheck on the small-shape GPU tests) and benchmarks. Logs go to $OUT (or ./device-logs).
+# SA_GPU_ONLY="gpu_a gpu_b" limits the gpu suite and the sanitizer to those tests (to fit a short
+# device run); unset, every gpu test runs.
 # Extra flags: $SA_BENCH_ARGS goes to every `sparseattn bench NAME` (e.g. "--json"),
 # $SA_PEERS_ARGS to bench/peers.py (e.g. "--mode sparse --budget-s 200").
 set -uo pipefail
@@ -19,7 +21,7 @@ fi
 ninja -C build-gpu >"$out/build.log" 2>&1 || { grep -B2 -A8 -m5 error "$out/build.log"; tail -20 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 status=0
-meson test -C build-gpu --suite gpu --print-errorlogs >"$out/gpu-tests.log" 2>&1 || status=1
+meson test -C build-gpu --suite gpu --print-errorlogs ${SA_GPU_ONLY:-} >"$out/gpu-tests.log" 2>&1 || status=1
 grep -E "^ *[0-9]+/[0-9]+ |^Ok:|^Fail:|^Skipped:|FAILED|seed" "$out/gpu-tests.log" | tail -40
 cp build-gpu/meson-logs/testlog.txt "$out/gpu-testlog.txt" 2>/dev/null
 shift_args=("$@")
@@ -31,6 +33,9 @@ while [ $i -lt ${#shift_args[@]} ]; do
         # Small shapes only: SA_SMALL asks each gpu test for its smallest case.
         for t in build-gpu/tests/test_gpu_*; do
             [ -x "$t" ] || continue
+            if [ -n "${SA_GPU_ONLY:-}" ] && [[ " $SA_GPU_ONLY " != *" ${t##*/test_} "* ]]; then
+                continue
+            fi
             for tool in memcheck racecheck; do
                 SA_SMALL=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" \
                     >"$out/sanitize-$(basename "$t")-$tool.log" 2>&1
