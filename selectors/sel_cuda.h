@@ -1,4 +1,4 @@
-/* GPU selectors (selectors/*.cu): internal declarations, not installed.
+/* GPU selectors (the .cu files beside this one): internal declarations, not installed.
  *
  * The GPU selectors are reached through the selector registry: each CPU selector's struct names
  * its GPU function in `.cuda` through SEL_CUDA(), which is NULL in a build without CUDA, so the

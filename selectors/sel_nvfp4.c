@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sel_cuda.h"
 #include "sel_internal.h"
 
 #define ROW_CHUNK 512 /* query rows per GEMM: bounds the score buffer to 512 x len_kv floats */
@@ -153,7 +154,7 @@ const sa_selector sa_selector_nvfp4 = {
     .description = "NVFP4 index vectors, max dot over a block's keys, max over tile and heads",
     .per_query = 0,
     .cpu = nvfp4_tile_cpu,
-    .cuda = NULL,
+    .cuda = SEL_CUDA(sel_nvfp4_cuda),
 };
 
 const sa_selector sa_selector_nvfp4_query = {
@@ -161,5 +162,5 @@ const sa_selector sa_selector_nvfp4_query = {
     .description = "NVFP4 scorer with a list per query (MSA's choice), max over the group's heads",
     .per_query = 1,
     .cpu = nvfp4_query_cpu,
-    .cuda = NULL,
+    .cuda = SEL_CUDA(sel_nvfp4_query_cuda),
 };

@@ -2,6 +2,7 @@
  * the largest of the 4 x 4 dot products, max over the GQA group's heads; top-k. A partial tile or
  * block uses only its 32-token groups that hold at least one valid token, each averaged over its
  * valid tokens. */
+#include "sel_cuda.h"
 #include "sel_internal.h"
 
 #define R4_SPAN 32
@@ -17,5 +18,5 @@ const sa_selector sa_selector_r4 = {
     .description = "4 means of 32 tokens per side, max of the 16 dot products and over heads",
     .per_query = 0,
     .cpu = r4_cpu,
-    .cuda = NULL,
+    .cuda = SEL_CUDA(sel_r4_cuda),
 };

@@ -1,0 +1,84 @@
+// Device-side pieces shared by the GPU selectors (C++ only, not installed): the score -> key
+// encoding every scorer writes and the top-k reads, stream-ordered scratch memory, launch checks.
+#pragma once
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "sparseattn.h"
+extern "C" {
+#include "sel_internal.h"
+}
+#include "sel_cuda.h"
+
+// Evaluate a CUDA runtime call; on failure clear the (non-sticky) error and return SA_ERR_CUDA.
+#define SEL_TRY(call)                                                                             \
+    do {                                                                                          \
+        if ((call) != cudaSuccess) {                                                              \
+            (void)cudaGetLastError();                                                             \
+            return SA_ERR_CUDA;                                                                   \
+        }                                                                                         \
+    } while (0)
+
+// Scores travel between kernels as uint32 keys whose unsigned order is the CPU's ranking order
+// (sel_pick_row): a larger score gives a larger key, NaN gives 0 (below every number), and -0.0
+// becomes +0.0 so that the two zeros tie as they do under the CPU's `>`. Keys also let scorers
+// combine partial maxima with a plain atomicMax on unsigned ints.
+#define SEL_KEY_NAN 0u
+#define SEL_KEY_FORCED 0xFFFFFFFFu // above the key of +inf (0xFF800000): a kept block
+
+__device__ __forceinline__ uint32_t sel_score_key(float f)
+{
+    if (f != f)
+        return SEL_KEY_NAN;
+    if (f == 0.0f)
+        f = 0.0f;
+    const uint32_t b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// max that keeps a NaN once seen, as the CPU's representative scoring does.
+__device__ __forceinline__ float sel_nanmax(float a, float b)
+{
+    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
+// Device scratch on `stream` (cudaMallocAsync), freed on the same stream when it goes out of
+// scope, so no host synchronisation is needed and work already queued may still use it.
+struct SelScratch {
+    cudaStream_t st;
+    void *p[8] = {};
+    int n = 0;
+    explicit SelScratch(cudaStream_t s) : st(s) {}
+    ~SelScratch()
+    {
+        for (int i = 0; i < n; i++)
+            if (p[i])
+                cudaFreeAsync(p[i], st);
+    }
+    template <class T> int alloc(T **out, size_t count)
+    {
+        *out = nullptr;
+        if (n == 8)
+            return SA_ERR_NOMEM;
+        void *q = nullptr;
+        if (cudaMallocAsync(&q, count ? count * sizeof(T) : 1, st) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return SA_ERR_NOMEM;
+        }
+        p[n++] = q;
+        *out = static_cast<T *>(q);
+        return SA_OK;
+    }
+};
+
+static inline bool sel_aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Top-k of every row of keys (rows x n, as written by a scorer): one CTA per row, forced blocks
+// (diagonal, sink) first, then the largest keys, ties to the lower block index; each row of
+// `indices` (rows x k) comes out sorted by block index, `counts` (may be NULL) holds k.
+// A row r covers (b, hkv) = r / per_bh and x = r % per_bh, a tile (per_query 0) or a query
+// (per_query 1); its diagonal block is x or x / SA_TILE. Queues work only (no sync).
+int sel_cuda_topk(const uint32_t *keys, int rows, int n, int per_bh, int per_query, int k,
+                  int keep_diag, int keep_sink, int32_t *indices, int32_t *counts,
+                  cudaStream_t st);

@@ -1,0 +1,270 @@
+// r1 and r4 on the GPU: the representative scoring of sel_reps.c in three launches.
+//
+// 1. group_means: the mean of every group of `span` tokens (128 for r1, 32 for r4), for Q and K
+//    in one launch. A thread owns 8 dimensions of one group and adds the tokens in order, then
+//    divides by the group's valid token count: the same FP32 operations in the same order as the
+//    CPU, so the means are bit-identical. 16-byte loads, 16 in flight per thread.
+// 2. rep_scores: per (batch, KV head, Q tile) row and a chunk of KV blocks, the dot products of
+//    the row's query means (P = 128/span per head, every head of the GQA group) with the chunk's
+//    key means, as a small FP32 SGEMM through shared memory (4 x 4 outputs per thread); a block's
+//    score is the max over its P key means and all query means, NaN kept as on the CPU. The FMA
+//    order differs from the CPU's, so scores agree to rounding, not bit for bit.
+// 3. sel_cuda_topk (sel_topk.cu).
+#include "sel_cuda.cuh"
+
+namespace {
+
+constexpr int kMeanThreads = 256;
+constexpr int kMeanUnroll = 16;
+
+// Q groups first, then K groups; each vector gets dim/8 threads.
+struct MeanArgs {
+    const uint16_t *x[2];
+    float *out[2];
+    int heads[2], len[2], groups[2];
+    long long threads0; // threads covering Q
+    long long total;
+    int dim, span;
+};
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
+{
+    const long long t = (long long)blockIdx.x * kMeanThreads + threadIdx.x;
+    if (t >= a.total)
+        return;
+    const int side = t >= a.threads0;
+    const long long u = side ? t - a.threads0 : t;
+    const int d8 = a.dim / 8;
+    const long long vec = u / d8; // (head, group)
+    const int dpart = (int)(u % d8);
+    // Ternaries, not a.x[side]: a runtime index into the parameter struct would copy it to
+    // local memory.
+    const int groups = side ? a.groups[1] : a.groups[0], len = side ? a.len[1] : a.len[0];
+    const uint16_t *x = side ? a.x[1] : a.x[0];
+    float *out = side ? a.out[1] : a.out[0];
+    const long long h = vec / groups;
+    const int g = (int)(vec % groups);
+    const int n = min(a.span, len - g * a.span);
+    const uint4 *src =
+        reinterpret_cast<const uint4 *>(x + ((size_t)h * len + (size_t)g * a.span) * a.dim) +
+        dpart;
+    const int stride = d8; // uint4 per token
+    float acc[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        acc[j] = 0.0f;
+    int i = 0;
+    for (; i + kMeanUnroll <= n; i += kMeanUnroll) {
+        uint4 v[kMeanUnroll];
+#pragma unroll
+        for (int r = 0; r < kMeanUnroll; r++)
+            v[r] = __ldg(src + (size_t)(i + r) * stride);
+#pragma unroll
+        for (int r = 0; r < kMeanUnroll; r++) {
+            acc[0] = __fadd_rn(acc[0], bf16_lo(v[r].x));
+            acc[1] = __fadd_rn(acc[1], bf16_hi(v[r].x));
+            acc[2] = __fadd_rn(acc[2], bf16_lo(v[r].y));
+            acc[3] = __fadd_rn(acc[3], bf16_hi(v[r].y));
+            acc[4] = __fadd_rn(acc[4], bf16_lo(v[r].z));
+            acc[5] = __fadd_rn(acc[5], bf16_hi(v[r].z));
+            acc[6] = __fadd_rn(acc[6], bf16_lo(v[r].w));
+            acc[7] = __fadd_rn(acc[7], bf16_hi(v[r].w));
+        }
+    }
+    for (; i < n; i++) {
+        uint4 v = __ldg(src + (size_t)i * stride);
+        acc[0] = __fadd_rn(acc[0], bf16_lo(v.x));
+        acc[1] = __fadd_rn(acc[1], bf16_hi(v.x));
+        acc[2] = __fadd_rn(acc[2], bf16_lo(v.y));
+        acc[3] = __fadd_rn(acc[3], bf16_hi(v.y));
+        acc[4] = __fadd_rn(acc[4], bf16_lo(v.z));
+        acc[5] = __fadd_rn(acc[5], bf16_hi(v.z));
+        acc[6] = __fadd_rn(acc[6], bf16_lo(v.w));
+        acc[7] = __fadd_rn(acc[7], bf16_hi(v.w));
+    }
+    const float fn = (float)n;
+    float4 *dst = reinterpret_cast<float4 *>(out + (size_t)vec * a.dim) + dpart * 2;
+    dst[0] = make_float4(__fdiv_rn(acc[0], fn), __fdiv_rn(acc[1], fn), __fdiv_rn(acc[2], fn),
+                         __fdiv_rn(acc[3], fn));
+    dst[1] = make_float4(__fdiv_rn(acc[4], fn), __fdiv_rn(acc[5], fn), __fdiv_rn(acc[6], fn),
+                         __fdiv_rn(acc[7], fn));
+}
+
+// Score tiling: 64 query means x 64 key means per pass, dims in chunks of 32, 16 x 16 threads
+// each owning 4 x 4 dot products. Shared memory holds both operands transposed ([dim][vector],
+// padded by 4 floats) so a thread reads its 4 vectors' values at one dim as one float4.
+constexpr int kMQ = 64, kNK = 64, kDC = 32, kScoreThreads = 256, kPad = 4;
+
+struct ScoreArgs {
+    int heads_q, heads_kv, group, q_tiles, kv_blocks, dim;
+    int qg, kg; // groups per (batch, head) on each side
+};
+
+template <int P> // representatives per tile / block: 1 (r1) or 4 (r4)
+__global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
+    rep_scores(const float *__restrict__ qr, const float *__restrict__ kr, ScoreArgs a,
+               uint32_t *__restrict__ keys)
+{
+    constexpr int kNB = kNK / P; // blocks per chunk
+    __shared__ __align__(16) float qs[kDC][kMQ + kPad];
+    __shared__ __align__(16) float ks[kDC][kNK + kPad];
+    __shared__ float red[kScoreThreads / 16][kNK];
+    __shared__ float best[kNB];
+
+    const int row = blockIdx.x; // (b * Hkv + hkv) * q_tiles + t
+    const int t = row % a.q_tiles, bh = row / a.q_tiles;
+    const int b = bh / a.heads_kv, hkv = bh % a.heads_kv;
+    const int blk0 = blockIdx.y * kNB;
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int mq_total = a.group * P;
+
+    if (tid < kNB)
+        best[tid] = -INFINITY;
+    // The key means of this chunk: vector n is key group blk0 * P + n.
+    const float *kbase = kr + (size_t)bh * a.kg * a.dim;
+
+    for (int m0 = 0; m0 < mq_total; m0 += kMQ) {
+        float acc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = 0.0f;
+        for (int d0 = 0; d0 < a.dim; d0 += kDC) {
+            // 64 vectors x 32 dims per operand: thread -> (vector tid / 4, 8 dims at (tid % 4) * 8).
+            // dim is a multiple of 16, so a slice is wholly inside or wholly past it; zeros past
+            // it add exact zeros to the dot products.
+            const int v = tid / 4, dd = (tid % 4) * 8;
+            {
+                const int m = m0 + v, j = m / P, qa = t * P + m % P;
+                float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+                if (m < mq_total && qa < a.qg && d0 + dd < a.dim) {
+                    const float4 *p = reinterpret_cast<const float4 *>(
+                        qr + (((size_t)b * a.heads_q + hkv * a.group + j) * a.qg + qa) * a.dim +
+                        d0 + dd);
+                    x0 = __ldg(p);
+                    x1 = __ldg(p + 1);
+                }
+                qs[dd + 0][v] = x0.x, qs[dd + 1][v] = x0.y, qs[dd + 2][v] = x0.z;
+                qs[dd + 3][v] = x0.w, qs[dd + 4][v] = x1.x, qs[dd + 5][v] = x1.y;
+                qs[dd + 6][v] = x1.z, qs[dd + 7][v] = x1.w;
+            }
+            {
+                const int e = blk0 * P + v;
+                float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+                if (e < a.kg && d0 + dd < a.dim) {
+                    const float4 *p =
+                        reinterpret_cast<const float4 *>(kbase + (size_t)e * a.dim + d0 + dd);
+                    x0 = __ldg(p);
+                    x1 = __ldg(p + 1);
+                }
+                ks[dd + 0][v] = x0.x, ks[dd + 1][v] = x0.y, ks[dd + 2][v] = x0.z;
+                ks[dd + 3][v] = x0.w, ks[dd + 4][v] = x1.x, ks[dd + 5][v] = x1.y;
+                ks[dd + 6][v] = x1.z, ks[dd + 7][v] = x1.w;
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (int d = 0; d < kDC; d++) {
+                const float4 qv = *reinterpret_cast<const float4 *>(&qs[d][ty * 4]);
+                const float4 kv = *reinterpret_cast<const float4 *>(&ks[d][tx * 4]);
+                const float qa[4] = {qv.x, qv.y, qv.z, qv.w}, kb[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        acc[i][j] = fmaf(qa[i], kb[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+        // Max over this thread's valid query means, per key mean.
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int m = m0 + ty * 4 + i;
+                if (m < mq_total && t * P + m % P < a.qg)
+                    mx = sel_nanmax(mx, acc[i][j]);
+            }
+            red[ty][tx * 4 + j] = mx;
+        }
+        __syncthreads();
+        if (tid < kNB) {
+            float mx = best[tid];
+            for (int n = tid * P; n < tid * P + P; n++) {
+                if ((blk0 * P + n) >= a.kg) // a partial final block has fewer key means
+                    break;
+                for (int y = 0; y < kScoreThreads / 16; y++)
+                    mx = sel_nanmax(mx, red[y][n]);
+            }
+            best[tid] = mx;
+        }
+        __syncthreads();
+    }
+    if (tid < kNB && blk0 + tid < a.kv_blocks)
+        keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
+}
+
+int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                    const sa_select_params *p, int span, int32_t *indices, int32_t *counts)
+{
+    sel_ctx c;
+    int err = sel_begin(s, q, k, p, indices, 1, 1, &c);
+    if (err)
+        return err;
+    if (c.kv_blocks > SEL_CUDA_MAX_BLOCKS || !sel_aligned16(c.q) ||
+        !sel_aligned16(c.k))
+        return SA_ERR_UNSUPPORTED;
+    cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
+    const int P = SA_TILE / span;
+    const int qg = (s->len_q + span - 1) / span, kg = (s->len_kv + span - 1) / span;
+    const size_t nq = (size_t)s->batch * s->heads_q * qg, nk = (size_t)s->batch * s->heads_kv * kg;
+    const int rows = s->batch * s->heads_kv * c.q_tiles;
+
+    SelScratch scr(st);
+    float *qr, *kr;
+    uint32_t *keys;
+    if ((err = scr.alloc(&qr, nq * c.dim)) || (err = scr.alloc(&kr, nk * c.dim)) ||
+        (err = scr.alloc(&keys, (size_t)rows * c.kv_blocks)))
+        return err;
+
+    MeanArgs ma;
+    ma.x[0] = c.q, ma.x[1] = c.k;
+    ma.out[0] = qr, ma.out[1] = kr;
+    ma.heads[0] = s->batch * s->heads_q, ma.heads[1] = s->batch * s->heads_kv;
+    ma.len[0] = s->len_q, ma.len[1] = s->len_kv;
+    ma.groups[0] = qg, ma.groups[1] = kg;
+    ma.dim = c.dim, ma.span = span;
+    ma.threads0 = (long long)nq * (c.dim / 8);
+    ma.total = ma.threads0 + (long long)nk * (c.dim / 8);
+    group_means<<<(unsigned)((ma.total + kMeanThreads - 1) / kMeanThreads), kMeanThreads, 0, st>>>(
+        ma);
+    SEL_TRY(cudaGetLastError());
+
+    ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg};
+    dim3 grid(rows, (c.kv_blocks + kNK / P - 1) / (kNK / P));
+    if (P == 1)
+        rep_scores<1><<<grid, kScoreThreads, 0, st>>>(qr, kr, sa, keys);
+    else
+        rep_scores<4><<<grid, kScoreThreads, 0, st>>>(qr, kr, sa, keys);
+    SEL_TRY(cudaGetLastError());
+    return sel_cuda_topk(keys, rows, c.kv_blocks, c.q_tiles, 0, c.k_sel, c.keep_diagonal,
+                         c.keep_sink, indices, counts, st);
+}
+
+} // namespace
+
+extern "C" int sel_r1_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                           const sa_select_params *p, int32_t *indices, int32_t *counts)
+{
+    return rep_select_cuda(s, q, k, p, SA_TILE, indices, counts);
+}
+
+extern "C" int sel_r4_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                           const sa_select_params *p, int32_t *indices, int32_t *counts)
+{
+    return rep_select_cuda(s, q, k, p, SA_TILE / 4, indices, counts);
+}

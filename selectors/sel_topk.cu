@@ -1,0 +1,125 @@
+// Top-k per row without a global sort: one CTA per row, the row's keys in shared memory.
+//
+// 1. Load the row's n keys (sel_score_key order); forced blocks get SEL_KEY_FORCED.
+// 2. Radix select: the k-th largest key T, found bit by bit from the top (32 block-wide counts of
+//    "keys >= candidate"; a count is the same whichever thread holds which key).
+// 3. Every key above T is chosen; of the keys equal to T, the r = k - count(> T) with the lowest
+//    block indices (an exclusive scan over index order: thread t owns a contiguous index range).
+// 4. Chosen blocks are compacted in index order by a second scan: rows come out sorted.
+// With distinct keys step 3 picks exactly one; with ties it reproduces the CPU's "lower index
+// wins", so the GPU list equals the CPU list whenever the scores are equal.
+#include "sel_cuda.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// Sum over the CTA; every thread gets the total. `red` holds kWarps ints.
+__device__ int block_sum(int v, int *red)
+{
+    for (int o = 16; o; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); // red may still be read by the previous call
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int s = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; w++)
+        s += red[w];
+    return s;
+}
+
+// Exclusive prefix sum over threads in thread order; `red` holds kWarps ints.
+__device__ int block_exclusive_scan(int v, int *red)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int inc = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o)
+            inc += y;
+    }
+    __syncthreads();
+    if (lane == 31)
+        red[warp] = inc;
+    __syncthreads();
+    int before = 0;
+    for (int w = 0; w < warp; w++)
+        before += red[w];
+    return before + inc - v;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    topk_rows(const uint32_t *__restrict__ keys, int n, int per_bh, int per_query, int k,
+              int keep_diag, int keep_sink, int32_t *__restrict__ indices,
+              int32_t *__restrict__ counts)
+{
+    extern __shared__ uint32_t sk[];
+    __shared__ int red[kWarps];
+    const size_t row = blockIdx.x;
+    const uint32_t *src = keys + row * n;
+    const int x = (int)(row % per_bh);
+    const int diag = keep_diag ? (per_query ? x / SA_TILE : x) : -1;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+        uint32_t v = src[i];
+        if (i == diag || (keep_sink && i == 0))
+            v = SEL_KEY_FORCED;
+        sk[i] = v;
+    }
+    __syncthreads();
+
+    uint32_t T = 0; // largest T with count(key >= T) >= k
+    for (int bit = 31; bit >= 0; bit--) {
+        const uint32_t cand = T | (1u << bit);
+        int c = 0;
+        for (int i = threadIdx.x; i < n; i += kThreads)
+            c += sk[i] >= cand;
+        if (block_sum(c, red) >= k)
+            T = cand;
+    }
+    int gt = 0;
+    for (int i = threadIdx.x; i < n; i += kThreads)
+        gt += sk[i] > T;
+    const int take_eq = k - block_sum(gt, red); // >= 1 by the choice of T
+
+    const int per = (n + kThreads - 1) / kThreads;
+    const int i0 = min(n, (int)threadIdx.x * per), i1 = min(n, i0 + per);
+    int eq = 0;
+    for (int i = i0; i < i1; i++)
+        eq += sk[i] == T;
+    int eq_rank = block_exclusive_scan(eq, red);
+    int chosen = 0;
+    for (int i = i0, r = eq_rank; i < i1; i++) {
+        if (sk[i] > T)
+            chosen++;
+        else if (sk[i] == T)
+            chosen += r++ < take_eq;
+    }
+    int pos = block_exclusive_scan(chosen, red);
+    int32_t *out = indices + row * k;
+    for (int i = i0, r = eq_rank; i < i1; i++) {
+        bool take = sk[i] > T || (sk[i] == T && r++ < take_eq);
+        if (take)
+            out[pos++] = i;
+    }
+    if (counts && threadIdx.x == 0)
+        counts[row] = k;
+}
+
+} // namespace
+
+int sel_cuda_topk(const uint32_t *keys, int rows, int n, int per_bh, int per_query, int k,
+                  int keep_diag, int keep_sink, int32_t *indices, int32_t *counts,
+                  cudaStream_t st)
+{
+    if (n > SEL_CUDA_MAX_BLOCKS)
+        return SA_ERR_UNSUPPORTED;
+    if (rows == 0)
+        return SA_OK;
+    topk_rows<<<rows, kThreads, (size_t)n * sizeof(uint32_t), st>>>(
+        keys, n, per_bh, per_query, k, keep_diag, keep_sink, indices, counts);
+    SEL_TRY(cudaGetLastError());
+    return SA_OK;
+}

@@ -1,0 +1,67 @@
+/* Shared by the GPU selector tests: device buffers, running a selector's GPU function on host
+ * inputs, and the list comparison with its near-tie rule. Header-only (static functions). */
+#ifndef SEL_TEST_UTIL_H
+#define SEL_TEST_UTIL_H
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sa_test.h"
+
+#define CK_CUDA(x)                                                                                \
+    ck_assert_msg((x) == cudaSuccess, "%s failed: %s (seed %llu)", #x,                            \
+                  cudaGetErrorString(cudaGetLastError()), (unsigned long long)sa_test_seed())
+
+static inline void *dev_from_host(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    if (!h)
+        return NULL;
+    CK_CUDA(cudaMalloc(&d, bytes ? bytes : 1));
+    CK_CUDA(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static inline size_t sel_rows(const sa_selector *sel, const sa_shape *s)
+{
+    return (size_t)s->batch * s->heads_kv * (sel->per_query ? s->len_q : sa_q_tiles(s));
+}
+
+/* Runs sel->cuda on host inputs (q, k and p's index vectors copied to the device); the device
+ * lists are poisoned (-1) first. indices (rows x k) and counts (rows) are host buffers; returns
+ * the selector's status. */
+static inline int run_gpu_selector(const sa_selector *sel, const sa_shape *s, const uint16_t *q,
+                                   const uint16_t *k, const sa_select_params *p, int32_t *indices,
+                                   int32_t *counts)
+{
+    const size_t rows = sel_rows(sel, s), n = rows * p->k;
+    const size_t qi = (size_t)s->batch * s->heads_q * s->len_q, ki = (size_t)s->batch * s->heads_kv * s->len_kv;
+    sa_select_params dp = *p;
+    uint16_t *dq = dev_from_host(q, sa_q_elems(s) * 2), *dk = dev_from_host(k, sa_kv_elems(s) * 2);
+    dp.q_index = dev_from_host(p->q_index, qi * p->index_dim * 2);
+    dp.k_index = dev_from_host(p->k_index, ki * p->index_dim * 2);
+    int32_t *di, *dc;
+    CK_CUDA(cudaMalloc((void **)&di, n * 4 + 4));
+    CK_CUDA(cudaMalloc((void **)&dc, rows * 4 + 4));
+    CK_CUDA(cudaMemset(di, 0xff, n * 4 + 4));
+    CK_CUDA(cudaMemset(dc, 0xff, rows * 4 + 4));
+    int rc = sel->cuda(s, dq, dk, &dp, di, dc);
+    CK_CUDA(cudaDeviceSynchronize());
+    CK_CUDA(cudaGetLastError());
+    if (rc == SA_OK) {
+        CK_CUDA(cudaMemcpy(indices, di, n * 4, cudaMemcpyDeviceToHost));
+        CK_CUDA(cudaMemcpy(counts, dc, rows * 4, cudaMemcpyDeviceToHost));
+    }
+    cudaFree(dq);
+    cudaFree(dk);
+    cudaFree((void *)dp.q_index);
+    cudaFree((void *)dp.k_index);
+    cudaFree(di);
+    cudaFree(dc);
+    return rc;
+}
+
+#endif

@@ -1,0 +1,125 @@
+/* The selector -> attention pipeline on the GPU: each tile-list GPU selector writes its lists in
+ * device memory, a sparse stage from the registry (stage 15, else the first sparse stage) reads
+ * them as they are, and the output must equal the CPU reference sa_ref_tile_sparse run with the
+ * CPU selector's lists (sa_cmp_ok). If the GPU lists differ from the CPU's (a near-tie swap that
+ * test_gpu_selectors accepts), the reference is run with the GPU's lists instead, and says so.
+ * Without a sparse stage in the registry the test is skipped (exit 77) with the reason printed. */
+#include <stdint.h>
+
+#include "sel_test_util.h"
+
+static const sa_stage *sparse_stage(void)
+{
+    const sa_stage *st = sa_stage_by_id(15);
+    if (st && st->sparse)
+        return st;
+    for (int i = 0; i < sa_stage_count(); i++)
+        if (sa_stage_at(i)->sparse)
+            return sa_stage_at(i);
+    return NULL;
+}
+
+static void pipeline(const sa_stage *st, const char *name, sa_shape s, int k)
+{
+    const sa_selector *sel = sa_selector_by_name(name);
+    ck_assert(sel && sel->cuda && !sel->per_query);
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ (uint64_t)s.len_kv);
+    const size_t nq = sa_q_elems(&s), nk = sa_kv_elems(&s);
+    uint16_t *q = malloc(nq * 2), *kk = malloc(nk * 2), *v = malloc(nk * 2), *o = malloc(nq * 2);
+    uint16_t *o_ref = malloc(nq * 2);
+    ck_assert(q && kk && v && o && o_ref);
+    /* "local": structure the selector can find, so the lists are not a coin toss. */
+    ck_assert_int_eq(sa_workload_generate("local", &s, sa_test_seed(), SA_STRENGTH_DEFAULT, q, kk, v),
+                     SA_OK);
+    const size_t rows = (size_t)s.batch * s.heads_kv * sa_q_tiles(&s);
+    int32_t *ic = malloc(rows * k * 4), *ig = malloc(rows * k * 4), *cnt = malloc(rows * 4);
+    ck_assert(ic && ig && cnt);
+    sa_select_params p;
+    sa_select_params_default(&p);
+    p.k = k;
+    ck_assert_int_eq(sel->cpu(&s, q, kk, &p, ic, cnt), SA_OK);
+
+    uint16_t *dq = dev_from_host(q, nq * 2), *dk = dev_from_host(kk, nk * 2);
+    uint16_t *dv = dev_from_host(v, nk * 2), *dout;
+    int32_t *di, *dc;
+    float *dlse;
+    CK_CUDA(cudaMalloc((void **)&di, rows * k * 4));
+    CK_CUDA(cudaMalloc((void **)&dc, rows * 4));
+    CK_CUDA(cudaMalloc((void **)&dout, nq * 2));
+    CK_CUDA(cudaMalloc((void **)&dlse, sa_lse_elems(&s) * 4));
+    CK_CUDA(cudaMemset(di, 0xff, rows * k * 4));
+    CK_CUDA(cudaMemset(dout, 0xff, nq * 2)); /* NaN: unwritten outputs show */
+    ck_assert_int_eq(sel->cuda(&s, dq, dk, &p, di, dc), SA_OK);
+
+    sa_gpu_attn a;
+    sa_gpu_attn_default(&a);
+    a.shape = s;
+    a.q = dq, a.k = dk, a.v = dv;
+    a.lists = (sa_tile_lists){di, dc, s.heads_kv, k};
+    a.o = dout;
+    a.lse = dlse;
+    int chk = st->check(&a);
+    if (chk != SA_OK) {
+        printf("stage %d (%s) cannot run shape (%d,%d,%d,%d,%d,%d): %s; case skipped\n", st->id,
+               st->name, s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_kv, s.head_dim,
+               sa_strerror(chk));
+    } else {
+        ck_assert_int_eq(st->launch(&a), SA_OK);
+        CK_CUDA(cudaDeviceSynchronize());
+        CK_CUDA(cudaMemcpy(o, dout, nq * 2, cudaMemcpyDeviceToHost));
+        CK_CUDA(cudaMemcpy(ig, di, rows * k * 4, cudaMemcpyDeviceToHost));
+        const int32_t *lists = ic;
+        if (memcmp(ic, ig, rows * k * 4)) {
+            printf("%s: GPU lists differ from the CPU's (near-tie swaps, checked by "
+                   "gpu_selectors); reference run with the GPU lists\n",
+                   name);
+            lists = ig;
+        }
+        sa_tile_lists hl = {lists, NULL, s.heads_kv, k};
+        sa_outputs out = {o_ref, NULL, NULL};
+        ck_assert_int_eq(sa_ref_tile_sparse(&s, q, kk, v, &hl, NULL, &out), SA_OK);
+        sa_cmp c = sa_compare_bf16(o, o_ref, nq);
+        ck_assert_msg(sa_cmp_ok(&c),
+                      "%s -> stage %d: rel_l2 %.3g max_abs %.3g (ref max %.3g), %zu non-finite "
+                      "(seed %llu)",
+                      name, st->id, c.rel_l2, c.max_abs, c.ref_max, c.nonfinite,
+                      (unsigned long long)sa_test_seed());
+        printf("%s -> stage %d (%s), shape (%d,%d,%d,%d,%d,%d) k %d: rel_l2 %.2e max_abs %.2e\n",
+               name, st->id, st->name, s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_kv,
+               s.head_dim, k, c.rel_l2, c.max_abs);
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(di), cudaFree(dc), cudaFree(dout);
+    cudaFree(dlse);
+    free(q), free(kk), free(v), free(o), free(o_ref), free(ic), free(ig), free(cnt);
+}
+
+static const sa_stage *g_stage;
+
+START_TEST(test_pipeline)
+{
+    const char *names[] = {"r1", "r4", "nvfp4"};
+    for (int i = 0; i < 3; i++) {
+        pipeline(g_stage, names[i], (sa_shape){1, 4, 1, 256, 1024, 128}, 3);
+        if (!getenv("SA_SMALL"))
+            pipeline(g_stage, names[i], (sa_shape){2, 16, 1, 512, 4096, 128}, 16);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    sa_test_require_gpu();
+    g_stage = sparse_stage();
+    if (!g_stage) {
+        printf("no sparse attention stage in the registry yet (stage 15 not registered): the "
+               "selector -> attention pipeline test is skipped\n");
+        return 77;
+    }
+    Suite *s = suite_create("gpu_selector_pipeline");
+    TCase *tc = tcase_create("pipeline");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_pipeline);
+    suite_add_tcase(s, tc);
+    return sa_test_run(s);
+}

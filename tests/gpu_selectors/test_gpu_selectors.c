@@ -1,0 +1,510 @@
+/* GPU selectors against the CPU selectors (the registry's .cuda against .cpu), on fresh random
+ * inputs: the lists must be identical, except where two blocks' scores at the k-th boundary are
+ * within rounding of each other (the GPU sums in another order); the test recomputes every
+ * score in double to tell. Also: the GPU NVFP4 quantizer is bit-identical to the CPU's, options,
+ * GQA 1/4/16, partial final blocks and tiles, index vectors, NaN scores, and the error codes.
+ * SA_SMALL=1 runs the smallest case of each test only (for compute-sanitizer). */
+#include <stdint.h>
+
+#include "sel_cuda.h"
+#include "sel_test_util.h"
+
+static const char *const gpu_selectors[] = {"r1", "r4", "nvfp4", "nvfp4_query"};
+#define NSEL (int)(sizeof gpu_selectors / sizeof gpu_selectors[0])
+
+/* Relative band (of the row's largest |score|) inside which two scores count as tied. */
+#define TIE_REL_REPS 1e-5  /* FP32 means and dots, another summation order */
+#define TIE_REL_NVFP4 1e-4 /* FP32 tensor-core accumulation of D products */
+
+static int small(void) { return getenv("SA_SMALL") != NULL; }
+
+/* ------------------------------------------------------------------ reference scores (double) */
+
+/* x is (heads, len, dim) BF16; out (heads, ceil(len / span), dim): means of valid tokens. */
+static double *means(const uint16_t *x, int heads, int len, int dim, int span)
+{
+    int groups = (len + span - 1) / span;
+    double *out = calloc((size_t)heads * groups * dim, sizeof *out);
+    ck_assert(out);
+    for (int h = 0; h < heads; h++)
+        for (int g = 0; g < groups; g++) {
+            int n = len - g * span < span ? len - g * span : span;
+            double *o = out + ((size_t)h * groups + g) * dim;
+            for (int i = 0; i < n; i++)
+                for (int d = 0; d < dim; d++)
+                    o[d] += sa_bf16_to_f32(x[((size_t)h * len + (size_t)g * span + i) * dim + d]);
+            for (int d = 0; d < dim; d++)
+                o[d] /= n;
+        }
+    return out;
+}
+
+/* NaN-keeping max, as the CPU's representative scoring. */
+static double nanmax(double a, double b) { return isnan(a) || isnan(b) ? NAN : a > b ? a : b; }
+
+/* Scores (rows, kv_blocks) the selector ranks, in double. */
+static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q,
+                          const uint16_t *k, const sa_select_params *p)
+{
+    const int n = sa_kv_blocks(s), qt = sa_q_tiles(s), group = s->heads_q / s->heads_kv;
+    const uint16_t *qv = p->q_index ? p->q_index : q, *kv = p->k_index ? p->k_index : k;
+    const int dim = p->q_index ? p->index_dim : s->head_dim;
+    const int per_query = !strcmp(name, "nvfp4_query");
+    const size_t rows = (size_t)s->batch * s->heads_kv * (per_query ? s->len_q : qt);
+    double *S = malloc(rows * n * sizeof *S);
+    ck_assert(S);
+    if (!strcmp(name, "r1") || !strcmp(name, "r4")) {
+        const int span = name[1] == '1' ? 128 : 32, P = 128 / span;
+        const int qg = (s->len_q + span - 1) / span, kg = (s->len_kv + span - 1) / span;
+        double *qm = means(qv, s->batch * s->heads_q, s->len_q, dim, span);
+        double *km = means(kv, s->batch * s->heads_kv, s->len_kv, dim, span);
+#pragma omp parallel for schedule(dynamic)
+        for (size_t r = 0; r < rows; r++) {
+            int t = (int)(r % qt), bh = (int)(r / qt), b = bh / s->heads_kv, hkv = bh % s->heads_kv;
+            for (int blk = 0; blk < n; blk++) {
+                double best = -INFINITY;
+                for (int j = 0; j < group; j++)
+                    for (int a = t * P; a < (t + 1) * P && a < qg; a++)
+                        for (int e = blk * P; e < (blk + 1) * P && e < kg; e++) {
+                            const double *x = qm + (((size_t)b * s->heads_q + hkv * group + j) * qg + a) * dim;
+                            const double *y = km + ((size_t)bh * kg + e) * dim;
+                            double acc = 0;
+                            for (int d = 0; d < dim; d++)
+                                acc += x[d] * y[d];
+                            best = nanmax(best, acc);
+                        }
+                S[r * n + blk] = best;
+            }
+        }
+        free(qm);
+        free(km);
+        return S;
+    }
+    /* nvfp4: the CPU quantizer's dequantized values, max dot over a block's valid keys. */
+    const size_t nq = (size_t)s->batch * s->heads_q * s->len_q * dim;
+    const size_t nk = (size_t)s->batch * s->heads_kv * s->len_kv * dim;
+    float *qd = malloc(nq * 4), *kd = malloc(nk * 4);
+    sa_nvfp4 zq = {malloc(nq / 2), malloc(nq / 16), 0, 0}, zk = {malloc(nk / 2), malloc(nk / 16), 0, 0};
+    ck_assert(qd && kd && zq.values && zq.scales && zk.values && zk.scales);
+    ck_assert_int_eq(sa_nvfp4_quantize_bf16(qv, nq, &zq), SA_OK);
+    ck_assert_int_eq(sa_nvfp4_quantize_bf16(kv, nk, &zk), SA_OK);
+    ck_assert_int_eq(sa_nvfp4_dequantize(&zq, qd), SA_OK);
+    ck_assert_int_eq(sa_nvfp4_dequantize(&zk, kd), SA_OK);
+    for (size_t i = 0; i < rows * n; i++)
+        S[i] = -INFINITY;
+#pragma omp parallel for schedule(dynamic)
+    for (size_t bhkv = 0; bhkv < (size_t)s->batch * s->heads_kv; bhkv++) {
+        size_t b = bhkv / s->heads_kv, hkv = bhkv % s->heads_kv;
+        for (int j = 0; j < group; j++)
+            for (int i = 0; i < s->len_q; i++) {
+                const float *x = qd + (((b * s->heads_q + hkv * group + j) * s->len_q) + i) * dim;
+                double *row = S + (bhkv * (per_query ? s->len_q : qt) + (per_query ? i : i / 128)) * n;
+                for (int key = 0; key < s->len_kv; key++) {
+                    const float *y = kd + (bhkv * s->len_kv + key) * dim;
+                    double acc = 0;
+                    for (int d = 0; d < dim; d++)
+                        acc += (double)x[d] * y[d];
+                    if (acc > row[key / 128])
+                        row[key / 128] = acc;
+                }
+            }
+    }
+    free(qd);
+    free(kd);
+    free(zq.values), free(zq.scales), free(zk.values), free(zk.scales);
+    return S;
+}
+
+/* ------------------------------------------------------------------ list comparison */
+
+/* 1 if gpu equals cpu, or differs only in blocks whose scores lie within tol of the CPU's
+ * boundary (its lowest-scoring unforced choice). *swaps counts such blocks. */
+static int row_agrees(const double *S, int n, int k, int diag, int sink, const int32_t *cpu,
+                      const int32_t *gpu, double tol, int *swaps, char *why, size_t whylen)
+{
+    unsigned char *in = calloc(n, 1); /* bit 0: CPU, bit 1: GPU */
+    ck_assert(in);
+    int ok = 1;
+    for (int j = 0; j < k && ok; j++) {
+        if (gpu[j] < 0 || gpu[j] >= n || (j && gpu[j] <= gpu[j - 1])) {
+            snprintf(why, whylen, "GPU slot %d holds %d: not sorted, distinct and in [0, %d)", j,
+                     gpu[j], n);
+            ok = 0;
+        } else {
+            in[gpu[j]] |= 2;
+            in[cpu[j]] |= 1;
+        }
+    }
+    double bound = INFINITY;
+    for (int j = 0; j < k && ok; j++) {
+        int x = cpu[j];
+        if (x == diag || (sink && x == 0))
+            continue;
+        double v = isnan(S[x]) ? -INFINITY : S[x];
+        bound = v < bound ? v : bound;
+    }
+    for (int x = 0; x < n && ok; x++) {
+        if (in[x] == 0 || in[x] == 3)
+            continue;
+        double v = isnan(S[x]) ? -INFINITY : S[x];
+        int forced = x == diag || (sink && x == 0);
+        if (forced || !(v == bound || fabs(v - bound) <= tol)) {
+            snprintf(why, whylen,
+                     "block %d (score %.9g) chosen by %s only; CPU boundary score %.9g, tie band "
+                     "%.3g%s",
+                     x, S[x], in[x] == 1 ? "the CPU" : "the GPU", bound, tol,
+                     forced ? ", and it is a forced block" : "");
+            ok = 0;
+        } else {
+            (*swaps)++;
+        }
+    }
+    free(in);
+    return ok;
+}
+
+typedef struct sel_case {
+    sa_shape s;
+    int k, keep_diagonal, keep_sink, index_dim;
+    int nan_block; /* >= 0: poison one key of this block with NaN (r1/r4 only) */
+} sel_case;
+
+/* Runs CPU and GPU selector `name` on case c; checks format, counts and agreement. */
+static void check_case(const char *name, const sel_case *c)
+{
+    const sa_selector *sel = sa_selector_by_name(name);
+    ck_assert_msg(sel && sel->cuda, "selector %s has no GPU function", name);
+    const sa_shape *s = &c->s;
+    const uint64_t seed = sa_test_seed() ^ (uint64_t)(c->s.len_kv * 131 + c->k);
+    sa_rng rng;
+    sa_rng_seed(&rng, seed);
+    uint16_t *q = malloc(sa_q_elems(s) * 2), *k = malloc(sa_kv_elems(s) * 2);
+    ck_assert(q && k);
+    sa_rng_fill_bf16(&rng, q, sa_q_elems(s), 1.0f);
+    sa_rng_fill_bf16(&rng, k, sa_kv_elems(s), 1.0f);
+    sa_select_params p;
+    sa_select_params_default(&p);
+    p.k = c->k;
+    p.keep_diagonal = c->keep_diagonal;
+    p.keep_sink = c->keep_sink;
+    uint16_t *qi = NULL, *ki = NULL;
+    if (c->index_dim) {
+        size_t nq = (size_t)s->batch * s->heads_q * s->len_q * c->index_dim;
+        size_t nk = (size_t)s->batch * s->heads_kv * s->len_kv * c->index_dim;
+        qi = malloc(nq * 2), ki = malloc(nk * 2);
+        ck_assert(qi && ki);
+        sa_rng_fill_bf16(&rng, qi, nq, 0.5f);
+        sa_rng_fill_bf16(&rng, ki, nk, 2.0f);
+        p.q_index = qi, p.k_index = ki, p.index_dim = c->index_dim;
+    }
+    if (c->nan_block >= 0) /* key 5 of that block, every (batch, KV head), dim 3 */
+        for (int bh = 0; bh < s->batch * s->heads_kv; bh++) {
+            uint16_t *kk = p.k_index ? ki : k;
+            int dim = p.k_index ? c->index_dim : s->head_dim;
+            kk[((size_t)bh * s->len_kv + c->nan_block * 128 + 5) * dim + 3] = 0x7fc0;
+        }
+    const size_t rows = sel_rows(sel, s), n = rows * c->k;
+    int32_t *ic = malloc(n * 4), *cc = malloc(rows * 4), *ig = malloc(n * 4), *cg = malloc(rows * 4);
+    ck_assert(ic && cc && ig && cg);
+    ck_assert_int_eq(sel->cpu(s, q, k, &p, ic, cc), SA_OK);
+    int rc = run_gpu_selector(sel, s, q, k, &p, ig, cg);
+    ck_assert_msg(rc == SA_OK, "%s GPU: %s (seed %llu)", name, sa_strerror(rc),
+                  (unsigned long long)sa_test_seed());
+    for (size_t r = 0; r < rows; r++)
+        ck_assert_msg(cg[r] == c->k, "%s: counts[%zu] = %d, expected %d (seed %llu)", name, r,
+                      cg[r], c->k, (unsigned long long)sa_test_seed());
+    /* The host validator on the GPU's lists (range, duplicates). */
+    if (sel->per_query) {
+        sa_query_lists l = {ig, cg, c->k};
+        ck_assert_int_eq(sa_query_lists_check(s, &l, 0), SA_OK);
+    } else {
+        sa_tile_lists l = {ig, cg, s->heads_kv, c->k};
+        ck_assert_int_eq(sa_tile_lists_check(s, &l, 0), SA_OK);
+    }
+    if (memcmp(ic, ig, n * 4)) {
+        double *S = ref_scores(name, s, q, k, &p);
+        const int nb = sa_kv_blocks(s), per_bh = sel->per_query ? s->len_q : sa_q_tiles(s);
+        int swaps = 0, rows_diff = 0;
+        char why[256];
+        for (size_t r = 0; r < rows; r++) {
+            if (!memcmp(ic + r * c->k, ig + r * c->k, c->k * 4))
+                continue;
+            rows_diff++;
+            const double *Sr = S + r * nb;
+            double mx = 0;
+            for (int b = 0; b < nb; b++)
+                mx = isfinite(Sr[b]) && fabs(Sr[b]) > mx ? fabs(Sr[b]) : mx;
+            double tol = mx * (name[0] == 'r' ? TIE_REL_REPS : TIE_REL_NVFP4);
+            int x = (int)(r % per_bh);
+            int diag = c->keep_diagonal ? (sel->per_query ? x / 128 : x) : -1;
+            ck_assert_msg(row_agrees(Sr, nb, c->k, diag, c->keep_sink, ic + r * c->k,
+                                     ig + r * c->k, tol, &swaps, why, sizeof why),
+                          "%s shape (%d,%d,%d,%d,%d,%d) k %d: row %zu differs: %s (seed %llu)",
+                          name, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv,
+                          s->head_dim, c->k, r, why, (unsigned long long)sa_test_seed());
+        }
+        printf("%s (%d,%d,%d,%d,%d,%d) k %d: %d of %zu rows differ from the CPU, %d blocks "
+               "swapped inside the tie band: accepted\n",
+               name, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim, c->k,
+               rows_diff, rows, swaps);
+        free(S);
+    }
+    free(q), free(k), free(qi), free(ki), free(ic), free(cc), free(ig), free(cg);
+}
+
+/* Shapes: the first is the smallest (SA_SMALL). */
+static const sel_case cases[] = {
+    /* GQA 4, partial final block (1000 = 7 * 128 + 104) and partial tile (200) */
+    {{1, 4, 1, 200, 1000, 64}, 3, 0, 0, 0, -1},
+    /* GQA 1 */
+    {{2, 2, 2, 256, 700, 128}, 3, 0, 0, 0, -1},
+    /* GQA 16, more blocks */
+    {{1, 16, 1, 384, 2100, 128}, 8, 0, 0, 0, -1},
+    /* options: diagonal and sink (len_q == len_kv), GQA 2 */
+    {{1, 4, 2, 640, 640, 64}, 3, 1, 1, 0, -1},
+    {{2, 4, 4, 300, 300, 64}, 2, 1, 0, 0, -1},
+    {{1, 8, 2, 256, 900, 64}, 4, 0, 1, 0, -1},
+    /* k == kv_blocks: every block */
+    {{1, 4, 1, 128, 500, 64}, 4, 0, 0, 0, -1},
+    /* separate index vectors (index_dim 48) */
+    {{1, 4, 2, 256, 1100, 64}, 5, 0, 0, 48, -1},
+};
+#define NCASES (int)(sizeof cases / sizeof cases[0])
+
+START_TEST(test_vs_cpu)
+{
+    for (int ci = 0; ci < (small() ? 1 : NCASES); ci++)
+        for (int si = 0; si < NSEL; si++)
+            check_case(gpu_selectors[si], &cases[ci]);
+}
+END_TEST
+
+/* r1 and r4 only (the CPU nvfp4 scorer would take minutes here): top-k over 1024 blocks
+ * (131072 keys), a NaN block, and a large k. */
+START_TEST(test_many_blocks)
+{
+    if (small())
+        return;
+    const sel_case big[] = {
+        {{1, 16, 1, 256, 131072, 64}, 16, 0, 0, 0, -1},
+        {{1, 4, 1, 256, 131000, 128}, 1000, 0, 1, 0, -1},
+        {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7},
+    };
+    for (int ci = 0; ci < 3; ci++) {
+        check_case("r1", &big[ci]);
+        check_case("r4", &big[ci]);
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------------ NVFP4 quantizer */
+
+/* Quantizes x (n BF16) on CPU and GPU; all bytes and the tensor scale must match. */
+static void quant_same(const uint16_t *x, size_t n)
+{
+    sa_nvfp4 c = {malloc(n / 2), malloc(n / 16), 0, 0};
+    uint8_t *gv = malloc(n / 2), *gs = malloc(n / 16);
+    ck_assert(c.values && c.scales && gv && gs);
+    ck_assert_int_eq(sa_nvfp4_quantize_bf16(x, n, &c), SA_OK);
+    uint16_t *dx = dev_from_host(x, n * 2);
+    sa_nvfp4 g = {0};
+    CK_CUDA(cudaMalloc((void **)&g.values, n / 2));
+    CK_CUDA(cudaMalloc((void **)&g.scales, n / 16));
+    CK_CUDA(cudaMemset(g.values, 0xAB, n / 2));
+    CK_CUDA(cudaMemset(g.scales, 0xAB, n / 16));
+    ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, n, &g, NULL), SA_OK);
+    CK_CUDA(cudaMemcpy(gv, g.values, n / 2, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(gs, g.scales, n / 16, cudaMemcpyDeviceToHost));
+    ck_assert_uint_eq(g.n, n);
+    uint32_t tc, tg;
+    memcpy(&tc, &c.tensor_scale, 4);
+    memcpy(&tg, &g.tensor_scale, 4);
+    ck_assert_msg(tc == tg, "tensor scale %a (CPU) vs %a (GPU) (seed %llu)", c.tensor_scale,
+                  g.tensor_scale, (unsigned long long)sa_test_seed());
+    for (size_t i = 0; i < n / 16; i++)
+        ck_assert_msg(c.scales[i] == gs[i], "scale %zu: CPU 0x%02x GPU 0x%02x (seed %llu)", i,
+                      c.scales[i], gs[i], (unsigned long long)sa_test_seed());
+    for (size_t i = 0; i < n / 2; i++)
+        ck_assert_msg(c.values[i] == gv[i], "value byte %zu: CPU 0x%02x GPU 0x%02x (seed %llu)",
+                      i, c.values[i], gv[i], (unsigned long long)sa_test_seed());
+    cudaFree(dx), cudaFree(g.values), cudaFree(g.scales);
+    free(c.values), free(c.scales), free(gv), free(gs);
+}
+
+START_TEST(test_quantizer_bits)
+{
+    const size_t n = small() ? 16 * 64 : 16 * 40000;
+    uint16_t *x = malloc(n * 2);
+    ck_assert(x);
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x4e5646);
+    /* Per block a scale drawn log-uniformly over 2^-30 .. 2^4 (E4M3 subnormal and saturated
+     * scales, codes rounding to 0 and to 6), some all-zero blocks, some exact midpoints. */
+    for (size_t b = 0; b < n / 16; b++) {
+        double sc = ldexp(1.0, (int)sa_rng_below(&r, 35) - 30);
+        int kind = (int)sa_rng_below(&r, 10);
+        for (int i = 0; i < 16; i++) {
+            float v = kind == 0 ? 0.0f
+                    : kind == 1 ? (float)(sc * (0.25 * (int)sa_rng_below(&r, 25) - 3.0))
+                                : (float)(sc * sa_rng_normal(&r));
+            x[b * 16 + i] = sa_bf16_from_f32(v);
+        }
+    }
+    quant_same(x, n);
+    /* One outlier: every other block's scale lands deep in E4M3's subnormals or at 0. */
+    x[n / 2] = sa_bf16_from_f32(60000.0f);
+    quant_same(x, n);
+    for (size_t i = 0; i < n; i++) /* all zero: tensor scale 0, every byte 0 */
+        x[i] = (i % 3) ? 0x0000 : 0x8000;
+    quant_same(x, n);
+    free(x);
+}
+END_TEST
+
+START_TEST(test_quantizer_errors)
+{
+    uint16_t h[32];
+    for (int i = 0; i < 32; i++)
+        h[i] = sa_bf16_from_f32((float)i - 7.5f);
+    uint16_t *dx = dev_from_host(h, sizeof h);
+    sa_nvfp4 g = {0};
+    CK_CUDA(cudaMalloc((void **)&g.values, 16));
+    CK_CUDA(cudaMalloc((void **)&g.scales, 2));
+    ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(NULL, 32, &g, NULL), SA_ERR_NULL);
+    ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 32, NULL, NULL), SA_ERR_NULL);
+    ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 0, &g, NULL), SA_ERR_SHAPE);
+    ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 24, &g, NULL), SA_ERR_SHAPE);
+    ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 32, &g, NULL), SA_OK);
+    const uint16_t bad[3] = {0x7fc0 /* NaN */, 0x7f80 /* +inf */, 0xff80 /* -inf */};
+    for (int i = 0; i < 3; i++) {
+        uint16_t hb[32];
+        memcpy(hb, h, sizeof hb);
+        hb[17] = bad[i];
+        CK_CUDA(cudaMemcpy(dx, hb, sizeof hb, cudaMemcpyHostToDevice));
+        sa_nvfp4 c = {malloc(16), malloc(2), 0, 0};
+        ck_assert_int_eq(sa_nvfp4_quantize_bf16(hb, 32, &c), SA_ERR_ARG);
+        ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 32, &g, NULL), SA_ERR_ARG);
+        free(c.values), free(c.scales);
+    }
+    cudaFree(dx), cudaFree(g.values), cudaFree(g.scales);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ error codes */
+
+/* Calls CPU and GPU with the same (possibly bad) arguments: both must return `expect`. */
+static void same_error(const sa_selector *sel, const sa_shape *s, const uint16_t *hq,
+                       const uint16_t *hk, const uint16_t *dq, const uint16_t *dk,
+                       const sa_select_params *hp, const sa_select_params *dp, int32_t *hidx,
+                       int32_t *didx, int expect, const char *what)
+{
+    int c = sel->cpu(s, hq, hk, hp, hidx, NULL);
+    int g = sel->cuda(s, dq, dk, dp, didx, NULL);
+    CK_CUDA(cudaDeviceSynchronize());
+    ck_assert_msg(c == expect && g == expect, "%s, %s: expected %d, CPU %d, GPU %d", sel->name,
+                  what, expect, c, g);
+}
+
+START_TEST(test_errors)
+{
+    const sa_shape s0 = {1, 4, 2, 256, 512, 64}; /* 4 blocks, 2 tiles */
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed());
+    uint16_t *hq = malloc(sa_q_elems(&s0) * 2), *hk = malloc(sa_kv_elems(&s0) * 2);
+    const size_t ni = (size_t)4 * 4 * 256 * 64;
+    uint16_t *hi = malloc(ni * 2);
+    ck_assert(hq && hk && hi);
+    sa_rng_fill_bf16(&r, hq, sa_q_elems(&s0), 1.0f);
+    sa_rng_fill_bf16(&r, hk, sa_kv_elems(&s0), 1.0f);
+    sa_rng_fill_bf16(&r, hi, ni, 1.0f);
+    uint16_t *dq = dev_from_host(hq, sa_q_elems(&s0) * 2), *dk = dev_from_host(hk, sa_kv_elems(&s0) * 2);
+    uint16_t *di16 = dev_from_host(hi, ni * 2);
+    int32_t *hidx = malloc(4 * 256 * 8), *didx;
+    CK_CUDA(cudaMalloc((void **)&didx, 4 * 256 * 8));
+    for (int si = 0; si < NSEL; si++) {
+        const sa_selector *sel = sa_selector_by_name(gpu_selectors[si]);
+        ck_assert(sel && sel->cuda);
+        sa_shape s = s0;
+        sa_select_params hp, dp;
+        sa_select_params_default(&hp);
+        hp.k = 2;
+        dp = hp;
+#define SAME(expect, what) same_error(sel, &s, hq, hk, dq, dk, &hp, &dp, hidx, didx, expect, what)
+        SAME(SA_OK, "valid arguments");
+        same_error(sel, &s, NULL, hk, NULL, dk, &hp, &dp, hidx, didx, SA_ERR_NULL, "q NULL");
+        same_error(sel, &s, hq, NULL, dq, NULL, &hp, &dp, hidx, didx, SA_ERR_NULL, "k NULL");
+        same_error(sel, &s, hq, hk, dq, dk, &hp, &dp, NULL, NULL, SA_ERR_NULL, "indices NULL");
+        same_error(sel, NULL, hq, hk, dq, dk, &hp, &dp, hidx, didx, SA_ERR_NULL, "shape NULL");
+        hp.k = dp.k = 0;
+        SAME(SA_ERR_ARG, "k 0");
+        hp.k = dp.k = 5;
+        SAME(SA_ERR_ARG, "k > kv_blocks");
+        hp.k = dp.k = 4;
+        SAME(SA_OK, "k == kv_blocks");
+        hp.k = dp.k = 2;
+        hp.keep_diagonal = dp.keep_diagonal = 1;
+        SAME(SA_ERR_ARG, "keep_diagonal with len_q != len_kv");
+        hp.keep_diagonal = dp.keep_diagonal = 0;
+        hp.keep_sink = dp.keep_sink = 2;
+        SAME(SA_ERR_ARG, "keep_sink 2");
+        hp.keep_sink = dp.keep_sink = 0;
+        s.len_kv = 256; /* square: diagonal and sink force 2 blocks in tile 1 */
+        hp.keep_diagonal = dp.keep_diagonal = hp.keep_sink = dp.keep_sink = 1;
+        hp.k = dp.k = 1;
+        SAME(SA_ERR_ARG, "k 1 with diagonal and sink");
+        hp.k = dp.k = 2;
+        SAME(SA_OK, "k 2 with diagonal and sink");
+        hp.keep_diagonal = dp.keep_diagonal = hp.keep_sink = dp.keep_sink = 0;
+        s = s0;
+        s.heads_kv = 3;
+        SAME(SA_ERR_GQA, "heads_q % heads_kv");
+        s = s0;
+        s.head_dim = 96;
+        SAME(SA_ERR_HEAD_DIM, "head_dim 96");
+        s = s0;
+        s.len_kv = 0;
+        SAME(SA_ERR_SHAPE, "len_kv 0");
+        s = s0;
+        hp.q_index = hi, dp.q_index = di16;
+        hp.index_dim = dp.index_dim = 32;
+        SAME(SA_ERR_NULL, "q_index without k_index");
+        hp.k_index = hi, dp.k_index = di16;
+        SAME(SA_OK, "index vectors, index_dim 32");
+        hp.index_dim = dp.index_dim = 24;
+        SAME(SA_ERR_ARG, "index_dim 24");
+        hp.index_dim = dp.index_dim = 0;
+        SAME(SA_ERR_ARG, "index_dim 0 with index vectors");
+        hp.q_index = hp.k_index = dp.q_index = dp.k_index = NULL;
+        hp.index_dim = dp.index_dim = 16;
+        SAME(SA_ERR_ARG, "index_dim without index vectors");
+#undef SAME
+    }
+    /* nvfp4 only: non-finite input is SA_ERR_ARG on both sides. */
+    hk[77] = 0x7f80;
+    CK_CUDA(cudaMemcpy(dk, hk, sa_kv_elems(&s0) * 2, cudaMemcpyHostToDevice));
+    for (int si = 2; si < NSEL; si++) {
+        const sa_selector *sel = sa_selector_by_name(gpu_selectors[si]);
+        sa_select_params p;
+        sa_select_params_default(&p);
+        p.k = 2;
+        same_error(sel, &s0, hq, hk, dq, dk, &p, &p, hidx, didx, SA_ERR_ARG, "inf in K");
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(di16), cudaFree(didx);
+    free(hq), free(hk), free(hi), free(hidx);
+}
+END_TEST
+
+int main(void)
+{
+    sa_test_require_gpu();
+    Suite *s = suite_create("gpu_selectors");
+    TCase *tc = tcase_create("selectors");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_quantizer_bits);
+    tcase_add_test(tc, test_quantizer_errors);
+    tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_vs_cpu);
+    tcase_add_test(tc, test_many_blocks);
+    suite_add_tcase(s, tc);
+    return sa_test_run(s);
+}
