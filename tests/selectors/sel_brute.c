@@ -1,0 +1,227 @@
+/* Brute-force selector references for the tests: double precision, plain loops, no code shared
+ * with selectors/. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sel_test.h"
+
+uint16_t *bf_random_bf16(sa_rng *r, size_t n, float scale)
+{
+    uint16_t *x = malloc(n * sizeof *x);
+    ck_assert_ptr_nonnull(x);
+    sa_rng_fill_bf16(r, x, n, scale);
+    return x;
+}
+
+static double *to_double(const uint16_t *x, size_t n)
+{
+    double *d = malloc(n * sizeof *d);
+    ck_assert_ptr_nonnull(d);
+    for (size_t i = 0; i < n; i++)
+        d[i] = sa_bf16_to_f32(x[i]);
+    return d;
+}
+
+/* ---- NVFP4 by enumeration */
+double bf_e2m1(uint8_t code)
+{
+    static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    return (code & 8 ? -1 : 1) * mag[code & 7];
+}
+
+double bf_e4m3(uint8_t code)
+{
+    int e = (code >> 3) & 15, m = code & 7;
+    double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return code & 0x80 ? -v : v;
+}
+
+/* Nearest of the candidates' values to x (x >= 0), ties to the even code, saturating. */
+static uint8_t nearest_e4m3(float x)
+{
+    int best = 0;
+    for (int c = 1; c <= 0x7E; c++) {
+        double dc = fabs(bf_e4m3((uint8_t)c) - x), db = fabs(bf_e4m3((uint8_t)best) - x);
+        if (dc < db || (dc == db && !(c & 1)))
+            best = c;
+    }
+    return (uint8_t)best;
+}
+
+static uint8_t nearest_e2m1(float x)
+{
+    double a = fabs(x);
+    int best = 0;
+    for (int c = 1; c < 8; c++) {
+        double dc = fabs(bf_e2m1((uint8_t)c) - a), db = fabs(bf_e2m1((uint8_t)best) - a);
+        if (dc < db || (dc == db && !(c & 1)))
+            best = c;
+    }
+    return (uint8_t)(best | (signbit(x) ? 8 : 0));
+}
+
+float bf_nvfp4_quantize(const float *x, size_t n, uint8_t *values, uint8_t *scales)
+{
+    float amax = 0;
+    for (size_t i = 0; i < n; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    float ts = amax / 2688.0f;
+    memset(values, 0, n / 2);
+    for (size_t b = 0; b < n / 16; b++) {
+        float bamax = 0;
+        for (int i = 0; i < 16; i++)
+            bamax = fabsf(x[b * 16 + i]) > bamax ? fabsf(x[b * 16 + i]) : bamax;
+        uint8_t sc = ts > 0 ? nearest_e4m3((bamax / 6.0f) / ts) : 0;
+        scales[b] = sc;
+        float d = (float)bf_e4m3(sc);
+        if (d == 0)
+            continue;
+        float denom = d * ts;
+        for (int i = 0; i < 16; i++) {
+            size_t j = b * 16 + i;
+            values[j / 2] |= (uint8_t)(nearest_e2m1(x[j] / denom) << (j % 2 ? 4 : 0));
+        }
+    }
+    return ts;
+}
+
+static double *nvfp4_dequant(const uint16_t *x, size_t n)
+{
+    float *f = calloc(n, sizeof *f);
+    uint8_t *v = calloc(n / 2, 1), *sc = calloc(n / 16, 1);
+    double *d = calloc(n, sizeof *d);
+    ck_assert(f && v && sc && d);
+    for (size_t i = 0; i < n; i++)
+        f[i] = sa_bf16_to_f32(x[i]);
+    float ts = bf_nvfp4_quantize(f, n, v, sc);
+    for (size_t i = 0; i < n; i++)
+        d[i] = bf_e2m1((uint8_t)(v[i / 2] >> (i % 2 ? 4 : 0) & 15)) * bf_e4m3(sc[i / 16]) * ts;
+    free(f);
+    free(v);
+    free(sc);
+    return d;
+}
+
+/* ---- scores */
+static double dotd(const double *a, const double *b, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* Mean of tokens [i0, i1) of a (len, dim) matrix. */
+static void mean_rows(const double *x, int i0, int i1, int dim, double *out)
+{
+    for (int d = 0; d < dim; d++) {
+        double s = 0;
+        for (int i = i0; i < i1; i++)
+            s += x[(size_t)i * dim + d];
+        out[d] = s / (i1 - i0);
+    }
+}
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+double *bf_scores(const char *name, const sa_shape *s, const uint16_t *q16, const uint16_t *k16,
+                  int dim)
+{
+    const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s), group = s->heads_q / s->heads_kv;
+    const int per_query = !strcmp(name, "nvfp4_query");
+    const int per = per_query ? s->len_q : tiles;
+    const size_t nq = (size_t)s->batch * s->heads_q * s->len_q * dim;
+    const size_t nk = (size_t)s->batch * s->heads_kv * s->len_kv * dim;
+    int nv = !strncmp(name, "nvfp4", 5);
+    double *q = nv ? nvfp4_dequant(q16, nq) : to_double(q16, nq);
+    double *k = nv ? nvfp4_dequant(k16, nk) : to_double(k16, nk);
+    double *out = malloc((size_t)s->batch * s->heads_kv * per * n * sizeof *out);
+    double *a = malloc((size_t)dim * sizeof *a), *c = malloc((size_t)dim * sizeof *c);
+    double *row = malloc((size_t)s->len_kv * sizeof *row);
+    ck_assert(out && a && c && row);
+    for (size_t i = 0; i < (size_t)s->batch * s->heads_kv * per * n; i++)
+        out[i] = !strcmp(name, "oracle") ? 0.0 : -INFINITY;
+    int span = !strcmp(name, "r4") ? 32 : 128;
+    for (int b = 0; b < s->batch; b++)
+        for (int hq = 0; hq < s->heads_q; hq++) {
+            int hkv = hq / group;
+            const double *qh = q + ((size_t)b * s->heads_q + hq) * s->len_q * dim;
+            const double *kh = k + ((size_t)b * s->heads_kv + hkv) * s->len_kv * dim;
+            double *o = out + ((size_t)b * s->heads_kv + hkv) * per * n;
+            if (!strcmp(name, "r1") || !strcmp(name, "r4")) {
+                for (int t = 0; t < tiles; t++)
+                    for (int qa = t * 128; qa < imin((t + 1) * 128, s->len_q); qa += span) {
+                        mean_rows(qh, qa, imin(qa + span, s->len_q), dim, a);
+                        for (int ka = 0; ka < s->len_kv; ka += span) {
+                            mean_rows(kh, ka, imin(ka + span, s->len_kv), dim, c);
+                            double v = dotd(a, c, dim);
+                            double *dst = &o[(size_t)t * n + ka / 128];
+                            *dst = v > *dst ? v : *dst;
+                        }
+                    }
+            } else if (nv) {
+                for (int i = 0; i < s->len_q; i++)
+                    for (int j = 0; j < s->len_kv; j++) {
+                        double v = dotd(qh + (size_t)i * dim, kh + (size_t)j * dim, dim);
+                        double *dst = &o[(size_t)(per_query ? i : i / 128) * n + j / 128];
+                        *dst = v > *dst ? v : *dst;
+                    }
+            } else if (!strcmp(name, "oracle")) {
+                for (int i = 0; i < s->len_q; i++) {
+                    double m = -INFINITY, z = 0;
+                    for (int j = 0; j < s->len_kv; j++) {
+                        row[j] = dotd(qh + (size_t)i * dim, kh + (size_t)j * dim, dim) /
+                                 sqrt((double)dim);
+                        m = row[j] > m ? row[j] : m;
+                    }
+                    for (int j = 0; j < s->len_kv; j++)
+                        z += exp(row[j] - m);
+                    for (int j = 0; j < s->len_kv; j++)
+                        o[(size_t)(i / 128) * n + j / 128] += exp(row[j] - m) / z;
+                }
+            } else {
+                ck_abort_msg("no brute force for selector %s", name);
+            }
+        }
+    free(q);
+    free(k);
+    free(a);
+    free(c);
+    free(row);
+    return out;
+}
+
+const char *bf_check_row(const double *score, int n, int k, int diag, int sink,
+                         const int32_t *row)
+{
+    for (int j = 0; j < k; j++) {
+        if (row[j] < 0 || row[j] >= n)
+            return "block index out of range";
+        if (j && row[j] <= row[j - 1])
+            return "row not strictly increasing";
+    }
+    unsigned char *chosen = calloc((size_t)n, 1);
+    ck_assert_ptr_nonnull(chosen);
+    for (int j = 0; j < k; j++)
+        chosen[row[j]] = 1;
+    const char *msg = NULL;
+    if (diag >= 0 && !chosen[diag])
+        msg = "diagonal block missing";
+    if (sink && !chosen[0])
+        msg = "sink block missing";
+    double big = 0, min_in = INFINITY, max_out = -INFINITY;
+    for (int b = 0; b < n; b++) {
+        big = fabs(score[b]) > big ? fabs(score[b]) : big;
+        if (b == diag || (sink && b == 0))
+            continue;
+        if (chosen[b])
+            min_in = score[b] < min_in ? score[b] : min_in;
+        else
+            max_out = score[b] > max_out ? score[b] : max_out;
+    }
+    if (!msg && min_in < max_out - (1e-4 * big + 1e-12))
+        msg = "a block outside the list scores higher than one inside";
+    free(chosen);
+    return msg;
+}

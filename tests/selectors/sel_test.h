@@ -1,0 +1,33 @@
+/* Shared between the selector test files: brute-force references written independently of
+ * selectors/ (double precision, plain loops) and the list checker. */
+#ifndef SEL_TEST_H
+#define SEL_TEST_H
+
+#include "sa_test.h"
+
+/* Brute-force score of every (b, hkv, row, block); rows are tiles, or queries for per-query
+ * selectors. Returns a malloc'ed array of rows * kv_blocks doubles. q/k are the scored vectors
+ * (attention Q/K or index vectors) of length dim; qa/ka are the attention Q/K (oracle). */
+double *bf_scores(const char *name, const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                  int dim);
+
+/* Checks one output row against brute-force scores: sorted, distinct, in range, forced blocks
+ * present, and every chosen unforced block scores at least every unchosen one minus a band
+ * (relative 1e-4 of the row's largest |score|): exact equality unless scores nearly tie.
+ * Returns NULL when fine, else a static message. */
+const char *bf_check_row(const double *score, int n, int k, int diag, int sink,
+                         const int32_t *row);
+
+/* The test's own NVFP4 quantizer: nearest representable value by enumeration, ties to the even
+ * code. Fills values/scales like sa_nvfp4_quantize_f32 and returns the tensor scale. */
+float bf_nvfp4_quantize(const float *x, size_t n, uint8_t *values, uint8_t *scales);
+double bf_e2m1(uint8_t code);
+double bf_e4m3(uint8_t code);
+
+/* Random BF16 N(0, 1) * scale. */
+uint16_t *bf_random_bf16(sa_rng *r, size_t n, float scale);
+
+TCase *tc_nvfp4(void);
+TCase *tc_workloads(void);
+
+#endif
