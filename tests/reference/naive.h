@@ -1,0 +1,63 @@
+/* An independent double-precision attention loop for checking the CPU reference. It shares
+ * nothing with reference/ beyond the exact BF16 -> FP32 conversion. */
+#ifndef SA_NAIVE_H
+#define SA_NAIVE_H
+
+#include "sa_test.h"
+
+/* Inputs of one case: BF16 tensors and exact double copies. */
+typedef struct nv_case {
+    sa_shape s;
+    uint16_t *q, *k, *v;
+    double *qd, *kd, *vd;
+} nv_case;
+/* q, k, v drawn N(0, 1) * qk_scale (q and k) and N(0, 1) (v). */
+void nv_case_init(nv_case *c, sa_shape s, sa_rng *r, float qk_scale);
+void nv_case_free(nv_case *c);
+
+/* Which blocks each query reads. */
+enum { NV_DENSE, NV_TILE, NV_QUERY };
+typedef struct nv_rows {
+    int kind;
+    const int32_t *indices, *counts; /* counts NULL: every row uses max_blocks */
+    int list_heads, max_blocks;      /* list_heads for NV_TILE only */
+} nv_rows;
+
+/* The exact answer, in double: o (B, Hq, Sq, D), lse (B, Hq, Sq; -inf for an empty row), the
+ * largest |logit| seen, the largest |o| and the largest |v|. */
+typedef struct nv_result {
+    double *o, *lse;
+    double logit_max, o_max, v_max;
+} nv_result;
+void nv_attention(const nv_case *c, const nv_rows *rows, nv_result *r);
+void nv_result_free(nv_result *r);
+
+/* Reference outputs, all three allocated and poisoned with NaN by nv_out_poison. */
+typedef struct nv_out {
+    uint16_t *o;
+    float *of, *lse;
+    sa_outputs out;
+} nv_out;
+void nv_out_alloc(nv_out *o, const sa_shape *s);
+void nv_out_poison(nv_out *o, const sa_shape *s);
+void nv_out_free(nv_out *o);
+/* 1 if every output value is still NaN (nothing was written). */
+int nv_out_untouched(const nv_out *o, const sa_shape *s);
+
+/* Compares the reference's FP32 O, BF16 O and LSE against the exact result. Tolerances scale with
+ * it: |O err| <= NV_TOL_REL * o_max + NV_TOL_LOGIT * eps32 * logit_max * v_max (FP32 logits carry
+ * an absolute error ~ eps32 * |logit|, which moves the weights by that much), LSE likewise; empty
+ * rows must give exactly O = 0 and LSE = -inf; the BF16 O must be the FP32 O rounded. Returns NULL
+ * when it passes, else a message naming the first failure. */
+#define NV_TOL_REL 1e-5
+#define NV_TOL_LOGIT 2.0
+const char *nv_check(const nv_case *c, const nv_result *r, const float *of, const uint16_t *o,
+                     const float *lse);
+
+/* Random helpers. */
+void nv_shuffle_rows(sa_rng *r, int32_t *indices, size_t rows, int max_blocks);
+/* counts in [0, max_blocks], about one row in six empty. */
+void nv_random_counts(sa_rng *r, int32_t *counts, size_t rows, int max_blocks);
+void *nv_malloc(size_t bytes);
+
+#endif

@@ -1,0 +1,277 @@
+/* Every validation error of every sa_ref_* entry point, with its code, and nothing written when
+ * a call fails. Buffers are exactly sized, so ASan sees any read past them. */
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "naive.h"
+
+static const sa_shape good = {
+    .batch = 1, .heads_q = 4, .heads_kv = 2, .len_q = 130, .len_kv = 300, .head_dim = 64};
+enum { K = 2 }; /* max_blocks of the valid lists */
+
+/* Shapes each entry must reject, with the code. */
+static const struct {
+    sa_shape s;
+    int code;
+} bad_shapes[] = {
+    {{0, 4, 2, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 0, 2, 130, 300, 64}, SA_ERR_SHAPE},
+    {{1, 4, 0, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 4, 2, -1, 300, 64}, SA_ERR_SHAPE},
+    {{1, 4, 2, 130, 0, 64}, SA_ERR_SHAPE},     {{1, 4, 2, 130, 300, 0}, SA_ERR_SHAPE},
+    {{1, 3, 2, 130, 300, 64}, SA_ERR_GQA},     {{1, 4, 2, 130, 300, 96}, SA_ERR_HEAD_DIM},
+    {{1, 4, 2, 130, 300, 256}, SA_ERR_HEAD_DIM},
+};
+#define NBAD (int)(sizeof bad_shapes / sizeof bad_shapes[0])
+
+static nv_case c;
+static nv_out out;
+static int32_t *tidx, *tcnt, *qidx, *qcnt; /* valid tile lists (list_heads = Hkv) and query lists */
+static size_t trows, qrows;
+static float *po, *pl;
+static size_t np;
+
+static void setup(void)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed());
+    nv_case_init(&c, good, &r, 1.0f);
+    nv_out_alloc(&out, &good);
+    trows = (size_t)good.batch * good.heads_kv * sa_q_tiles(&good);
+    qrows = sa_query_rows(&good);
+    tidx = nv_malloc(trows * K * sizeof *tidx);
+    tcnt = nv_malloc(trows * sizeof *tcnt);
+    qidx = nv_malloc(qrows * K * sizeof *qidx);
+    qcnt = nv_malloc(qrows * sizeof *qcnt);
+    ck_assert_int_eq(sa_random_tile_lists(&good, good.heads_kv, K, 0, sa_rng_u64(&r), tidx), 0);
+    ck_assert_int_eq(sa_random_query_lists(&good, K, sa_rng_u64(&r), qidx), 0);
+    for (size_t i = 0; i < trows; i++)
+        tcnt[i] = K;
+    for (size_t i = 0; i < qrows; i++)
+        qcnt[i] = K;
+    np = sa_lse_elems(&good) * K;
+    po = nv_malloc(np * good.head_dim * sizeof *po);
+    pl = nv_malloc(np * sizeof *pl);
+}
+
+static void teardown(void)
+{
+    nv_case_free(&c);
+    nv_out_free(&out);
+    free(tidx);
+    free(tcnt);
+    free(qidx);
+    free(qcnt);
+    free(po);
+    free(pl);
+}
+
+static int parts_untouched(void)
+{
+    for (size_t i = 0; i < np * good.head_dim; i++)
+        if (!isnan(po[i]))
+            return 0;
+    for (size_t i = 0; i < np; i++)
+        if (!isnan(pl[i]))
+            return 0;
+    return 1;
+}
+
+/* The call returns `code` and writes nothing. */
+#define EXPECT(call, code)                                                                       \
+    do {                                                                                         \
+        nv_out_poison(&out, &good);                                                              \
+        sa_poison_f32(po, np * good.head_dim);                                                   \
+        sa_poison_f32(pl, np);                                                                   \
+        int got_ = (call);                                                                       \
+        ck_assert_msg(got_ == (code), "%s: got %d (%s), want %d (%s); seed %" PRIu64, #call,     \
+                      got_, sa_strerror(got_), (int)(code), sa_strerror(code), sa_test_seed());  \
+        if (code != SA_OK)                                                                       \
+            ck_assert_msg(nv_out_untouched(&out, &good) && parts_untouched(),                    \
+                          "%s wrote outputs before failing", #call);                             \
+    } while (0)
+
+START_TEST(test_dense_errors)
+{
+    sa_outputs no_o = {.o_f32 = out.of, .lse = out.lse};
+    EXPECT(sa_ref_dense(NULL, c.q, c.k, c.v, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_dense(&good, NULL, c.k, c.v, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_dense(&good, c.q, NULL, c.v, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_dense(&good, c.q, c.k, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_dense(&good, c.q, c.k, c.v, NULL), SA_ERR_NULL);
+    EXPECT(sa_ref_dense(&good, c.q, c.k, c.v, &no_o), SA_ERR_NULL);
+    for (int i = 0; i < NBAD; i++)
+        EXPECT(sa_ref_dense(&bad_shapes[i].s, c.q, c.k, c.v, &out.out), bad_shapes[i].code);
+    EXPECT(sa_ref_dense(&good, c.q, c.k, c.v, &out.out), SA_OK);
+}
+END_TEST
+
+START_TEST(test_tile_errors)
+{
+    const int nb = sa_kv_blocks(&good);
+    sa_tile_lists l = {tidx, tcnt, good.heads_kv, K}, m;
+    sa_attn_opts off = {.allow_empty_rows = 1, .validate = 0};
+    sa_attn_opts strict = {.allow_empty_rows = 0, .validate = 1};
+    sa_outputs no_o = {.o_f32 = out.of, .lse = out.lse};
+#define TILE(sh, lists, opts, o) sa_ref_tile_sparse(sh, c.q, c.k, c.v, lists, opts, o)
+    EXPECT(TILE(NULL, &l, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_tile_sparse(&good, NULL, c.k, c.v, &l, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_tile_sparse(&good, c.q, NULL, c.v, &l, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_tile_sparse(&good, c.q, c.k, NULL, &l, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(TILE(&good, NULL, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(TILE(&good, &l, NULL, NULL), SA_ERR_NULL);
+    EXPECT(TILE(&good, &l, NULL, &no_o), SA_ERR_NULL);
+    m = l, m.indices = NULL;
+    EXPECT(TILE(&good, &m, NULL, &out.out), SA_ERR_NULL);
+    for (int i = 0; i < NBAD; i++)
+        EXPECT(TILE(&bad_shapes[i].s, &l, NULL, &out.out), bad_shapes[i].code);
+    sa_attn_opts bad1 = {.allow_empty_rows = 2, .validate = 1};
+    sa_attn_opts bad2 = {.allow_empty_rows = 1, .validate = -1};
+    EXPECT(TILE(&good, &l, &bad1, &out.out), SA_ERR_ARG);
+    EXPECT(TILE(&good, &l, &bad2, &out.out), SA_ERR_ARG);
+    int wrong_heads[] = {0, 1, 3, 8, -2};
+    for (int i = 0; i < 5; i++) {
+        m = l, m.list_heads = wrong_heads[i];
+        EXPECT(TILE(&good, &m, NULL, &out.out), SA_ERR_LIST_HEADS);
+    }
+    m = l, m.max_blocks = 0;
+    EXPECT(TILE(&good, &m, NULL, &out.out), SA_ERR_MAX_BLOCKS);
+    m = l, m.max_blocks = -1;
+    EXPECT(TILE(&good, &m, &off, &out.out), SA_ERR_MAX_BLOCKS);
+
+    /* Bad entries in the last row, so a validator that stops early misses them. */
+    size_t last = (trows - 1) * K;
+    int32_t keep = tidx[last], keep2 = tidx[last + 1];
+    int bad_index[] = {-1, nb, nb + 7, INT32_MIN};
+    for (int i = 0; i < 4; i++) {
+        tidx[last] = bad_index[i];
+        EXPECT(TILE(&good, &l, NULL, &out.out), SA_ERR_INDEX);
+        EXPECT(TILE(&good, &l, &off, &out.out), SA_ERR_INDEX); /* bounds are always checked */
+    }
+    tidx[last] = keep2;
+    EXPECT(TILE(&good, &l, NULL, &out.out), SA_ERR_DUPLICATE);
+    tidx[last] = keep;
+    int bad_count[] = {-1, K + 1, INT32_MAX};
+    for (int i = 0; i < 3; i++) {
+        tcnt[trows - 1] = bad_count[i];
+        EXPECT(TILE(&good, &l, NULL, &out.out), SA_ERR_COUNT);
+        EXPECT(TILE(&good, &l, &off, &out.out), SA_ERR_COUNT);
+    }
+    tcnt[trows - 1] = 0;
+    EXPECT(TILE(&good, &l, &strict, &out.out), SA_ERR_EMPTY_ROW);
+    EXPECT(TILE(&good, &l, NULL, &out.out), SA_OK); /* default: empty rows allowed */
+    tcnt[trows - 1] = K;
+    EXPECT(TILE(&good, &l, &strict, &out.out), SA_OK);
+    m = l, m.counts = NULL;
+    EXPECT(TILE(&good, &m, &strict, &out.out), SA_OK);
+#undef TILE
+}
+END_TEST
+
+START_TEST(test_query_errors)
+{
+    const int nb = sa_kv_blocks(&good);
+    sa_query_lists l = {qidx, qcnt, K}, m;
+    sa_attn_opts off = {.allow_empty_rows = 1, .validate = 0};
+    sa_attn_opts strict = {.allow_empty_rows = 0, .validate = 1};
+    sa_outputs no_o = {.lse = out.lse};
+#define QS(sh, lists, opts, o) sa_ref_query_sparse(sh, c.q, c.k, c.v, lists, opts, o)
+#define QP(sh, lists, a, b) sa_ref_query_partials(sh, c.q, c.k, c.v, lists, a, b)
+    EXPECT(QS(NULL, &l, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_query_sparse(&good, NULL, c.k, c.v, &l, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_query_sparse(&good, c.q, NULL, c.v, &l, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_query_sparse(&good, c.q, c.k, NULL, &l, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(QS(&good, NULL, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(QS(&good, &l, NULL, NULL), SA_ERR_NULL);
+    EXPECT(QS(&good, &l, NULL, &no_o), SA_ERR_NULL);
+    EXPECT(QP(NULL, &l, po, pl), SA_ERR_NULL);
+    EXPECT(sa_ref_query_partials(&good, NULL, c.k, c.v, &l, po, pl), SA_ERR_NULL);
+    EXPECT(sa_ref_query_partials(&good, c.q, NULL, c.v, &l, po, pl), SA_ERR_NULL);
+    EXPECT(sa_ref_query_partials(&good, c.q, c.k, NULL, &l, po, pl), SA_ERR_NULL);
+    EXPECT(QP(&good, NULL, po, pl), SA_ERR_NULL);
+    EXPECT(QP(&good, &l, NULL, pl), SA_ERR_NULL);
+    EXPECT(QP(&good, &l, po, NULL), SA_ERR_NULL);
+    m = l, m.indices = NULL;
+    EXPECT(QS(&good, &m, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(QP(&good, &m, po, pl), SA_ERR_NULL);
+    for (int i = 0; i < NBAD; i++) {
+        EXPECT(QS(&bad_shapes[i].s, &l, NULL, &out.out), bad_shapes[i].code);
+        EXPECT(QP(&bad_shapes[i].s, &l, po, pl), bad_shapes[i].code);
+    }
+    sa_attn_opts bad1 = {.allow_empty_rows = -1, .validate = 1};
+    sa_attn_opts bad2 = {.allow_empty_rows = 1, .validate = 5};
+    EXPECT(QS(&good, &l, &bad1, &out.out), SA_ERR_ARG);
+    EXPECT(QS(&good, &l, &bad2, &out.out), SA_ERR_ARG);
+    m = l, m.max_blocks = 0;
+    EXPECT(QS(&good, &m, NULL, &out.out), SA_ERR_MAX_BLOCKS);
+    EXPECT(QS(&good, &m, &off, &out.out), SA_ERR_MAX_BLOCKS);
+    EXPECT(QP(&good, &m, po, pl), SA_ERR_MAX_BLOCKS);
+
+    size_t last = (qrows - 1) * K;
+    int32_t keep = qidx[last], keep2 = qidx[last + 1];
+    int bad_index[] = {-1, nb, INT32_MAX};
+    for (int i = 0; i < 3; i++) {
+        qidx[last] = bad_index[i];
+        EXPECT(QS(&good, &l, NULL, &out.out), SA_ERR_INDEX);
+        EXPECT(QS(&good, &l, &off, &out.out), SA_ERR_INDEX);
+        EXPECT(QP(&good, &l, po, pl), SA_ERR_INDEX);
+    }
+    qidx[last] = keep2;
+    EXPECT(QS(&good, &l, NULL, &out.out), SA_ERR_DUPLICATE);
+    EXPECT(QP(&good, &l, po, pl), SA_ERR_DUPLICATE);
+    qidx[last] = keep;
+    int bad_count[] = {-1, K + 1};
+    for (int i = 0; i < 2; i++) {
+        qcnt[qrows - 1] = bad_count[i];
+        EXPECT(QS(&good, &l, NULL, &out.out), SA_ERR_COUNT);
+        EXPECT(QS(&good, &l, &off, &out.out), SA_ERR_COUNT);
+        EXPECT(QP(&good, &l, po, pl), SA_ERR_COUNT);
+    }
+    qcnt[qrows - 1] = 0;
+    EXPECT(QS(&good, &l, &strict, &out.out), SA_ERR_EMPTY_ROW);
+    EXPECT(QS(&good, &l, NULL, &out.out), SA_OK);
+    EXPECT(QP(&good, &l, po, pl), SA_OK); /* partials always allow empty rows */
+    qcnt[qrows - 1] = K;
+#undef QS
+#undef QP
+}
+END_TEST
+
+START_TEST(test_combine_errors)
+{
+    sa_outputs no_o = {.o_f32 = out.of};
+    EXPECT(sa_ref_combine(NULL, K, po, pl, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_combine(&good, K, NULL, pl, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_combine(&good, K, po, NULL, &out.out), SA_ERR_NULL);
+    EXPECT(sa_ref_combine(&good, K, po, pl, NULL), SA_ERR_NULL);
+    EXPECT(sa_ref_combine(&good, K, po, pl, &no_o), SA_ERR_NULL);
+    for (int i = 0; i < NBAD; i++)
+        EXPECT(sa_ref_combine(&bad_shapes[i].s, K, po, pl, &out.out), bad_shapes[i].code);
+    EXPECT(sa_ref_combine(&good, 0, po, pl, &out.out), SA_ERR_ARG);
+    EXPECT(sa_ref_combine(&good, -3, po, pl, &out.out), SA_ERR_ARG);
+    EXPECT(sa_ref_combine(&good, INT32_MIN, po, pl, &out.out), SA_ERR_ARG);
+}
+END_TEST
+
+/* Each error code names its problem (sa_strerror never NULL, distinct from success). */
+START_TEST(test_codes_explained)
+{
+    for (int code = SA_ERR_NULL; code >= SA_ERR_ARG; code--) {
+        const char *m = sa_strerror(code);
+        ck_assert_ptr_nonnull(m);
+        ck_assert_str_ne(m, sa_strerror(SA_OK));
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("reference_errors");
+    TCase *tc = tcase_create("validation");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_dense_errors);
+    tcase_add_test(tc, test_tile_errors);
+    tcase_add_test(tc, test_query_errors);
+    tcase_add_test(tc, test_combine_errors);
+    tcase_add_test(tc, test_codes_explained);
+    suite_add_tcase(s, tc);
+    return sa_test_run(s);
+}
