@@ -68,27 +68,8 @@ int bench_kvcentric(int argc, char **argv)
     return 1;
 }
 #else
-#include <cuda_runtime_api.h>
+#include "kv_bench.h"
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "sparseattn: bench kvcentric: %s: %s\n", #x, cudaGetErrorString(e_)); \
-            return 1;                                                                             \
-        }                                                                                         \
-    } while (0)
 #define CK_SA(x)                                                                                  \
     do {                                                                                          \
         int r_ = (x);                                                                             \
@@ -97,68 +78,6 @@ static double median(double *v, int n)
             return 1;                                                                             \
         }                                                                                         \
     } while (0)
-
-/* Medians of one configuration, in ms. */
-typedef struct kv_times {
-    double index, attend, combine, total, total_validated;
-} kv_times;
-
-/* reps runs of the three parts, each bracketed by events; then reps runs of the whole entry
- * point with validation on (it synchronises once inside, which the events include). */
-static int time_kv(const bench_flags *f, sa_kv_params *p, kv_times *out)
-{
-    cudaStream_t st = (cudaStream_t)p->stream;
-    int reps = f->reps;
-    cudaEvent_t ev[4];
-    for (int i = 0; i < 4; i++)
-        CK(cudaEventCreate(&ev[i]));
-    double *t[5];
-    for (int i = 0; i < 5; i++) {
-        t[i] = malloc((size_t)reps * sizeof *t[i]);
-        if (!t[i])
-            return 1;
-    }
-    p->validate = 0;
-    for (int w = 0; w < f->warmup; w++)
-        CK_SA(sa_kvcentric_attention(p));
-    CK(cudaStreamSynchronize(st));
-    for (int r = 0; r < reps; r++) {
-        CK(cudaEventRecord(ev[0], st));
-        CK_SA(sa_kv_build_index(p));
-        CK(cudaEventRecord(ev[1], st));
-        CK_SA(sa_kv_attend(p));
-        CK(cudaEventRecord(ev[2], st));
-        CK_SA(sa_kv_combine(p));
-        CK(cudaEventRecord(ev[3], st));
-        CK(cudaEventSynchronize(ev[3]));
-        float ms[3], all;
-        for (int i = 0; i < 3; i++)
-            CK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
-        CK(cudaEventElapsedTime(&all, ev[0], ev[3]));
-        t[0][r] = ms[0], t[1][r] = ms[1], t[2][r] = ms[2], t[3][r] = all;
-    }
-    p->validate = 1;
-    for (int r = 0; r < reps; r++) {
-        CK(cudaEventRecord(ev[0], st));
-        CK_SA(sa_kvcentric_attention(p));
-        CK(cudaEventRecord(ev[3], st));
-        CK(cudaEventSynchronize(ev[3]));
-        float all;
-        CK(cudaEventElapsedTime(&all, ev[0], ev[3]));
-        t[4][r] = all;
-    }
-    CK(cudaGetLastError());
-    out->index = median(t[0], reps);
-    out->attend = median(t[1], reps);
-    out->combine = median(t[2], reps);
-    out->total = median(t[3], reps);
-    out->total_validated = median(t[4], reps);
-    for (int i = 0; i < 5; i++)
-        free(t[i]);
-    for (int i = 0; i < 4; i++)
-        CK(cudaEventDestroy(ev[i]));
-    return 0;
-}
 
 /* Per (b, hkv, tile) the union of its queries' lists: what a Q-centric stage must visit. */
 static double tile_union(const sa_shape *s, const int32_t *qidx, int k, int32_t *tidx,
@@ -274,9 +193,8 @@ int bench_kvcentric(int argc, char **argv)
     double kv_bf16_total = 0;
     for (int fmt = SA_KV_PARTIAL_F32; fmt <= SA_KV_PARTIAL_BF16; fmt++) {
         p.partial_format = fmt;
-        kv_times t;
-        if (time_kv(&f, &p, &t))
-            return 1;
+        sa_kv_times t;
+        CK_SA(sa_kv_time_parts(&p, f.warmup, f.reps, &t));
         /* Smoke: O and LSE fully written after a run on poisoned outputs. */
         size_t bad_o = 0, bad_l = 0;
         CK_SA(sa_gb_poison(e.g, set.a.o, nq * 2));
@@ -307,7 +225,7 @@ int bench_kvcentric(int argc, char **argv)
         print_row(&f, what, t.total, tot_floor, "partials both ways / copy bw",
                   dense_ms > 0 ? t.total / dense_ms : 0);
         snprintf(what, sizeof what, "%s total (validated, 1 sync)", name);
-        print_row(&f, what, t.total_validated, 0, "", dense_ms > 0 ? t.total_validated / dense_ms : 0);
+        print_row(&f, what, t.validated, 0, "", dense_ms > 0 ? t.validated / dense_ms : 0);
         if (!f.json)
             printf("  combine moves %.2f TB/s = %.0f%% of the copy bandwidth; attention %.0f "
                    "useful TFLOP/s; outputs NaN after a run: %zu O, %zu LSE\n",
