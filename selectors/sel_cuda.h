@@ -60,8 +60,9 @@ static inline int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nv
 /* Largest index_dim (or head_dim when no index vectors are given) the GPU nvfp4 scorer takes;
  * larger ones are SA_ERR_UNSUPPORTED there (the CPU takes up to SA_MAX_INDEX_DIM). */
 #define SEL_CUDA_NVFP4_MAX_DIM 256
-/* Largest kv_blocks a GPU top-k row takes (its keys sit in 48 KB of shared memory). */
-#define SEL_CUDA_MAX_BLOCKS 12288
+/* Largest kv_blocks (1M keys) a GPU top-k row takes: beyond 1024 a row's keys sit in the
+ * default 48 KB of shared memory. Larger is SA_ERR_UNSUPPORTED on the GPU. */
+#define SEL_CUDA_MAX_BLOCKS 8192
 
 #ifdef __cplusplus
 }

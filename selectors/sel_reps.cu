@@ -14,7 +14,7 @@
 
 namespace {
 
-constexpr int kMeanThreads = 256;
+constexpr int kMeanThreads = 64; // small CTAs: r1 has few threads, spread them over all SMs
 constexpr int kMeanUnroll = 16;
 
 // Q groups first, then K groups; each vector gets dim/8 threads.
@@ -30,7 +30,9 @@ struct MeanArgs {
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-__global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
+// The 2nd bound makes ptxas keep all kMeanUnroll loads in flight (without it, it interleaves
+// them with the adds to save registers).
+__global__ void __launch_bounds__(kMeanThreads, 4) group_means(MeanArgs a)
 {
     const long long t = (long long)blockIdx.x * kMeanThreads + threadIdx.x;
     if (t >= a.total)
@@ -133,39 +135,37 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 acc[i][j] = 0.0f;
+        // 64 vectors x 32 dims per operand and chunk: thread -> (vector tid / 4, 8 dims at
+        // (tid % 4) * 8). dim is a multiple of 16, so a slice is wholly inside or wholly past
+        // it; zeros past it add exact zeros. The next chunk's loads are issued into registers
+        // before this chunk's FMAs, so their latency hides behind the arithmetic.
+        const int v = tid / 4, dd = (tid % 4) * 8;
+        const int m = m0 + v, e = blk0 * P + v;
+        const float *qsrc = m < mq_total && t * P + m % P < a.qg
+                                ? qr + (((size_t)b * a.heads_q + hkv * a.group + m / P) * a.qg +
+                                        t * P + m % P) * a.dim + dd
+                                : nullptr;
+        const float *ksrc = e < a.kg ? kbase + (size_t)e * a.dim + dd : nullptr;
+        float4 pq0, pq1, pk0, pk1;
+        auto fetch = [&](int d0) {
+            const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            const bool in = d0 + dd < a.dim;
+            pq0 = qsrc && in ? __ldg(reinterpret_cast<const float4 *>(qsrc + d0)) : z;
+            pq1 = qsrc && in ? __ldg(reinterpret_cast<const float4 *>(qsrc + d0) + 1) : z;
+            pk0 = ksrc && in ? __ldg(reinterpret_cast<const float4 *>(ksrc + d0)) : z;
+            pk1 = ksrc && in ? __ldg(reinterpret_cast<const float4 *>(ksrc + d0) + 1) : z;
+        };
+        fetch(0);
         for (int d0 = 0; d0 < a.dim; d0 += kDC) {
-            // 64 vectors x 32 dims per operand: thread -> (vector tid / 4, 8 dims at (tid % 4) * 8).
-            // dim is a multiple of 16, so a slice is wholly inside or wholly past it; zeros past
-            // it add exact zeros to the dot products.
-            const int v = tid / 4, dd = (tid % 4) * 8;
-            {
-                const int m = m0 + v, j = m / P, qa = t * P + m % P;
-                float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-                if (m < mq_total && qa < a.qg && d0 + dd < a.dim) {
-                    const float4 *p = reinterpret_cast<const float4 *>(
-                        qr + (((size_t)b * a.heads_q + hkv * a.group + j) * a.qg + qa) * a.dim +
-                        d0 + dd);
-                    x0 = __ldg(p);
-                    x1 = __ldg(p + 1);
-                }
-                qs[dd + 0][v] = x0.x, qs[dd + 1][v] = x0.y, qs[dd + 2][v] = x0.z;
-                qs[dd + 3][v] = x0.w, qs[dd + 4][v] = x1.x, qs[dd + 5][v] = x1.y;
-                qs[dd + 6][v] = x1.z, qs[dd + 7][v] = x1.w;
-            }
-            {
-                const int e = blk0 * P + v;
-                float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-                if (e < a.kg && d0 + dd < a.dim) {
-                    const float4 *p =
-                        reinterpret_cast<const float4 *>(kbase + (size_t)e * a.dim + d0 + dd);
-                    x0 = __ldg(p);
-                    x1 = __ldg(p + 1);
-                }
-                ks[dd + 0][v] = x0.x, ks[dd + 1][v] = x0.y, ks[dd + 2][v] = x0.z;
-                ks[dd + 3][v] = x0.w, ks[dd + 4][v] = x1.x, ks[dd + 5][v] = x1.y;
-                ks[dd + 6][v] = x1.z, ks[dd + 7][v] = x1.w;
-            }
+            qs[dd + 0][v] = pq0.x, qs[dd + 1][v] = pq0.y, qs[dd + 2][v] = pq0.z;
+            qs[dd + 3][v] = pq0.w, qs[dd + 4][v] = pq1.x, qs[dd + 5][v] = pq1.y;
+            qs[dd + 6][v] = pq1.z, qs[dd + 7][v] = pq1.w;
+            ks[dd + 0][v] = pk0.x, ks[dd + 1][v] = pk0.y, ks[dd + 2][v] = pk0.z;
+            ks[dd + 3][v] = pk0.w, ks[dd + 4][v] = pk1.x, ks[dd + 5][v] = pk1.y;
+            ks[dd + 6][v] = pk1.z, ks[dd + 7][v] = pk1.w;
             __syncthreads();
+            if (d0 + kDC < a.dim)
+                fetch(d0 + kDC);
 #pragma unroll 8
             for (int d = 0; d < kDC; d++) {
                 const float4 qv = *reinterpret_cast<const float4 *>(&qs[d][ty * 4]);
@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
             float mx = -INFINITY;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int m = m0 + ty * 4 + i;
-                if (m < mq_total && t * P + m % P < a.qg)
+                const int mi = m0 + ty * 4 + i;
+                if (mi < mq_total && t * P + mi % P < a.qg)
                     mx = sel_nanmax(mx, acc[i][j]);
             }
             red[ty][tx * 4 + j] = mx;

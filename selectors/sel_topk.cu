@@ -1,10 +1,14 @@
-// Top-k per row without a global sort: one CTA per row, the row's keys in shared memory.
-//
-// 1. Load the row's n keys (sel_score_key order); forced blocks get SEL_KEY_FORCED.
-// 2. Radix select: the k-th largest key T, found bit by bit from the top (32 block-wide counts of
-//    "keys >= candidate"; a count is the same whichever thread holds which key).
+// Top-k per row without a global sort. A row's keys (sel_score_key order) are ranked by radix
+// select, the same algorithm at two sizes:
+//   - rows of at most 1024 blocks (128K keys): one warp per row, the keys in registers (lane l
+//     owns the contiguous blocks [l * ITEMS, (l + 1) * ITEMS)), counts by warp reductions;
+//   - longer rows: one CTA per row, the keys in shared memory, counts by block reductions.
+// Steps:
+// 1. Load the row's n keys; forced blocks (diagonal, sink) get SEL_KEY_FORCED.
+// 2. Radix select: the k-th largest key T, found bit by bit from the top (32 counts of
+//    "keys >= candidate").
 // 3. Every key above T is chosen; of the keys equal to T, the r = k - count(> T) with the lowest
-//    block indices (an exclusive scan over index order: thread t owns a contiguous index range).
+//    block indices (an exclusive scan over index order: each thread owns a contiguous range).
 // 4. Chosen blocks are compacted in index order by a second scan: rows come out sorted.
 // With distinct keys step 3 picks exactly one; with ties it reproduces the CPU's "lower index
 // wins", so the GPU list equals the CPU list whenever the scores are equal.
@@ -108,6 +112,86 @@ __global__ void __launch_bounds__(kThreads)
         counts[row] = k;
 }
 
+
+constexpr int kWarpRowsPerCta = 4;
+
+template <int ITEMS> // keys per lane: n <= 32 * ITEMS
+__global__ void __launch_bounds__(32 * kWarpRowsPerCta)
+    topk_warp_rows(const uint32_t *__restrict__ keys, int rows, int n, int per_bh, int per_query,
+                   int k, int keep_diag, int keep_sink, int32_t *__restrict__ indices,
+                   int32_t *__restrict__ counts)
+{
+    const size_t row = (size_t)blockIdx.x * kWarpRowsPerCta + threadIdx.x / 32;
+    if (row >= (size_t)rows) // whole warps leave together
+        return;
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x % 32;
+    const uint32_t *src = keys + row * n;
+    const int x = (int)(row % per_bh);
+    const int diag = keep_diag ? (per_query ? x / SA_TILE : x) : -1;
+    const int i0 = lane * ITEMS;
+    uint32_t v[ITEMS];
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) {
+        const int i = i0 + j;
+        v[j] = i < n ? src[i] : 0u;
+        if (i < n && (i == diag || (keep_sink && i == 0)))
+            v[j] = SEL_KEY_FORCED;
+    }
+    uint32_t T = 0; // largest T with count(key >= T) >= k; every candidate is >= 1, so the
+                    // padding (key 0, i >= n) is never counted
+    for (int bit = 31; bit >= 0; bit--) {
+        const uint32_t cand = T | (1u << bit);
+        unsigned c = 0;
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++)
+            c += v[j] >= cand;
+        if ((int)__reduce_add_sync(full, c) >= k)
+            T = cand;
+    }
+    unsigned gt = 0, eq = 0;
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) {
+        gt += v[j] > T;
+        eq += i0 + j < n && v[j] == T;
+    }
+    const int take_eq = k - (int)__reduce_add_sync(full, gt);
+    // Exclusive scans over lanes (index order): ties' ranks, then output positions.
+    unsigned inc = eq;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned y = __shfl_up_sync(full, inc, o);
+        if (lane >= o)
+            inc += y;
+    }
+    const int eq_rank = (int)(inc - eq);
+    unsigned chosen = 0, take_mask = 0; // bit j: item j chosen
+    int r = eq_rank;
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) {
+        bool take = v[j] > T;
+        if (!take && i0 + j < n && v[j] == T)
+            take = r++ < take_eq;
+        if (take) {
+            take_mask |= 1u << j;
+            chosen++;
+        }
+    }
+    inc = chosen;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned y = __shfl_up_sync(full, inc, o);
+        if (lane >= o)
+            inc += y;
+    }
+    int pos = (int)(inc - chosen);
+    int32_t *out = indices + row * k;
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++)
+        if (take_mask >> j & 1u)
+            out[pos++] = i0 + j;
+    if (counts && lane == 0)
+        counts[row] = k;
+}
+
 } // namespace
 
 int sel_cuda_topk(const uint32_t *keys, int rows, int n, int per_bh, int per_query, int k,
@@ -118,8 +202,23 @@ int sel_cuda_topk(const uint32_t *keys, int rows, int n, int per_bh, int per_que
         return SA_ERR_UNSUPPORTED;
     if (rows == 0)
         return SA_OK;
-    topk_rows<<<rows, kThreads, (size_t)n * sizeof(uint32_t), st>>>(
-        keys, n, per_bh, per_query, k, keep_diag, keep_sink, indices, counts);
+    const unsigned warp_ctas = (unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta);
+    const int wt = 32 * kWarpRowsPerCta;
+    if (n <= 32 * 4)
+        topk_warp_rows<4><<<warp_ctas, wt, 0, st>>>(keys, rows, n, per_bh, per_query, k,
+                                                    keep_diag, keep_sink, indices, counts);
+    else if (n <= 32 * 8)
+        topk_warp_rows<8><<<warp_ctas, wt, 0, st>>>(keys, rows, n, per_bh, per_query, k,
+                                                    keep_diag, keep_sink, indices, counts);
+    else if (n <= 32 * 16)
+        topk_warp_rows<16><<<warp_ctas, wt, 0, st>>>(keys, rows, n, per_bh, per_query, k,
+                                                     keep_diag, keep_sink, indices, counts);
+    else if (n <= 32 * 32)
+        topk_warp_rows<32><<<warp_ctas, wt, 0, st>>>(keys, rows, n, per_bh, per_query, k,
+                                                     keep_diag, keep_sink, indices, counts);
+    else
+        topk_rows<<<rows, kThreads, (size_t)n * sizeof(uint32_t), st>>>(
+            keys, n, per_bh, per_query, k, keep_diag, keep_sink, indices, counts);
     SEL_TRY(cudaGetLastError());
     return SA_OK;
 }

@@ -268,6 +268,8 @@ static const sel_case cases[] = {
     {{1, 4, 1, 128, 500, 64}, 4, 0, 0, 0, -1},
     /* separate index vectors (index_dim 48) */
     {{1, 4, 2, 256, 1100, 64}, 5, 0, 0, 48, -1},
+    /* 196 blocks: the top-k's second row size (8 keys per lane) */
+    {{1, 4, 1, 128, 25000, 64}, 16, 0, 0, 0, -1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -286,11 +288,13 @@ START_TEST(test_many_blocks)
     if (small())
         return;
     const sel_case big[] = {
-        {{1, 16, 1, 256, 131072, 64}, 16, 0, 0, 0, -1},
-        {{1, 4, 1, 256, 131000, 128}, 1000, 0, 1, 0, -1},
-        {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7},
+        {{1, 16, 1, 256, 131072, 64}, 16, 0, 0, 0, -1},    /* 1024 blocks: 32 keys per lane */
+        {{1, 4, 1, 256, 131000, 128}, 1000, 0, 1, 0, -1},  /* k close to kv_blocks */
+        {{1, 4, 2, 128, 60000, 64}, 16, 0, 0, 0, -1},      /* 469 blocks: 16 keys per lane */
+        {{1, 4, 1, 128, 140000, 64}, 20, 0, 1, 0, -1},     /* 1094 blocks: one CTA per row */
+        {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7},         /* a NaN block, never chosen */
     };
-    for (int ci = 0; ci < 3; ci++) {
+    for (int ci = 0; ci < (int)(sizeof big / sizeof big[0]); ci++) {
         check_case("r1", &big[ci]);
         check_case("r4", &big[ci]);
     }
