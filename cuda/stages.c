@@ -43,3 +43,18 @@ const sa_stage *sa_stage_by_name(const char *name)
 #ifndef SA_HAVE_CUDA
 int sa_gpu_available(void) { return 0; }
 #endif
+
+#ifndef SA_HAVE_CUDA
+int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty,
+                            void *stream)
+{
+    (void)s, (void)l, (void)allow_empty, (void)stream;
+    return SA_ERR_NOT_BUILT;
+}
+int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_empty,
+                             void *stream)
+{
+    (void)s, (void)l, (void)allow_empty, (void)stream;
+    return SA_ERR_NOT_BUILT;
+}
+#endif
