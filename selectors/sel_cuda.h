@@ -57,6 +57,27 @@ static inline int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nv
 }
 #endif
 
+/* Runs sel->cuda on HOST inputs, for callers that do not link the CUDA runtime (select-eval
+ * --device cuda): copies q, k and p's index vectors to the device, runs the selector on a
+ * stream of its own, copies indices (and counts, if not NULL) back. *gpu_ms (may be NULL) gets
+ * the selector's own time, CUDA events around the call, copies excluded (one call: a first call
+ * also pays module loading; call twice to time). Argument errors come from the selector itself
+ * (the same codes as its CPU function); SA_ERR_UNSUPPORTED if sel->cuda is NULL, SA_ERR_NO_DEVICE
+ * without a usable GPU, SA_ERR_NOMEM, SA_ERR_CUDA; SA_ERR_NOT_BUILT without CUDA. */
+#ifdef SA_HAVE_CUDA
+int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, const uint16_t *q,
+                      const uint16_t *k, const sa_select_params *p, int32_t *indices,
+                      int32_t *counts, double *gpu_ms);
+#else
+static inline int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, const uint16_t *q,
+                                    const uint16_t *k, const sa_select_params *p,
+                                    int32_t *indices, int32_t *counts, double *gpu_ms)
+{
+    (void)sel, (void)s, (void)q, (void)k, (void)p, (void)indices, (void)counts, (void)gpu_ms;
+    return SA_ERR_NOT_BUILT;
+}
+#endif
+
 /* Largest index_dim (or head_dim when no index vectors are given) the GPU nvfp4 scorer takes;
  * larger ones are SA_ERR_UNSUPPORTED there (the CPU takes up to SA_MAX_INDEX_DIM). */
 #define SEL_CUDA_NVFP4_MAX_DIM 256

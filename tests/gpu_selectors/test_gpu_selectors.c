@@ -498,6 +498,46 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* sel_cuda_run_host (what select-eval --device cuda uses) gives the same lists as a direct call
+ * on device buffers (the kernels are deterministic) and passes the selector's errors through. */
+START_TEST(test_host_wrapper)
+{
+    const sa_shape s = {1, 4, 2, 300, 1500, 64};
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 99);
+    uint16_t *q = malloc(sa_q_elems(&s) * 2), *k = malloc(sa_kv_elems(&s) * 2);
+    ck_assert(q && k);
+    sa_rng_fill_bf16(&r, q, sa_q_elems(&s), 1.0f);
+    sa_rng_fill_bf16(&r, k, sa_kv_elems(&s), 1.0f);
+    for (int si = 0; si < NSEL; si++) {
+        const sa_selector *sel = sa_selector_by_name(gpu_selectors[si]);
+        sa_select_params p;
+        sa_select_params_default(&p);
+        p.k = 4;
+        const size_t n = sa_selector_list_len(sel, &s, p.k), rows = n / p.k;
+        int32_t *a = malloc(n * 4), *b = malloc(n * 4), *ca = malloc(rows * 4), *cb = malloc(rows * 4);
+        ck_assert(a && b && ca && cb);
+        double ms = -1;
+        ck_assert_int_eq(sel_cuda_run_host(sel, &s, q, k, &p, a, ca, &ms), SA_OK);
+        ck_assert_int_eq(run_gpu_selector(sel, &s, q, k, &p, b, cb), SA_OK);
+        ck_assert_msg(!memcmp(a, b, n * 4) && !memcmp(ca, cb, rows * 4),
+                      "%s: host wrapper and direct call differ (seed %llu)", sel->name,
+                      (unsigned long long)sa_test_seed());
+        ck_assert(ms >= 0);
+        ck_assert_int_eq(sel_cuda_run_host(sel, &s, NULL, k, &p, a, NULL, NULL), SA_ERR_NULL);
+        p.k = 0;
+        ck_assert_int_eq(sel_cuda_run_host(sel, &s, q, k, &p, a, NULL, NULL), SA_ERR_ARG);
+        p.k = 1000;
+        ck_assert_int_eq(sel_cuda_run_host(sel, &s, q, k, &p, a, NULL, NULL), SA_ERR_ARG);
+        free(a), free(b), free(ca), free(cb);
+    }
+    ck_assert_int_eq(sel_cuda_run_host(sa_selector_by_name("oracle"), &s, q, k, NULL,
+                                       (int32_t *)q, NULL, NULL),
+                     SA_ERR_UNSUPPORTED);
+    free(q), free(k);
+}
+END_TEST
+
 int main(void)
 {
     sa_test_require_gpu();
@@ -509,6 +549,7 @@ int main(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_vs_cpu);
     tcase_add_test(tc, test_many_blocks);
+    tcase_add_test(tc, test_host_wrapper);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
