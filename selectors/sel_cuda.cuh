@@ -43,8 +43,14 @@ __device__ __forceinline__ float sel_nanmax(float a, float b)
     return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
 }
 
-// Device scratch on `stream` (cudaMallocAsync), freed on the same stream when it goes out of
-// scope, so no host synchronisation is needed and work already queued may still use it.
+// The selectors' own stream-ordered memory pool on the current device, created once. It keeps
+// up to 1 GiB (sel_host.cu) after a synchronisation instead of returning them to the driver (the
+// default pool's threshold is 0), so back-to-back calls, and the nvfp4 pair that synchronises
+// inside every call, do not map their scratch afresh each time. nullptr if it cannot be made.
+cudaMemPool_t sel_mem_pool();
+
+// Device scratch on `stream` (cudaMallocFromPoolAsync), freed on the same stream when it goes
+// out of scope, so no host synchronisation is needed and work already queued may still use it.
 struct SelScratch {
     cudaStream_t st;
     void *p[8] = {};
@@ -62,7 +68,11 @@ struct SelScratch {
         if (n == 8)
             return SA_ERR_NOMEM;
         void *q = nullptr;
-        if (cudaMallocAsync(&q, count ? count * sizeof(T) : 1, st) != cudaSuccess) {
+        const size_t bytes = count ? count * sizeof(T) : 1;
+        cudaMemPool_t pool = sel_mem_pool();
+        cudaError_t e = pool ? cudaMallocFromPoolAsync(&q, bytes, pool, st)
+                             : cudaMallocAsync(&q, bytes, st);
+        if (e != cudaSuccess) {
             (void)cudaGetLastError();
             return SA_ERR_NOMEM;
         }

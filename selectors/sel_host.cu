@@ -1,6 +1,40 @@
-// sel_cuda_run_host: a GPU selector on host inputs (see sel_cuda.h), for tools that do not link
-// the CUDA runtime themselves.
+// Host-side pieces of the GPU selectors: their memory pool, and sel_cuda_run_host (a GPU
+// selector on host inputs, see sel_cuda.h) for tools that do not link the CUDA runtime.
+#include <mutex>
+
 #include "sel_cuda.cuh"
+
+// Bytes the selectors' pool keeps cached across synchronisations (their scratch at the study's
+// shape is under 100 MB).
+static constexpr uint64_t kSelPoolKeep = uint64_t(1) << 30;
+
+cudaMemPool_t sel_mem_pool()
+{
+    static std::mutex mu;
+    static cudaMemPool_t pools[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (!pools[dev]) {
+        cudaMemPoolProps props = {};
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = dev;
+        cudaMemPool_t pool;
+        if (cudaMemPoolCreate(&pool, &props) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return nullptr;
+        }
+        uint64_t keep = kSelPoolKeep;
+        (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+        (void)cudaGetLastError();
+        pools[dev] = pool;
+    }
+    return pools[dev];
+}
 
 namespace {
 
