@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "cli.h"
+#ifdef SA_HAVE_CUDA
+#include "sa_gpu_bench.h"
+#endif
 
 #define RECALL_PERCENTILE 0.05
 
@@ -31,7 +34,8 @@ static void usage(FILE *f)
             "  --strength X      the workloads' knob (default: each workload's own)\n"
             "  --selector NAME   only this selector (the oracle still runs for the overlap)\n"
             "  --keep-sink --keep-diagonal   selector options (default off)\n"
-            "  --device cpu|cuda (default cpu)\n"
+            "  --device cpu|cuda (default cpu; cuda runs the selectors that have a GPU function\n"
+            "                    on the GPU and reports how many rows equal the CPU lists)\n"
             "  --json            one JSON object per line instead of the table\n");
     fprintf(f, "selectors:");
     for (int i = 0; i < sa_selector_count(); i++)
@@ -179,7 +183,7 @@ static void die(const char *what, int err)
 typedef struct buffers {
     uint16_t *q, *k, *v, *o;
     float *o_dense, *o_sparse, *mass, *recall;
-    int32_t *idx, *oracle;
+    int32_t *idx, *idx_cpu, *oracle;
 } buffers;
 
 static void *xmalloc(size_t n)
@@ -191,8 +195,10 @@ static void *xmalloc(size_t n)
 }
 
 static void print_row(const eval_cfg *c, const char *wl, double strength, const char *sel,
-                      double rmean, double rp5, double oerr, double overlap, double ms)
+                      const char *dev, double match, double rmean, double rp5, double oerr,
+                      double overlap, double ms)
 {
+    const int cuda = !strcmp(c->device, "cuda");
     if (c->json) {
         printf("{\"workload\":\"%s\",\"strength\":%g,\"selector\":\"%s\",\"batch\":%d,"
                "\"heads_q\":%d,\"heads_kv\":%d,\"len_q\":%d,\"len_kv\":%d,\"head_dim\":%d,"
@@ -203,15 +209,20 @@ static void print_row(const eval_cfg *c, const char *wl, double strength, const 
             printf("\"out_rel_err\":%.6g,", oerr);
         else
             printf("\"out_rel_err\":null,");
-        printf("\"oracle_overlap\":%.6f,\"select_ms\":%.3f}\n", overlap, ms);
+        printf("\"oracle_overlap\":%.6f,\"select_ms\":%.3f,\"device\":\"%s\"", overlap, ms, dev);
+        if (cuda && isfinite(match))
+            printf(",\"cpu_match\":%.6f", match);
+        printf("}\n");
     } else {
         char e[32];
         if (isfinite(oerr))
             snprintf(e, sizeof e, "%.4f", oerr);
         else
             snprintf(e, sizeof e, "n/a");
-        printf("%-10s %-12s %11.4f %9.4f %11s %8.3f %10.2f\n", wl, sel, rmean, rp5, e, overlap,
-               ms);
+        printf("%-10s %-12s %11.4f %9.4f %11s %8.3f %10.2f", wl, sel, rmean, rp5, e, overlap, ms);
+        if (cuda)
+            printf(" %4s %9s", dev, isfinite(match) ? (snprintf(e, sizeof e, "%.4f", match), e) : "-");
+        printf("\n");
     }
     fflush(stdout);
 }
@@ -221,15 +232,14 @@ int cmd_select_eval(int argc, char **argv)
     eval_cfg c = {.s = {1, 4, 1, 4096, 4096, 128}, .topk = 8, .seed = 1, .strength = -1,
                   .device = "cpu"};
     parse(argc, argv, &c);
-    if (!strcmp(c.device, "cuda")) {
-        int any = 0;
-        for (int i = 0; i < sa_selector_count(); i++)
-            any |= sa_selector_at(i)->cuda != NULL;
-        fprintf(stderr, "sparseattn: select-eval: %s\n",
-                any ? "--device cuda is not wired into select-eval yet"
-                    : "GPU selectors are not built yet (no registry entry has a cuda function)");
+    const int cuda = !strcmp(c.device, "cuda");
+#ifndef SA_HAVE_CUDA
+    if (cuda) {
+        fprintf(stderr, "sparseattn: select-eval: this build has no CUDA (GPU selectors are not "
+                        "built)\n");
         return 1;
     }
+#endif
     const sa_shape *s = &c.s;
     const size_t nq = sa_q_elems(s), nkv = sa_kv_elems(s), queries = sa_lse_elems(s);
     const int n = sa_kv_blocks(s);
@@ -245,7 +255,7 @@ int cmd_select_eval(int argc, char **argv)
         .q = xmalloc(nq * 2), .k = xmalloc(nkv * 2), .v = xmalloc(nkv * 2), .o = xmalloc(nq * 2),
         .o_dense = xmalloc(nq * 4), .o_sparse = xmalloc(nq * 4),
         .mass = xmalloc(queries * n * sizeof(float)), .recall = xmalloc(queries * sizeof(float)),
-        .idx = xmalloc(max_list * 4), .oracle = xmalloc(sa_selector_list_len(oracle, s, c.topk) * 4),
+        .idx = xmalloc(max_list * 4), .idx_cpu = xmalloc(max_list * 4), .oracle = xmalloc(sa_selector_list_len(oracle, s, c.topk) * 4),
     };
     sa_select_params p;
     sa_select_params_default(&p);
@@ -254,14 +264,34 @@ int cmd_select_eval(int argc, char **argv)
     p.keep_sink = c.keep_sink;
     p.keep_diagonal = c.keep_diagonal;
 
+#ifdef SA_HAVE_CUDA
+    sa_gb *g = NULL;
+    uint16_t *dq = NULL, *dk = NULL;
+    int32_t *didx = NULL;
+    if (cuda) {
+        int err = sa_gb_open(&g, NULL);
+        if (!err)
+            err = sa_gb_alloc((void **)&dq, nq * 2);
+        if (!err)
+            err = sa_gb_alloc((void **)&dk, nkv * 2);
+        if (!err)
+            err = sa_gb_alloc((void **)&didx, max_list * 4);
+        if (err) {
+            fprintf(stderr, "sparseattn: select-eval: GPU: %s (%s)\n", sa_strerror(err),
+                    sa_gb_last_error());
+            return 1;
+        }
+    }
+#endif
     if (!c.json) {
         printf("select-eval: batch %d, heads %d/%d, len %d/%d, head_dim %d, topk %d of %d blocks,"
                " seed %llu%s%s\n",
                s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim, c.topk, n,
                (unsigned long long)c.seed, c.keep_sink ? ", keep_sink" : "",
                c.keep_diagonal ? ", keep_diagonal" : "");
-        printf("%-10s %-12s %11s %9s %11s %8s %10s\n", "workload", "selector", "recall_mean",
-               "recall_p5", "out_rel_err", "overlap", "select_ms");
+        printf("%-10s %-12s %11s %9s %11s %8s %10s%s\n", "workload", "selector", "recall_mean",
+               "recall_p5", "out_rel_err", "overlap", "select_ms",
+               cuda ? "  dev cpu_match" : "");
     }
     int warned = 0;
     for (int w = 0; w < sa_workload_count(); w++) {
@@ -273,6 +303,10 @@ int cmd_select_eval(int argc, char **argv)
         int err = sa_workload_generate(wl->name, s, c.seed, strength, b.q, b.k, b.v);
         if (err)
             die("workload", err);
+#ifdef SA_HAVE_CUDA
+        if (cuda && ((err = sa_gb_upload(dq, b.q, nq * 2)) || (err = sa_gb_upload(dk, b.k, nkv * 2))))
+            die(sa_gb_last_error(), err);
+#endif
         cli_progress("select-eval: %s: exact block mass", wl->name);
         if ((err = sa_block_mass(s, b.q, b.k, b.mass)))
             die("block mass", err);
@@ -294,7 +328,8 @@ int cmd_select_eval(int argc, char **argv)
             if (c.selector && strcmp(c.selector, sel->name))
                 continue;
             cli_progress("select-eval: %s: %s", wl->name, sel->name);
-            double ms = t_oracle;
+            double ms = t_oracle, match = NAN;
+            const char *dev = "cpu";
             if (sel == oracle) { /* already run above: reuse its lists and time */
                 memcpy(b.idx, b.oracle, sa_selector_list_len(oracle, s, c.topk) * 4);
                 err = SA_OK;
@@ -305,6 +340,35 @@ int cmd_select_eval(int argc, char **argv)
             }
             if (err)
                 die(sel->name, err);
+#ifdef SA_HAVE_CUDA
+            if (cuda && sel->cuda) {
+                /* One warm-up call, then one timed call; the time includes the list download
+                 * (it synchronizes). The CPU lists stay for the comparison. */
+                size_t len = sa_selector_list_len(sel, s, c.topk);
+                memcpy(b.idx_cpu, b.idx, len * 4);
+                sa_select_params pg = p;
+                pg.stream = sa_gb_stream(g);
+                err = sel->cuda(s, dq, dk, &pg, didx, NULL);
+                double t0 = cli_now();
+                if (!err)
+                    err = sel->cuda(s, dq, dk, &pg, didx, NULL);
+                if (!err)
+                    err = sa_gb_download(b.idx, didx, len * 4);
+                if (err) {
+                    cli_progress_done();
+                    fprintf(stderr, "sparseattn: select-eval: %s on the GPU: %s (%s)\n",
+                            sel->name, sa_strerror(err), sa_gb_last_error());
+                    continue;
+                }
+                ms = (cli_now() - t0) * 1e3;
+                dev = "cuda";
+                size_t same = 0, rows = len / c.topk;
+                for (size_t r = 0; r < rows; r++)
+                    same += !memcmp(b.idx + r * c.topk, b.idx_cpu + r * c.topk, c.topk * 4);
+                match = (double)same / rows;
+            }
+#endif
+            /* Also rejects out-of-range indices (GPU lists). */
             if ((err = sa_lists_recall(s, b.mass, sel->per_query, b.idx, c.topk, b.recall)))
                 die("recall", err);
             double rmean, rp5;
@@ -326,10 +390,17 @@ int cmd_select_eval(int argc, char **argv)
             }
             double ov = oracle_overlap(s, sel->per_query, b.idx, b.oracle, c.topk);
             cli_progress_done();
-            print_row(&c, wl->name, strength, sel->name, rmean, rp5, oerr, ov, ms);
+            print_row(&c, wl->name, strength, sel->name, dev, match, rmean, rp5, oerr, ov, ms);
         }
     }
     cli_progress_done();
+#ifdef SA_HAVE_CUDA
+    sa_gb_free(dq);
+    sa_gb_free(dk);
+    sa_gb_free(didx);
+    if (g)
+        sa_gb_close(g);
+#endif
     free(b.q);
     free(b.k);
     free(b.v);
@@ -339,6 +410,7 @@ int cmd_select_eval(int argc, char **argv)
     free(b.mass);
     free(b.recall);
     free(b.idx);
+    free(b.idx_cpu);
     free(b.oracle);
     return 0;
 }
