@@ -49,37 +49,41 @@ __device__ __forceinline__ float sel_nanmax(float a, float b)
 // inside every call, do not map their scratch afresh each time. nullptr if it cannot be made.
 cudaMemPool_t sel_mem_pool();
 
-// Device scratch on `stream` (cudaMallocFromPoolAsync), freed on the same stream when it goes
-// out of scope, so no host synchronisation is needed and work already queued may still use it.
+// Device scratch on `stream`: every buffer of a call carved out of one cudaMallocFromPoolAsync
+// (one allocation and one free per call keep the host's share of a short selector small), freed
+// on the same stream when it goes out of scope, so no host synchronisation is needed and work
+// already queued may still use it. Use: offsets = add(bytes)...; commit(); at<T>(offset).
 struct SelScratch {
     cudaStream_t st;
-    void *p[8] = {};
-    int n = 0;
+    char *base = nullptr;
+    size_t size = 0;
     explicit SelScratch(cudaStream_t s) : st(s) {}
     ~SelScratch()
     {
-        for (int i = 0; i < n; i++)
-            if (p[i])
-                cudaFreeAsync(p[i], st);
+        if (base)
+            cudaFreeAsync(base, st);
     }
-    template <class T> int alloc(T **out, size_t count)
+    size_t add(size_t bytes)
     {
-        *out = nullptr;
-        if (n == 8)
-            return SA_ERR_NOMEM;
+        const size_t off = size;
+        size += (bytes + 255) & ~size_t(255);
+        return off;
+    }
+    int commit()
+    {
         void *q = nullptr;
-        const size_t bytes = count ? count * sizeof(T) : 1;
         cudaMemPool_t pool = sel_mem_pool();
+        const size_t bytes = size ? size : 256;
         cudaError_t e = pool ? cudaMallocFromPoolAsync(&q, bytes, pool, st)
                              : cudaMallocAsync(&q, bytes, st);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             return SA_ERR_NOMEM;
         }
-        p[n++] = q;
-        *out = static_cast<T *>(q);
+        base = static_cast<char *>(q);
         return SA_OK;
     }
+    template <class T> T *at(size_t off) const { return reinterpret_cast<T *>(base + off); }
 };
 
 static inline bool sel_aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }

@@ -370,14 +370,16 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                                  (int)smem));
 
     SelScratch scr(st);
-    __nv_bfloat16 *qd, *kd;
-    unsigned *keys, *amax; // amax[0..1]: Q, K
-    float *ts;             // ts[0..1]
-    int *bad;
-    if ((err = scr.alloc(&qd, nq)) || (err = scr.alloc(&kd, nk)) ||
-        (err = scr.alloc(&keys, rows * c.kv_blocks)) || (err = scr.alloc(&amax, 2)) ||
-        (err = scr.alloc(&ts, 2)) || (err = scr.alloc(&bad, 1)))
+    const size_t o_qd = scr.add(nq * 2), o_kd = scr.add(nk * 2);
+    const size_t o_keys = scr.add(rows * c.kv_blocks * sizeof(unsigned));
+    const size_t o_amax = scr.add(2 * sizeof(unsigned)), o_ts = scr.add(2 * sizeof(float));
+    const size_t o_bad = scr.add(sizeof(int));
+    if ((err = scr.commit()))
         return err;
+    __nv_bfloat16 *qd = scr.at<__nv_bfloat16>(o_qd), *kd = scr.at<__nv_bfloat16>(o_kd);
+    unsigned *keys = scr.at<unsigned>(o_keys), *amax = scr.at<unsigned>(o_amax); // amax: Q, K
+    float *ts = scr.at<float>(o_ts);                                                // ts: Q, K
+    int *bad = scr.at<int>(o_bad);
     // Every block of every row gets at least one atomicMax; 0 is below any key written.
     SEL_TRY(cudaMemsetAsync(keys, 0, rows * c.kv_blocks * sizeof(unsigned), st));
     SEL_TRY(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), st));
@@ -424,12 +426,14 @@ extern "C" int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4
         return SA_ERR_UNSUPPORTED;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     SelScratch scr(st);
-    unsigned *amax;
-    float *ts;
-    int *bad;
-    int err;
-    if ((err = scr.alloc(&amax, 1)) || (err = scr.alloc(&ts, 1)) || (err = scr.alloc(&bad, 1)))
+    const size_t o_amax = scr.add(sizeof(unsigned)), o_ts = scr.add(sizeof(float));
+    const size_t o_bad = scr.add(sizeof(int));
+    int err = scr.commit();
+    if (err)
         return err;
+    unsigned *amax = scr.at<unsigned>(o_amax);
+    float *ts = scr.at<float>(o_ts);
+    int *bad = scr.at<int>(o_bad);
     SEL_TRY(cudaMemsetAsync(amax, 0, sizeof(unsigned), st));
     SEL_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
     if ((err = quantize_async(x, n, amax, bad, q->values, q->scales, nullptr, ts, st)))

@@ -225,11 +225,13 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const int rows = s->batch * s->heads_kv * c.q_tiles;
 
     SelScratch scr(st);
-    float *qr, *kr;
-    uint32_t *keys;
-    if ((err = scr.alloc(&qr, nq * c.dim)) || (err = scr.alloc(&kr, nk * c.dim)) ||
-        (err = scr.alloc(&keys, (size_t)rows * c.kv_blocks)))
+    const size_t o_qr = scr.add(nq * c.dim * sizeof(float));
+    const size_t o_kr = scr.add(nk * c.dim * sizeof(float));
+    const size_t o_keys = scr.add((size_t)rows * c.kv_blocks * sizeof(uint32_t));
+    if ((err = scr.commit()))
         return err;
+    float *qr = scr.at<float>(o_qr), *kr = scr.at<float>(o_kr);
+    uint32_t *keys = scr.at<uint32_t>(o_keys);
 
     MeanArgs ma;
     ma.x[0] = c.q, ma.x[1] = c.k;
