@@ -18,6 +18,21 @@
 
 #include "ref_internal.h"
 
+/* The exp loop runs 4 floats wide on the x86-64 baseline; clones for AVX2 and AVX-512, picked at
+ * load time, run it 2-4x faster. Same operations per element in every clone (no FMA contraction
+ * in ISO C mode), so the weights do not depend on the clone. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define REF_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define REF_CLONES
+#endif
+
+REF_CLONES void ref_softmax_rows(float *s, int rows, size_t n, double *sum, double *lse)
+{
+    for (int r = 0; r < rows; r++)
+        lse[r] = ref_softmax_row(s + (size_t)r * n, n, &sum[r]);
+}
+
 int ref_check_outputs(const sa_outputs *out)
 {
     if (!out || !out->o)
@@ -137,8 +152,7 @@ static void tile_item(const tile_job *job, tile_scratch *sc, int b, int lh, int 
                     sc->kf, d, 0.0f, sc->s, (int)nk);
         /* 3. One softmax per query over every selected key. */
         double sum[SA_TILE], lse[SA_TILE];
-        for (int i = 0; i < m; i++)
-            lse[i] = ref_softmax_row(sc->s + (size_t)i * nk, nk, &sum[i]);
+        ref_softmax_rows(sc->s, m, nk, sum, lse);
         /* 4. O = P V: (m, nk) x (nk, D) -> (m, D), normalised row by row on the way out. */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, d, (int)nk, 1.0f, sc->s,
                     (int)nk, sc->vf, d, 0.0f, sc->of, d);

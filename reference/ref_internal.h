@@ -32,19 +32,27 @@ static inline void ref_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
 }
 
 /* e^x for x <= 0 (softmax weights after max subtraction). glibc's expf does not vectorise without
- * -ffast-math, and with 128 keys of work per weight the scalar call would cost as much as the
- * GEMMs. x = n ln2 + r with |r| <= ln2/2; e^r by its Taylor series to r^7 (truncation error
+ * -ffast-math, and with only 4 D FLOPs of GEMM work per weight a scalar call would cost as much as
+ * the GEMMs. x = n ln2 + r with |r| <= ln2/2; e^r by its Taylor series to r^7 (truncation error
  * < 6e-9 relative, under half an FP32 ulp); 2^n built in the exponent bits. Total error ~2 ulp. */
-#pragma omp declare simd notinbranch
 static inline float ref_exp_nonpos(float x)
 {
-    int under = x < REF_EXP_MIN_ARG;
-    x = under ? REF_EXP_MIN_ARG : x;
-    /* Round x*log2(e) to nearest: for t <= 0, truncating t - 0.5 toward zero does it, and
+    /* Clamp to REF_EXP_MIN_ARG on the bits: for x <= 0 a larger magnitude is a larger unsigned
+     * pattern. Integer selects keep the loop vectorisable; float compares and selects would not
+     * be under GCC's default -ftrapping-math. */
+    const float lo = REF_EXP_MIN_ARG;
+    uint32_t ux, ulo;
+    memcpy(&ux, &x, 4);
+    memcpy(&ulo, &lo, 4);
+    uint32_t under = ux > ulo;
+    ux = under ? ulo : ux;
+    float xc;
+    memcpy(&xc, &ux, 4);
+    /* Round xc*log2(e) to nearest: for t <= 0, truncating t - 0.5 toward zero does it, and
      * float -> int truncation vectorises on every x86-64, unlike rintf. */
-    int n = (int)(x * REF_LOG2E - 0.5f);
+    int32_t n = (int32_t)(xc * REF_LOG2E - 0.5f);
     float nf = (float)n;
-    float r = (x - nf * REF_LN2_HI) - nf * REF_LN2_LO;
+    float r = (xc - nf * REF_LN2_HI) - nf * REF_LN2_LO;
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -53,29 +61,42 @@ static inline float ref_exp_nonpos(float x)
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    uint32_t bits = (uint32_t)(n + 127) << 23;
+    /* 2^n in the exponent bits; below the clamp it becomes +0, so the weight is exactly 0. */
+    uint32_t bits = ((uint32_t)(n + 127) << 23) & (under - 1u);
     float two_n;
     memcpy(&two_n, &bits, 4);
-    return under ? 0.0f : p * two_n;
+    return p * two_n;
 }
 
 /* One softmax row of n > 0 logits, in place: s[j] <- e^(s[j] - max). Returns the natural-log LSE
- * max + log(sum); *sum gets the sum in double, so 10^5 terms lose nothing to the accumulation. */
+ * max + log(sum); *sum gets the sum in double, so 10^5 terms lose nothing to the accumulation.
+ * Three passes, each a loop the compiler vectorises on its own. */
 static inline double ref_softmax_row(float *s, size_t n, double *sum)
 {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (size_t j = 0; j < n; j++)
         m = s[j] > m ? s[j] : m;
+    for (size_t j = 0; j < n; j++)
+        s[j] = ref_exp_nonpos(s[j] - m);
     double acc = 0;
 #pragma omp simd reduction(+ : acc)
-    for (size_t j = 0; j < n; j++) {
-        float e = ref_exp_nonpos(s[j] - m);
-        s[j] = e;
-        acc += e;
-    }
+    for (size_t j = 0; j < n; j++)
+        acc += (double)s[j];
     *sum = acc;
     return (double)m + log(acc);
+}
+
+/* FP32 -> BF16, round to nearest even, as sa_bf16_from_f32 (the tests check the two agree);
+ * inline so the output loop does not make a library call per element. */
+static inline uint16_t ref_bf16_from_f32(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
 }
 
 /* Writes one output row: o = acc / sum (rounded once to FP32, then once to BF16), and the LSE.
@@ -88,13 +109,18 @@ static inline void ref_store_row(const sa_outputs *out, size_t row, int d, const
     double inv = sum > 0 ? 1.0 / sum : 0.0;
     for (int i = 0; i < d; i++) {
         float x = sum > 0 ? (float)(acc[i] * inv) : 0.0f;
-        o[i] = sa_bf16_from_f32(x);
+        o[i] = ref_bf16_from_f32(x);
         if (of)
             of[i] = x;
     }
     if (out->lse)
         out->lse[row] = sum > 0 ? (float)lse : -INFINITY;
 }
+
+/* Softmax of `rows` rows of n logits (row r at s + r * n), in place, with their sums and LSEs:
+ * ref_softmax_row on each. Out of line so it can be compiled for several instruction sets
+ * (ref_attention.c): the exp is the one non-GEMM cost that matters. */
+void ref_softmax_rows(float *s, int rows, size_t n, double *sum, double *lse);
 
 /* Shared entry-point checks (ref_attention.c). */
 int ref_check_outputs(const sa_outputs *out);

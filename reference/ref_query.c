@@ -92,8 +92,7 @@ static void query_item(const query_job *job, query_scratch *sc, int i)
                     job->kf + (size_t)idx[j] * SA_TILE * d, d, 0.0f, sc->s + col, (int)nk);
         col += (size_t)len;
     }
-    for (int g = 0; g < group; g++)
-        sc->lse[g] = ref_softmax_row(sc->s + (size_t)g * nk, nk, &sc->sum[g]);
+    ref_softmax_rows(sc->s, group, nk, sc->sum, sc->lse);
     /* O_g = sum over blocks of P[:, block] V_blk (beta = 1 accumulates after the first). */
     col = 0;
     for (int j = 0; j < count; j++) {
@@ -128,8 +127,7 @@ static void partial_item(const query_job *job, query_scratch *sc, int i)
             size_t kv = (size_t)idx[j] * SA_TILE * d;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, len, d, scale, sc->qg, d,
                         job->kf + kv, d, 0.0f, sc->s, len);
-            for (int g = 0; g < group; g++)
-                sc->lse[g] = ref_softmax_row(sc->s + (size_t)g * len, (size_t)len, &sc->sum[g]);
+            ref_softmax_rows(sc->s, group, (size_t)len, sc->sum, sc->lse);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, d, len, 1.0f, sc->s,
                         len, job->vf + kv, d, 0.0f, sc->og, d);
             for (int g = 0; g < group; g++) {
