@@ -3,7 +3,7 @@
 // 1. group_means: the mean of every group of `span` tokens (128 for r1, 32 for r4), for Q and K
 //    in one launch. A thread owns 8 dimensions of one group and adds the tokens in order, then
 //    divides by the group's valid token count: the same FP32 operations in the same order as the
-//    CPU, so the means are bit-identical. 16-byte loads, 16 in flight per thread.
+//    CPU, so the means are bit-identical. 16-byte loads, 16 or 32 in flight per thread.
 // 2. rep_scores: per (batch, KV head, Q tile) row and a chunk of KV blocks, the dot products of
 //    the row's query means (P = 128/span per head, every head of the GQA group) with the chunk's
 //    key means, as a small FP32 SGEMM through shared memory (4 x 4 outputs per thread); a block's
@@ -15,7 +15,6 @@
 namespace {
 
 constexpr int kMeanThreads = 64; // small CTAs: r1 has few threads, spread them over all SMs
-constexpr int kMeanUnroll = 16;
 
 // Q groups first, then K groups; each vector gets dim/8 threads.
 struct MeanArgs {
@@ -30,9 +29,11 @@ struct MeanArgs {
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// The 2nd bound makes ptxas keep all kMeanUnroll loads in flight (without it, it interleaves
-// them with the adds to save registers).
-__global__ void __launch_bounds__(kMeanThreads, 4) group_means(MeanArgs a)
+// UNROLL loads in flight per thread: 32 for r1 (few threads, 128 tokens each), 16 for r4.
+// The 2nd launch bound makes ptxas keep them all in flight (without it, it interleaves them with
+// the adds to save registers).
+template <int UNROLL>
+__global__ void __launch_bounds__(kMeanThreads, 2) group_means(MeanArgs a)
 {
     const long long t = (long long)blockIdx.x * kMeanThreads + threadIdx.x;
     if (t >= a.total)
@@ -59,13 +60,13 @@ __global__ void __launch_bounds__(kMeanThreads, 4) group_means(MeanArgs a)
     for (int j = 0; j < 8; j++)
         acc[j] = 0.0f;
     int i = 0;
-    for (; i + kMeanUnroll <= n; i += kMeanUnroll) {
-        uint4 v[kMeanUnroll];
+    for (; i + UNROLL <= n; i += UNROLL) {
+        uint4 v[UNROLL];
 #pragma unroll
-        for (int r = 0; r < kMeanUnroll; r++)
+        for (int r = 0; r < UNROLL; r++)
             v[r] = __ldg(src + (size_t)(i + r) * stride);
 #pragma unroll
-        for (int r = 0; r < kMeanUnroll; r++) {
+        for (int r = 0; r < UNROLL; r++) {
             acc[0] = __fadd_rn(acc[0], bf16_lo(v[r].x));
             acc[1] = __fadd_rn(acc[1], bf16_hi(v[r].x));
             acc[2] = __fadd_rn(acc[2], bf16_lo(v[r].y));
@@ -242,8 +243,11 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     ma.dim = c.dim, ma.span = span;
     ma.threads0 = (long long)nq * (c.dim / 8);
     ma.total = ma.threads0 + (long long)nk * (c.dim / 8);
-    group_means<<<(unsigned)((ma.total + kMeanThreads - 1) / kMeanThreads), kMeanThreads, 0, st>>>(
-        ma);
+    const unsigned mean_ctas = (unsigned)((ma.total + kMeanThreads - 1) / kMeanThreads);
+    if (span == SA_TILE)
+        group_means<32><<<mean_ctas, kMeanThreads, 0, st>>>(ma);
+    else
+        group_means<16><<<mean_ctas, kMeanThreads, 0, st>>>(ma);
     SEL_TRY(cudaGetLastError());
 
     ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg};
