@@ -29,32 +29,51 @@
 //   warpgroup is what the per-tile KV streams of stage 15 need, and ptxas fits it in 240
 //   registers without spills (see docs/stage14.md for the -Xptxas -v report).
 //
-// DATAFLOW PER KV TILE j (consumer warpgroup c, stage s = n % KV_STAGES for the n-th tile)
-//   1. wait kv-ready-K[s].
-//   2. for each m64 half h of the Q tile (rows 64h..64h+63):
-//      a. S = Q[c][h] K[s]^T: 8 wgmma m64n128k16, Q and K from swizzled smem (K-major).
-//      b. on the item's last tile and h = 1, Q[c] is no longer read: arrive q-free[c].
-//      c. row max of S (registers + 2 quad shuffles), in log2 units. If it exceeds the running
-//         max by more than RESCALE_THRESHOLD, adopt it and rescale O[h] and the row sum by
-//         exp2(old - new); otherwise keep the stale max (P may then reach 2^8: safe in FP32/BF16).
-//      d. P = exp2(S * scale * log2e - max), row sum += P, P packed to BF16 in registers: the
-//         S accumulator layout is the A-fragment layout of the next wgmma.
-//      e. (h = 0 only) wait kv-ready-V[s].
-//      f. O[h] += P V[s]: 8 wgmma m64n128k16, A = P from registers, B = V from smem (MN-major).
-//   3. arrive kv-free[s] (one arrival per warp, after its wgmma have completed).
-//   After the last tile: reduce the row sums across the quad, O /= sum, store O (BF16) and
-//   LSE = (max + log2(sum)) * ln2. The sum was accumulated against the same (possibly stale) max
-//   that scaled P, so the normalisation is exact whatever max was used.
+// DATAFLOW PER KV TILE j (consumer warpgroup c; stage s = n % KV_STAGES for the CTA's n-th tile)
+//   The tile is two half-steps, one per m64 half h of the Q tile (rows 64h..64h+63). The
+//   warpgroup's tensor-core work is grouped into turns: PV of one half-step followed by S of the
+//   next, which are adjacent in its schedule; its softmax runs between turns.
+//   1. wait kv-ready-V[s]; wait turn[c].
+//   2. O[0] += P V[s] (8 wgmma m64n128k16; A = P of half 0 from registers, B = V from smem,
+//      MN-major); wait for it (P's registers are then free for S); S = Q[c][1] K[s]^T (8 wgmma;
+//      Q and K from 128B-swizzled smem, K-major). pass turn; wait for S.
+//   3. K[s] is no longer read: arrive kv-free-K[s]; on the item's last tile Q[c] is no longer
+//      read either: arrive q-free[c].
+//   4. softmax of half 1: row max (registers + 2 quad shuffles) in log2 units; if it exceeds the
+//      running max by more than RESCALE_THRESHOLD adopt it and rescale O[1] and the row sum by
+//      exp2(old - new), else keep the stale max (P then stays below 2^8: safe in FP32 and BF16);
+//      P = exp2(S * scale * log2e - max), row sum += P, P packed to BF16 registers (the S
+//      accumulator layout is the A-fragment layout of the PV wgmma).
+//   5. wait kv-ready-K[s+1]; wait turn[c].
+//   6. O[1] += P V[s]; wait for it; S = Q[c][0] K[s+1]^T. pass turn; wait for S.
+//   7. V[s] is no longer read: arrive kv-free-V[s].
+//   8. softmax of half 0 for tile j+1, as in 4 (rescales O[0]).
+//   An item starts with a turn holding only S = Q[c][0] K[s]^T and its softmax, and ends with a
+//   turn holding only the last O[1] += P V. Then: reduce the row sums across the quad,
+//   O /= sum, store O (BF16) and LSE = (max + log2(sum)) * ln2. The sum was accumulated against
+//   the same (possibly stale) max that scaled P, so the result is exact whatever max was used.
 //
-// BARRIER PROTOCOL (mbarriers in shared memory; phase parity = use count & 1)
-//   | barrier           | direction                | arrivals                  | completes when
-//   | q-ready[c]        | producer -> consumer c   | 1 + 32 KB TMA bytes       | Q tile c landed
-//   | q-free[c]         | consumer c -> producer   | 4 (one per warp)          | last QK of the item done
-//   | kv-ready-K[s]     | producer -> consumers    | 1 + 32 KB TMA bytes       | K tile landed in stage s
-//   | kv-ready-V[s]     | producer -> consumers    | 1 + 32 KB TMA bytes       | V tile landed in stage s
-//   | kv-free[s]        | consumers -> producer    | 8 (4 warps x 2 WGs)       | both tiles done with K, V of s
-//   A consumer whose tile is absent (odd tile count) still waits kv-ready and arrives kv-free for
-//   every KV tile, so the ring's phases stay in step for both warpgroups.
+// PING-PONG between the two consumer warpgroups: a warpgroup issues wgmma only during its turn
+//   and passes the turn when its last wgmma of the turn is issued, so the tensor core works
+//   through one warpgroup's turn while the other computes its softmax, and the two never
+//   compete for it. (Measured: about 5% faster than letting both issue freely; docs/stage14.md.)
+//   Why not overlap within a warpgroup (S of the next half-step in flight during the softmax, as
+//   FA3 does)? With 128 rows per warpgroup, O alone takes 128 of the 240 registers; a second S
+//   (64) or P in flight beside S (32) does not fit, and ptxas then serialises the wgmma.
+//
+// BARRIER PROTOCOL
+//   | barrier        | kind      | direction              | arrivals                | meaning
+//   | q-ready[c]     | mbarrier  | producer -> consumer c | 1 + 32 KB TMA bytes     | Q tile c landed
+//   | q-free[c]      | mbarrier  | consumer c -> producer | 4 (one per warp)        | last QK of the item done
+//   | kv-ready-K[s]  | mbarrier  | producer -> consumers  | 1 + 32 KB TMA bytes     | K tile in stage s landed
+//   | kv-ready-V[s]  | mbarrier  | producer -> consumers  | 1 + 32 KB TMA bytes     | V tile in stage s landed
+//   | kv-free-K[s]   | mbarrier  | consumers -> producer  | 8 (4 warps x 2 WGs)     | both tiles' QK on K[s] done
+//   | kv-free-V[s]   | mbarrier  | consumers -> producer  | 8 (4 warps x 2 WGs)     | both tiles' PV on V[s] done
+//   | turn[c]        | named bar | consumer 1-c -> c      | 256 (arrive + sync)     | c may issue its next batch
+//   mbarrier phase parity = use count & 1. K is freed after QK and V after PV (as in the
+//   original), so the producer refills K half a tile before V. A consumer whose tile is absent
+//   (odd tile count) still takes its turns, waits kv-ready and arrives kv-free for every KV tile,
+//   so the ring and the turns stay in step for both warpgroups.
 //
 // SHARED MEMORY (all buffers 1024-byte aligned, as the 128B swizzle atom requires)
 //   Q: 2 tiles x 32 KB; K and V: KV_STAGES x 32 KB each. A 128 x 128 BF16 tile is stored as two
@@ -69,7 +88,8 @@
 //   | P written back to TMEM / smem     | P packed to BF16 registers, A operand of the PV wgmma
 //   | tcgen05.commit -> mbarrier        | wgmma.commit_group / wait_group inside the warpgroup
 //   | "Cache96" part of S in registers  | none: all of S is in registers
-//   | early PV                          | PV of half 0 runs before S of half 1
+//   | early PV                          | PV of a half-step and S of the next in one turn
+//   | (one MMA-issuing thread)          | ping-pong turns between the two consumer warpgroups
 //   | register budget via TMEM columns  | setmaxnreg 24 / 240 between producer and consumers
 //   | TMA + mbarrier, persistent CTAs   | the same
 #include <cuda.h>
@@ -116,7 +136,7 @@ struct alignas(1024) Smem {
     uint8_t k[KV_STAGES][TILE_BYTES];
     uint8_t v[KV_STAGES][TILE_BYTES];
     uint64_t q_ready[CONSUMERS], q_free[CONSUMERS];
-    uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], kv_free[KV_STAGES];
+    uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], k_free[KV_STAGES], v_free[KV_STAGES];
 };
 constexpr size_t SMEM_BYTES = sizeof(Smem) + 1024; // + room to align the dynamic base
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over the sm_90 per-block limit");
@@ -153,6 +173,110 @@ __device__ __forceinline__ Item item_at(const Params &p, int item)
     return {item / p.pairs, item % p.pairs};
 }
 
+// Ping-pong turns: named barriers 1 and 2 (0 is __syncthreads), 256 threads = both consumer
+// warpgroups: the waiting one syncs, the other arrives.
+constexpr int TURN_BARRIER0 = 1;
+__device__ __forceinline__ void turn_wait(int c)
+{
+    if (c == 0)
+        sa_named_barrier_sync<TURN_BARRIER0>(256);
+    else
+        sa_named_barrier_sync<TURN_BARRIER0 + 1>(256);
+}
+__device__ __forceinline__ void turn_pass(int c)
+{
+    if (c == 0)
+        sa_named_barrier_arrive<TURN_BARRIER0 + 1>(256);
+    else
+        sa_named_barrier_arrive<TURN_BARRIER0>(256);
+}
+
+// One arrival per warp on a consumer -> producer barrier, after the warp's wgmma are complete.
+__device__ __forceinline__ void warp_arrive(uint64_t *bar, int lane)
+{
+    __syncwarp();
+    if (lane == 0)
+        sa_mbar_arrive(bar);
+}
+
+// Descriptors travel as their low words (sa_desc_lo); every operand here has sbo = one 1024 B
+// atom, so the high word is this constant.
+constexpr uint32_t DESC_HI = sa_desc_hi_sw128(ATOM_BYTES);
+
+// S = Q_h K^T for one m64 half: 8 k-steps over the head dim; k-step kk is half kk/4 of the tile,
+// 32 B into each 128 B row. q_lo already points at the half's first row.
+__device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t q_lo, uint32_t k_lo)
+{
+    sa_wgmma_m64n128k16_ss_zero(sc, sa_desc_join(q_lo, DESC_HI), sa_desc_join(k_lo, DESC_HI));
+#pragma unroll
+    for (int kk = 1; kk < 8; kk++) {
+        const uint32_t off = ((kk / 4) * HALF_BYTES + (kk % 4) * 32) >> 4;
+        sa_wgmma_m64n128k16_ss(sc, sa_desc_join(q_lo + off, DESC_HI),
+                               sa_desc_join(k_lo + off, DESC_HI), 1);
+    }
+}
+
+// O_h += P V: 8 k-steps over the keys; k-step kk is keys 16kk..16kk+15, i.e. A fragments
+// 4kk..4kk+3 of P and, in V (MN-major), two 8-row atoms further.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32], uint32_t v_lo)
+{
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+        sa_wgmma_m64n128k16_rs(o, a, sa_desc_join(v_lo + ((kk * 2 * ATOM_BYTES) >> 4), DESC_HI), 1);
+    }
+}
+
+// Online softmax of one m64 half (dataflow step 4). The thread holds rows lane/4 (i = 0)
+// and lane/4 + 8 (i = 1) of its warp's 16; the 4 threads of a quad share a row, so row maxima
+// are reduced over the quad. Row sums stay per thread until the epilogue.
+__device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[64],
+                                             float (&row_max)[2], float (&row_sum)[2],
+                                             uint32_t (&pa)[32])
+{
+    float factor[2];
+    bool need_any = false;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float mx = -CUDART_INF_F;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+            mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mx2 = mx * SCORE_TO_LOG2;
+        const bool need = mx2 > row_max[i] + RESCALE_THRESHOLD; // always true on the first tile
+        factor[i] = 1.f;
+        if (need) {
+            factor[i] = fast_exp2(row_max[i] - mx2); // 0 on the first tile: O and sum are 0
+            row_max[i] = mx2;
+            row_sum[i] *= factor[i];
+        }
+        need_any |= need;
+    }
+    // Skip the 64 multiplies unless a row of this warp moved (a warp-uniform branch).
+    if (__any_sync(0xffffffffu, need_any)) {
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++) {
+            o[4 * jj + 0] *= factor[0];
+            o[4 * jj + 1] *= factor[0];
+            o[4 * jj + 2] *= factor[1];
+            o[4 * jj + 3] *= factor[1];
+        }
+    }
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float neg_max = -row_max[i];
+            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
+            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
+            row_sum[i] += p0 + p1;
+            pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(p0, p1);
+        }
+    }
+}
+
 __global__ void __launch_bounds__(THREADS, 1)
     dense_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
                             const __grid_constant__ CUtensorMap map_k,
@@ -172,7 +296,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int s = 0; s < KV_STAGES; s++) {
             sa_mbar_init(&sm.k_ready[s], 1);
             sa_mbar_init(&sm.v_ready[s], 1);
-            sa_mbar_init(&sm.kv_free[s], 4 * CONSUMERS);
+            sa_mbar_init(&sm.k_free[s], 4 * CONSUMERS);
+            sa_mbar_init(&sm.v_free[s], 4 * CONSUMERS);
         }
         sa_mbar_fence_init();
     }
@@ -209,10 +334,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const int s = kv_n % KV_STAGES;
                 const uint32_t lap = kv_n / KV_STAGES;
                 const int row = kv_row0 + j * TILE;
-                sa_mbar_wait(&sm.kv_free[s], (lap & 1) ^ 1);
+                sa_mbar_wait(&sm.k_free[s], (lap & 1) ^ 1);
                 sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
                 sa_tma_load_2d(sm.k[s], &map_k, &sm.k_ready[s], 0, row);
                 sa_tma_load_2d(sm.k[s] + HALF_BYTES, &map_k, &sm.k_ready[s], HALF_COLS, row);
+                sa_mbar_wait(&sm.v_free[s], (lap & 1) ^ 1);
                 sa_mbar_arrive_expect_tx(&sm.v_ready[s], TILE_BYTES);
                 sa_tma_load_2d(sm.v[s], &map_v, &sm.v_ready[s], 0, row);
                 sa_tma_load_2d(sm.v[s] + HALF_BYTES, &map_v, &sm.v_ready[s], HALF_COLS, row);
@@ -223,23 +349,52 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     // ---------------------------------------------------------------- consumers
     sa_setmaxnreg_inc<CONSUMER_REGS>();
-    const int c = wg - 1;          // which tile of the item this warpgroup owns
+    const int c = wg - 1; // which tile of the item this warpgroup owns
     const int t = threadIdx.x % 128;
     const int warp = t / 32, lane = t % 32;
-    // Descriptors of this warpgroup's Q tile and of stage 0's K and V; a k-step or another stage
-    // only adds (byte offset >> 4) to the address field, which never carries out of it (< 256 KB).
-    const uint64_t q_desc0 = sa_desc_sw128(sa_smem_addr(sm.q[c]), 16, ATOM_BYTES);
-    const uint64_t k_desc0 = sa_desc_sw128(sa_smem_addr(sm.k[0]), 16, ATOM_BYTES);
-    const uint64_t v_desc0 = sa_desc_sw128(sa_smem_addr(sm.v[0]), HALF_BYTES, ATOM_BYTES);
+    // Descriptors of this warpgroup's Q tile and of stage 0's K and V; a k-step, a half or another
+    // stage only adds (byte offset >> 4) to the address field, which never carries (< 256 KB).
+    // K-major operands (Q, K): lbo unused; V (MN-major): lbo = step between 64-column halves.
+    const uint32_t q_desc0 = sa_desc_lo(sa_smem_addr(sm.q[c]), 16);
+    const uint32_t k_desc0 = sa_desc_lo(sa_smem_addr(sm.k[0]), 16);
+    const uint32_t v_desc0 = sa_desc_lo(sa_smem_addr(sm.v[0]), HALF_BYTES);
+    constexpr uint32_t Q_HALF2 = (64 * ROW_BYTES) >> 4; // rows 64..127 of the Q tile
+    constexpr uint32_t STAGE_STEP = TILE_BYTES >> 4;
+
+    if (c == 1)
+        turn_pass(c); // warpgroup 0 takes the first turn
 
     uint32_t q_uses = 0, kv_n = 0;
     for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
         const Item it = item_at(p, item);
-        const int tile = 2 * it.pair + c;
-        const bool have = tile < p.q_tiles;
+        if (2 * it.pair + c >= p.q_tiles) {
+            // This warpgroup's tile is absent (odd tile count): keep the ring and the turns in
+            // step with the other warpgroup, the same waits and arrivals without the math.
+            for (int j = 0; j < p.kv_tiles; j++, kv_n++) {
+                const int s = kv_n % KV_STAGES;
+                const uint32_t parity = (kv_n / KV_STAGES) & 1;
+                if (j == 0) {
+                    sa_mbar_wait(&sm.k_ready[s], parity);
+                    turn_wait(c);
+                    turn_pass(c);
+                }
+                sa_mbar_wait(&sm.v_ready[s], parity);
+                turn_wait(c);
+                turn_pass(c);
+                warp_arrive(&sm.k_free[s], lane);
+                if (j + 1 < p.kv_tiles)
+                    sa_mbar_wait(&sm.k_ready[(kv_n + 1) % KV_STAGES], ((kv_n + 1) / KV_STAGES) & 1);
+                turn_wait(c);
+                turn_pass(c);
+                warp_arrive(&sm.v_free[s], lane);
+            }
+            continue;
+        }
 
         float o[2][64];
-        float row_max[2][2], row_sum[2][2]; // [half][row i of the thread: +0 or +8]
+        float row_max[2][2], row_sum[2][2]; // [half][row i of the thread]
+        float sc[64];
+        uint32_t pa[32];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
 #pragma unroll
@@ -251,119 +406,77 @@ __global__ void __launch_bounds__(THREADS, 1)
                 row_sum[h][i] = 0.f;
             }
         }
-        if (have)
-            sa_mbar_wait(&sm.q_ready[c], q_uses & 1);
-
-        for (int j = 0; j < p.kv_tiles; j++, kv_n++) {
-            const int s = kv_n % KV_STAGES;
-            const uint32_t lap = kv_n / KV_STAGES;
-            sa_mbar_wait(&sm.k_ready[s], lap & 1);
-            if (!have) {
-                sa_mbar_wait(&sm.v_ready[s], lap & 1);
-            } else {
-                // Opaque copies: without them the compiler hoists all 24 per-k-step descriptors
-                // out of the loop and keeps them in 48 registers, which the accumulators need.
-                uint64_t q_desc = q_desc0, k_desc = k_desc0 + (s * TILE_BYTES >> 4),
-                         v_desc = v_desc0 + (s * TILE_BYTES >> 4);
-                asm volatile("" : "+l"(q_desc), "+l"(k_desc), "+l"(v_desc));
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    // 2a. S = Q_h K^T. k-step kk covers head dims 16kk..16kk+15: half kk/4 of the
-                    //     tile, 32 B into each 128 B row.
-                    float sc[64];
-                    sa_wgmma_fence();
-#pragma unroll
-                    for (int kk = 0; kk < 8; kk++) {
-                        const uint32_t koff = (kk / 4) * HALF_BYTES + (kk % 4) * 32;
-                        sa_wgmma_m64n128k16_ss(sc, q_desc + ((koff + h * 64 * ROW_BYTES) >> 4),
-                                               k_desc + (koff >> 4), kk > 0);
-                    }
-                    sa_wgmma_commit();
-                    sa_wgmma_wait<0>();
-
-                    // 2b. the last read of Q for this item is done.
-                    if (h == 1 && j == p.kv_tiles - 1) {
-                        __syncwarp();
-                        if (lane == 0)
-                            sa_mbar_arrive(&sm.q_free[c]);
-                    }
-
-                    // 2c. row max and lazy rescaling. Thread holds rows l/4 (i = 0) and l/4 + 8
-                    //     (i = 1) of its warp's 16; the 4 threads of a quad share a row.
-                    float factor[2];
-                    bool need_any = false;
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        float mx = -CUDART_INF_F;
-#pragma unroll
-                        for (int jj = 0; jj < 16; jj++)
-                            mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                        const float mx2 = mx * SCORE_TO_LOG2;
-                        const bool need = mx2 > row_max[h][i] + RESCALE_THRESHOLD;
-                        factor[i] = 1.f;
-                        if (need) {
-                            factor[i] = fast_exp2(row_max[h][i] - mx2); // 0 on the first tile
-                            row_max[h][i] = mx2;
-                            row_sum[h][i] *= factor[i];
-                        }
-                        need_any |= need;
-                    }
-                    // Skip the 64 multiplies unless a row of this warp moved (warp-uniform branch).
-                    if (__any_sync(0xffffffffu, need_any)) {
-#pragma unroll
-                        for (int jj = 0; jj < 16; jj++) {
-                            o[h][4 * jj + 0] *= factor[0];
-                            o[h][4 * jj + 1] *= factor[0];
-                            o[h][4 * jj + 2] *= factor[1];
-                            o[h][4 * jj + 3] *= factor[1];
-                        }
-                    }
-
-                    // 2d. P = exp2(x - max), row sums (per thread; the quad is reduced at the end),
-                    //     and BF16 packing into the A fragments of the PV wgmma.
-                    uint32_t pa[32];
-#pragma unroll
-                    for (int jj = 0; jj < 16; jj++) {
-#pragma unroll
-                        for (int i = 0; i < 2; i++) {
-                            const float neg_max = -row_max[h][i];
-                            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
-                            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
-                            row_sum[h][i] += p0 + p1;
-                            // k-step jj/2; columns 0-7 of it go to a0/a1, 8-15 to a2/a3.
-                            pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(p0, p1);
-                        }
-                    }
-
-                    // 2e. V must have landed before the first PV of this KV tile.
-                    if (h == 0)
-                        sa_mbar_wait(&sm.v_ready[s], lap & 1);
-
-                    // 2f. O_h += P V. k-step kk covers keys 16kk..16kk+15 = two 8-row atoms.
-                    sa_wgmma_fence();
-#pragma unroll
-                    for (int kk = 0; kk < 8; kk++) {
-                        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-                        sa_wgmma_m64n128k16_rs(o[h], a, v_desc + ((kk * 2 * ATOM_BYTES) >> 4), 1);
-                    }
-                    sa_wgmma_commit();
-                    sa_wgmma_wait<0>();
-                }
-            }
-            // 3. this warp no longer reads stage s.
-            __syncwarp();
-            if (lane == 0)
-                sa_mbar_arrive(&sm.kv_free[s]);
-        }
-        if (!have)
-            continue;
+        sa_mbar_wait(&sm.q_ready[c], q_uses & 1);
         q_uses++;
 
-        // Epilogue: normalise and store this warpgroup's tile.
-        // Recomputed from the item index rather than kept live through the KV loop: the
-        // consumer is at its register limit there.
+        // The item's first turn: S of half 0 of the first KV tile, then its softmax.
+        {
+            const int s = kv_n % KV_STAGES;
+            uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+            asm volatile("" : "+r"(q_desc), "+r"(k_desc));
+            sa_mbar_wait(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
+            turn_wait(c);
+            sa_wgmma_fence();
+            issue_qk(sc, q_desc, k_desc);
+            sa_wgmma_commit();
+            turn_pass(c);
+            sa_wgmma_wait<0>();
+            softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
+        }
+        for (int j = 0; j < p.kv_tiles; j++, kv_n++) {
+            const int s = kv_n % KV_STAGES;
+            const int s_next = (kv_n + 1) % KV_STAGES;
+            // Opaque copies: without them the compiler hoists every per-k-step descriptor out of
+            // the loop and keeps them in registers that the accumulators need.
+            uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+            uint32_t k_next = k_desc0 + s_next * STAGE_STEP, v_desc = v_desc0 + s * STAGE_STEP;
+            asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(k_next), "+r"(v_desc));
+
+            // ---- turn: PV of half 0 of tile j, S of half 1 (dataflow steps 1-4)
+            sa_mbar_wait(&sm.v_ready[s], (kv_n / KV_STAGES) & 1);
+            turn_wait(c);
+            sa_wgmma_fence();
+            issue_pv(o[0], pa, v_desc);
+            sa_wgmma_commit();
+            sa_wgmma_wait<0>(); // P dies with its PV: S may reuse its registers
+            sa_wgmma_fence();
+            issue_qk(sc, q_desc + Q_HALF2, k_desc);
+            sa_wgmma_commit();
+            turn_pass(c);
+            sa_wgmma_wait<0>();
+            warp_arrive(&sm.k_free[s], lane);
+            if (j == p.kv_tiles - 1)
+                warp_arrive(&sm.q_free[c], lane);
+            softmax_half(sc, o[1], row_max[1], row_sum[1], pa);
+
+            if (j + 1 < p.kv_tiles) {
+                // ---- turn: PV of half 1 of tile j, S of half 0 of tile j+1 (steps 5-8)
+                sa_mbar_wait(&sm.k_ready[s_next], ((kv_n + 1) / KV_STAGES) & 1);
+                turn_wait(c);
+                sa_wgmma_fence();
+                issue_pv(o[1], pa, v_desc);
+                sa_wgmma_commit();
+                sa_wgmma_wait<0>(); // P dies with its PV: S may reuse its registers
+                sa_wgmma_fence();
+                issue_qk(sc, q_desc, k_next);
+                sa_wgmma_commit();
+                turn_pass(c);
+                sa_wgmma_wait<0>();
+                softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
+            } else {
+                // ---- the item's last turn: PV of half 1 of the last tile
+                turn_wait(c);
+                sa_wgmma_fence();
+                issue_pv(o[1], pa, v_desc);
+                sa_wgmma_commit();
+                turn_pass(c);
+                sa_wgmma_wait<0>();
+            }
+            warp_arrive(&sm.v_free[s], lane);
+        }
+
+        // Epilogue: normalise and store this warpgroup's tile. The row is recomputed from the
+        // item index rather than kept live through the KV loop, where registers are short.
         int item_now = item;
         asm volatile("" : "+r"(item_now));
         const Item it_now = item_at(p, item_now);
@@ -386,6 +499,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
         }
     }
+    // Every turn_pass found its turn_wait except the opening one of warpgroup 1: take it, so no
+    // named barrier is left half-arrived when the CTA exits.
+    if (c == 0)
+        turn_wait(c);
 }
 
 } // namespace

@@ -16,8 +16,15 @@ template <int N> __device__ __forceinline__ void sa_setmaxnreg_inc()
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
 
-// Named barrier over `threads` threads (a multiple of 32), id 1..15 (0 is __syncthreads).
-__device__ __forceinline__ void sa_named_barrier_sync(int id, int threads)
+// Named barrier ID (1..15; 0 is __syncthreads) over `threads` threads, a multiple of 32. The id
+// is a template argument: an id in a register makes ptxas reserve all 16 barriers.
+template <int ID> __device__ __forceinline__ void sa_named_barrier_sync(int threads)
 {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+    asm volatile("bar.sync %0, %1;" ::"n"(ID), "r"(threads) : "memory");
+}
+
+// Arrive at a named barrier without waiting: the producer side of a named-barrier handoff.
+template <int ID> __device__ __forceinline__ void sa_named_barrier_arrive(int threads)
+{
+    asm volatile("bar.arrive %0, %1;" ::"n"(ID), "r"(threads) : "memory");
 }

@@ -30,6 +30,20 @@ __device__ __forceinline__ uint64_t sa_desc_sw128(uint32_t smem_addr, uint32_t l
     return d;
 }
 
+// The same descriptor as two 32-bit words. Offsetting a descriptor (a k-step, another buffer)
+// only changes the low word (address and lbo) and, for addresses below 256 KB, never carries into
+// the high word (sbo and swizzle), which is a compile-time constant. Kernels short of registers
+// keep only the low word in a register and join the halves at the wgmma.
+__device__ __forceinline__ uint32_t sa_desc_lo(uint32_t smem_addr, uint32_t lbo)
+{
+    return ((smem_addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
+}
+constexpr uint32_t sa_desc_hi_sw128(uint32_t sbo) { return ((sbo >> 4) & 0x3FFF) | (1u << 30); }
+__device__ __forceinline__ uint64_t sa_desc_join(uint32_t lo, uint32_t hi)
+{
+    return ((uint64_t)hi << 32) | lo;
+}
+
 // Orders register writes before the tensor core reads them (accumulators zeroed or rescaled,
 // P written) and must precede the first wgmma of a batch.
 __device__ __forceinline__ void sa_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -39,22 +53,9 @@ template <int N> __device__ __forceinline__ void sa_wgmma_wait()
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
-// Pin registers in place across an asynchronous wgmma: the empty asm "reads and writes" them, so
-// the compiler can neither move them nor reuse them for something else between issue and wait.
-__device__ __forceinline__ void sa_fence_regs(float (&d)[64])
-{
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void sa_fence_regs(uint32_t (&a)[32])
-{
-#pragma unroll
-    for (int i = 0; i < 32; i++)
-        asm volatile("" : "+r"(a[i])::"memory");
-}
-
-// d (64 x 128, fp32) = A (64 x 16, smem, K-major) * B (16 x 128, smem, K-major) + (accumulate ? d : 0)
+// d (64 x 128, fp32) = A (64 x 16, smem, K-major) * B (16 x 128, smem) + (accumulate ? d : 0);
+// B is K-major for TRANS_B = 0 and MN-major for TRANS_B = 1.
+template <int TRANS_B = 0>
 __device__ __forceinline__ void sa_wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a,
                                                        uint64_t desc_b, int accumulate)
 {
@@ -63,7 +64,7 @@ __device__ __forceinline__ void sa_wgmma_m64n128k16_ss(float (&d)[64], uint64_t 
         "setp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n"
+        "%64, %65, p, 1, 1, 0, %67;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -73,7 +74,30 @@ __device__ __forceinline__ void sa_wgmma_m64n128k16_ss(float (&d)[64], uint64_t 
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+
+// d = A * B, ignoring d's old value. The outputs are write-only ("=f"), so the compiler need not
+// keep the old accumulator alive before the first k-step.
+__device__ __forceinline__ void sa_wgmma_m64n128k16_ss_zero(float (&d)[64], uint64_t desc_a,
+                                                            uint64_t desc_b)
+{
+    asm volatile("{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+          "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+          "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+          "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),
+          "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]),
+          "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
+          "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
+          "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(0));
 }
 
 // d (64 x 128, fp32) += A (64 x 16, registers, bf16x2) * B (16 x 128, smem, MN-major)
