@@ -86,7 +86,10 @@ struct SelScratch {
     template <class T> T *at(size_t off) const { return reinterpret_cast<T *>(base + off); }
 };
 
-static inline bool sel_aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+static inline bool sel_aligned16(const void *p)
+{
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
 
 // Top-k of every row of keys (rows x n, as written by a scorer): one CTA per row, forced blocks
 // (diagonal, sink) first, then the largest keys, ties to the lower block index; each row of

@@ -280,7 +280,8 @@ __global__ void __launch_bounds__(kScoreThreads)
     const bool v_lo = q0 + r_lo < a.len_q, v_hi = q0 + r_hi < a.len_q;
     // ldmatrix addressing: A (row-major 16 x 16): lanes 0-15 rows 0-15 at k 0, 16-31 at k 8.
     const __nv_bfloat16 *a_ptr = qs + (warp * 16 + lane % 16) * stride + (lane / 16) * 8;
-    // B (K rows = n, k contiguous): matrices (n 0-7, k 0), (n 0-7, k 8), (n 8-15, k 0), (n 8-15, k 8).
+    // B (K rows = n, k contiguous): matrices (n 0-7, k 0), (n 0-7, k 8), (n 8-15, k 0),
+    // (n 8-15, k 8).
     const int b_off = ((lane % 8) + (lane / 16) * 8) * stride + ((lane / 8) % 2) * 8;
 
     for (int kb = 0; kb < a.kv_blocks; kb++) {
@@ -288,7 +289,8 @@ __global__ void __launch_bounds__(kScoreThreads)
         __syncthreads();
         if (kb + 1 < a.kv_blocks) {
             const int k0 = (kb + 1) * SA_TILE;
-            load_rows((kb + 1) & 1 ? kbuf1 : kbuf0, kbase + (size_t)k0 * a.dim, a.len_kv - k0, a.dim);
+            load_rows((kb + 1) & 1 ? kbuf1 : kbuf0, kbase + (size_t)k0 * a.dim, a.len_kv - k0,
+                      a.dim);
             cp_async_commit();
         }
         const __nv_bfloat16 *ks = kb & 1 ? kbuf1 : kbuf0;

@@ -111,7 +111,8 @@ static double selected_pairs(const sa_shape *s, const int32_t *idx, int k)
     const int qt = sa_q_tiles(s), group = s->heads_q / s->heads_kv;
     double pairs = 0;
     for (int r = 0; r < s->batch * s->heads_kv * qt; r++) {
-        int t = r % qt, queries = s->len_q - t * SA_TILE < SA_TILE ? s->len_q - t * SA_TILE : SA_TILE;
+        int t = r % qt;
+        int queries = s->len_q - t * SA_TILE < SA_TILE ? s->len_q - t * SA_TILE : SA_TILE;
         long keys = 0;
         for (int j = 0; j < k; j++)
             keys += sa_block_len(s, idx[(size_t)r * k + j]);
@@ -171,7 +172,9 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
                    qk_bytes, floor_ms, flop_ms, t.median_ms / fl);
         } else {
             /* The goals on the H200: r1 within 1.5x of its floor, r4 within 2x. */
-            const char *goal = !strcmp(sel->name, "r1") ? "<=1.5" : !strcmp(sel->name, "r4") ? "<=2" : "-";
+            const char *goal = !strcmp(sel->name, "r1")   ? "<=1.5"
+                               : !strcmp(sel->name, "r4") ? "<=2"
+                                                          : "-";
             printf("%-12s %8.4f %7.4f %10.4f %10.4f %8.2f %6s\n", sel->name, t.median_ms,
                    t.min_ms, floor_ms, flop_ms, t.median_ms / fl, goal);
         }

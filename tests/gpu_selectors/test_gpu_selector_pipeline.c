@@ -30,8 +30,8 @@ static void pipeline(const sa_stage *st, const char *name, sa_shape s, int k)
     uint16_t *o_ref = malloc(nq * 2);
     ck_assert(q && kk && v && o && o_ref);
     /* "local": structure the selector can find, so the lists are not a coin toss. */
-    ck_assert_int_eq(sa_workload_generate("local", &s, sa_test_seed(), SA_STRENGTH_DEFAULT, q, kk, v),
-                     SA_OK);
+    ck_assert_int_eq(
+        sa_workload_generate("local", &s, sa_test_seed(), SA_STRENGTH_DEFAULT, q, kk, v), SA_OK);
     const size_t rows = (size_t)s.batch * s.heads_kv * sa_q_tiles(&s);
     int32_t *ic = malloc(rows * k * 4), *ig = malloc(rows * k * 4), *cnt = malloc(rows * 4);
     ck_assert(ic && ig && cnt);

@@ -66,7 +66,8 @@ static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q
                 for (int j = 0; j < group; j++)
                     for (int a = t * P; a < (t + 1) * P && a < qg; a++)
                         for (int e = blk * P; e < (blk + 1) * P && e < kg; e++) {
-                            const double *x = qm + (((size_t)b * s->heads_q + hkv * group + j) * qg + a) * dim;
+                            const double *x =
+                                qm + (((size_t)b * s->heads_q + hkv * group + j) * qg + a) * dim;
                             const double *y = km + ((size_t)bh * kg + e) * dim;
                             double acc = 0;
                             for (int d = 0; d < dim; d++)
@@ -84,7 +85,8 @@ static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q
     const size_t nq = (size_t)s->batch * s->heads_q * s->len_q * dim;
     const size_t nk = (size_t)s->batch * s->heads_kv * s->len_kv * dim;
     float *qd = malloc(nq * 4), *kd = malloc(nk * 4);
-    sa_nvfp4 zq = {malloc(nq / 2), malloc(nq / 16), 0, 0}, zk = {malloc(nk / 2), malloc(nk / 16), 0, 0};
+    sa_nvfp4 zq = {malloc(nq / 2), malloc(nq / 16), 0, 0};
+    sa_nvfp4 zk = {malloc(nk / 2), malloc(nk / 16), 0, 0};
     ck_assert(qd && kd && zq.values && zq.scales && zk.values && zk.scales);
     ck_assert_int_eq(sa_nvfp4_quantize_bf16(qv, nq, &zq), SA_OK);
     ck_assert_int_eq(sa_nvfp4_quantize_bf16(kv, nk, &zk), SA_OK);
@@ -98,7 +100,8 @@ static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q
         for (int j = 0; j < group; j++)
             for (int i = 0; i < s->len_q; i++) {
                 const float *x = qd + (((b * s->heads_q + hkv * group + j) * s->len_q) + i) * dim;
-                double *row = S + (bhkv * (per_query ? s->len_q : qt) + (per_query ? i : i / 128)) * n;
+                double *row =
+                    S + (bhkv * (per_query ? s->len_q : qt) + (per_query ? i : i / 128)) * n;
                 for (int key = 0; key < s->len_kv; key++) {
                     const float *y = kd + (bhkv * s->len_kv + key) * dim;
                     double acc = 0;
@@ -204,7 +207,8 @@ static void check_case(const char *name, const sel_case *c)
             kk[((size_t)bh * s->len_kv + c->nan_block * 128 + 5) * dim + 3] = 0x7fc0;
         }
     const size_t rows = sel_rows(sel, s), n = rows * c->k;
-    int32_t *ic = malloc(n * 4), *cc = malloc(rows * 4), *ig = malloc(n * 4), *cg = malloc(rows * 4);
+    int32_t *ic = malloc(n * 4), *cc = malloc(rows * 4);
+    int32_t *ig = malloc(n * 4), *cg = malloc(rows * 4);
     ck_assert(ic && cc && ig && cg);
     ck_assert_int_eq(sel->cpu(s, q, k, &p, ic, cc), SA_OK);
     int rc = run_gpu_selector(sel, s, q, k, &p, ig, cg);
@@ -421,7 +425,8 @@ START_TEST(test_errors)
     sa_rng_fill_bf16(&r, hq, sa_q_elems(&s0), 1.0f);
     sa_rng_fill_bf16(&r, hk, sa_kv_elems(&s0), 1.0f);
     sa_rng_fill_bf16(&r, hi, ni, 1.0f);
-    uint16_t *dq = dev_from_host(hq, sa_q_elems(&s0) * 2), *dk = dev_from_host(hk, sa_kv_elems(&s0) * 2);
+    uint16_t *dq = dev_from_host(hq, sa_q_elems(&s0) * 2);
+    uint16_t *dk = dev_from_host(hk, sa_kv_elems(&s0) * 2);
     uint16_t *di16 = dev_from_host(hi, ni * 2);
     int32_t *hidx = malloc(4 * 256 * 8), *didx;
     CK_CUDA(cudaMalloc((void **)&didx, 4 * 256 * 8));
@@ -515,7 +520,8 @@ START_TEST(test_host_wrapper)
         sa_select_params_default(&p);
         p.k = 4;
         const size_t n = sa_selector_list_len(sel, &s, p.k), rows = n / p.k;
-        int32_t *a = malloc(n * 4), *b = malloc(n * 4), *ca = malloc(rows * 4), *cb = malloc(rows * 4);
+        int32_t *a = malloc(n * 4), *b = malloc(n * 4);
+        int32_t *ca = malloc(rows * 4), *cb = malloc(rows * 4);
         ck_assert(a && b && ca && cb);
         double ms = -1;
         ck_assert_int_eq(sel_cuda_run_host(sel, &s, q, k, &p, a, ca, &ms), SA_OK);
