@@ -10,9 +10,9 @@
 /* GQA 1, 2, 4, 16; head dims 64 and 128; partial last query tile and partial final KV block. */
 static const sa_shape shapes[] = {
     {.batch = 1, .heads_q = 2, .heads_kv = 2, .len_q = 130, .len_kv = 200, .head_dim = 64},
-    {.batch = 2, .heads_q = 4, .heads_kv = 2, .len_q = 100, .len_kv = 256, .head_dim = 128},
+    {.batch = 2, .heads_q = 4, .heads_kv = 2, .len_q = 80, .len_kv = 256, .head_dim = 128},
     {.batch = 1, .heads_q = 4, .heads_kv = 1, .len_q = 128, .len_kv = 300, .head_dim = 64},
-    {.batch = 1, .heads_q = 16, .heads_kv = 1, .len_q = 64, .len_kv = 257, .head_dim = 128},
+    {.batch = 1, .heads_q = 16, .heads_kv = 1, .len_q = 48, .len_kv = 257, .head_dim = 128},
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
