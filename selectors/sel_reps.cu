@@ -10,6 +10,8 @@
 //    score is the max over its P key means and all query means, NaN kept as on the CPU. The FMA
 //    order differs from the CPU's, so scores agree to rounding, not bit for bit.
 // 3. sel_cuda_topk (sel_topk.cu).
+// Launches 2 and 3 are programmatic dependent launches (sel_cuda.cuh): each may be scheduled
+// while the one before it finishes, and waits (griddepcontrol.wait) before reading its output.
 #include "sel_cuda.cuh"
 
 namespace {
@@ -35,6 +37,10 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w 
 template <int UNROLL>
 __global__ void __launch_bounds__(kMeanThreads, 2) group_means(MeanArgs a)
 {
+    // r1's means run in one wave: its scores kernel may become resident at once and wait.
+    // r4's take more than a wave, so they let it in only as they finish.
+    if (UNROLL == 32)
+        sel_pdl_trigger();
     const long long t = (long long)blockIdx.x * kMeanThreads + threadIdx.x;
     if (t >= a.total)
         return;
@@ -94,6 +100,8 @@ __global__ void __launch_bounds__(kMeanThreads, 2) group_means(MeanArgs a)
                          __fdiv_rn(acc[3], fn));
     dst[1] = make_float4(__fdiv_rn(acc[4], fn), __fdiv_rn(acc[5], fn), __fdiv_rn(acc[6], fn),
                          __fdiv_rn(acc[7], fn));
+    if (UNROLL != 32)
+        sel_pdl_trigger();
 }
 
 // Score tiling: 64 query means x 64 key means per pass, dims in chunks of 32, 16 x 16 threads
@@ -124,8 +132,10 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     const int mq_total = a.group * P;
 
+    sel_pdl_trigger(); // the top-k's CTAs are small: let them wait resident
     if (tid < kNB)
         best[tid] = -INFINITY;
+    sel_pdl_wait(); // the means come from the previous launch
     // The key means of this chunk: vector n is key group blk0 * P + n.
     const float *kbase = kr + (size_t)bh * a.kg * a.dim;
 
@@ -252,11 +262,9 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 
     ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg};
     dim3 grid(rows, (c.kv_blocks + kNK / P - 1) / (kNK / P));
-    if (P == 1)
-        rep_scores<1><<<grid, kScoreThreads, 0, st>>>(qr, kr, sa, keys);
-    else
-        rep_scores<4><<<grid, kScoreThreads, 0, st>>>(qr, kr, sa, keys);
-    SEL_TRY(cudaGetLastError());
+    if ((err = sel_launch_pdl(P == 1 ? rep_scores<1> : rep_scores<4>, grid, dim3(kScoreThreads),
+                              0, st, qr, kr, sa, keys)))
+        return err;
     return sel_cuda_topk(keys, rows, c.kv_blocks, c.q_tiles, 0, c.k_sel, c.keep_diagonal,
                          c.keep_sink, indices, counts, st);
 }

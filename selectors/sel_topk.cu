@@ -62,6 +62,7 @@ __global__ void __launch_bounds__(kThreads)
 {
     extern __shared__ uint32_t sk[];
     __shared__ int red[kWarps];
+    sel_pdl_wait(); // the keys come from the previous launch
     const size_t row = blockIdx.x;
     const uint32_t *src = keys + row * n;
     const int x = (int)(row % per_bh);
@@ -121,6 +122,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
                    int k, int keep_diag, int keep_sink, int32_t *__restrict__ indices,
                    int32_t *__restrict__ counts)
 {
+    sel_pdl_wait(); // the keys come from the previous launch
     const size_t row = (size_t)blockIdx.x * kWarpRowsPerCta + threadIdx.x / 32;
     if (row >= (size_t)rows) // whole warps leave together
         return;
@@ -202,23 +204,20 @@ int sel_cuda_topk(const uint32_t *keys, int rows, int n, int per_bh, int per_que
         return SA_ERR_UNSUPPORTED;
     if (rows == 0)
         return SA_OK;
-    const unsigned warp_ctas = (unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta);
-    const int wt = 32 * kWarpRowsPerCta;
+    const dim3 warp_ctas((unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta));
+    const dim3 wt(32 * kWarpRowsPerCta);
     if (n <= 32 * 4)
-        topk_warp_rows<4><<<warp_ctas, wt, 0, st>>>(keys, rows, n, per_bh, per_query, k,
-                                                    keep_diag, keep_sink, indices, counts);
-    else if (n <= 32 * 8)
-        topk_warp_rows<8><<<warp_ctas, wt, 0, st>>>(keys, rows, n, per_bh, per_query, k,
-                                                    keep_diag, keep_sink, indices, counts);
-    else if (n <= 32 * 16)
-        topk_warp_rows<16><<<warp_ctas, wt, 0, st>>>(keys, rows, n, per_bh, per_query, k,
-                                                     keep_diag, keep_sink, indices, counts);
-    else if (n <= 32 * 32)
-        topk_warp_rows<32><<<warp_ctas, wt, 0, st>>>(keys, rows, n, per_bh, per_query, k,
-                                                     keep_diag, keep_sink, indices, counts);
-    else
-        topk_rows<<<rows, kThreads, (size_t)n * sizeof(uint32_t), st>>>(
-            keys, n, per_bh, per_query, k, keep_diag, keep_sink, indices, counts);
-    SEL_TRY(cudaGetLastError());
-    return SA_OK;
+        return sel_launch_pdl(topk_warp_rows<4>, warp_ctas, wt, 0, st, keys, rows, n, per_bh,
+                              per_query, k, keep_diag, keep_sink, indices, counts);
+    if (n <= 32 * 8)
+        return sel_launch_pdl(topk_warp_rows<8>, warp_ctas, wt, 0, st, keys, rows, n, per_bh,
+                              per_query, k, keep_diag, keep_sink, indices, counts);
+    if (n <= 32 * 16)
+        return sel_launch_pdl(topk_warp_rows<16>, warp_ctas, wt, 0, st, keys, rows, n, per_bh,
+                              per_query, k, keep_diag, keep_sink, indices, counts);
+    if (n <= 32 * 32)
+        return sel_launch_pdl(topk_warp_rows<32>, warp_ctas, wt, 0, st, keys, rows, n, per_bh,
+                              per_query, k, keep_diag, keep_sink, indices, counts);
+    return sel_launch_pdl(topk_rows, dim3(rows), dim3(kThreads), (size_t)n * sizeof(uint32_t), st,
+                          keys, n, per_bh, per_query, k, keep_diag, keep_sink, indices, counts);
 }
