@@ -113,7 +113,6 @@ __global__ void __launch_bounds__(kThreads)
         counts[row] = k;
 }
 
-
 constexpr int kWarpRowsPerCta = 4;
 
 template <int ITEMS> // keys per lane: n <= 32 * ITEMS
