@@ -57,6 +57,16 @@ static inline int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nv
 }
 #endif
 
+/* The same quantization without any host synchronisation, for pipelines and for timing the
+ * kernels alone: everything is device memory, tensor_scale receives the FP32 tensor scale, bad
+ * becomes 1 on non-finite input (both zeroed here first), work is one scratch word. n must be a
+ * positive multiple of 16 and x 16-byte aligned (SA_ERR_SHAPE / SA_ERR_UNSUPPORTED); SA_ERR_NULL
+ * for a NULL pointer. Queues two memsets and two kernels on `stream`. */
+#ifdef SA_HAVE_CUDA
+int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *values, uint8_t *scales,
+                             float *tensor_scale, int *bad, unsigned *work, void *stream);
+#endif
+
 /* Runs sel->cuda on HOST inputs, for callers that do not link the CUDA runtime (select-eval
  * --device cuda): copies q, k and p's index vectors to the device, runs the selector on a
  * stream of its own, copies indices (and counts, if not NULL) back. *gpu_ms (may be NULL) gets

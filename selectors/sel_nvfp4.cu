@@ -107,11 +107,23 @@ __global__ void __launch_bounds__(kQuantThreads)
             m = fmaxf(m, fmaxf(isfinite(lo) ? lo : 0.0f, isfinite(hi) ? hi : 0.0f));
         }
     }
+    // One atomic per CTA: thousands of warps hitting one address would serialise in L2.
+    __shared__ float wm[kQuantThreads / 32];
+    __shared__ int wnf[kQuantThreads / 32];
     for (int o = 16; o; o >>= 1) {
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         nf |= __shfl_xor_sync(0xffffffffu, nf, o);
     }
     if ((threadIdx.x & 31) == 0) {
+        wm[threadIdx.x / 32] = m;
+        wnf[threadIdx.x / 32] = nf;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kQuantThreads / 32; w++) {
+            m = fmaxf(m, wm[w]);
+            nf |= wnf[w];
+        }
         atomicMax(amax, __float_as_uint(m));
         if (nf)
             atomicOr(bad, 1);
@@ -450,4 +462,20 @@ extern "C" int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4
     q->n = n;
     q->tensor_scale = h_ts;
     return SA_OK;
+}
+
+extern "C" int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *values,
+                                        uint8_t *scales, float *tensor_scale, int *bad,
+                                        unsigned *work, void *stream)
+{
+    if (!x || !values || !scales || !tensor_scale || !bad || !work)
+        return SA_ERR_NULL;
+    if (n == 0 || n % kBlock)
+        return SA_ERR_SHAPE;
+    if (!sel_aligned16(x) || (reinterpret_cast<uintptr_t>(values) & 7))
+        return SA_ERR_UNSUPPORTED;
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    SEL_TRY(cudaMemsetAsync(work, 0, sizeof(unsigned), st));
+    SEL_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
+    return quantize_async(x, n, work, bad, values, scales, nullptr, tensor_scale, st);
 }

@@ -335,6 +335,30 @@ static void quant_same(const uint16_t *x, size_t n)
     for (size_t i = 0; i < n / 2; i++)
         ck_assert_msg(c.values[i] == gv[i], "value byte %zu: CPU 0x%02x GPU 0x%02x (seed %llu)",
                       i, c.values[i], gv[i], (unsigned long long)sa_test_seed());
+    /* The asynchronous form: the same bytes, the tensor scale and the flag in device memory. */
+    float *dts;
+    unsigned *dwork;
+    int *dbad, hbad = -1;
+    float hts;
+    CK_CUDA(cudaMalloc((void **)&dts, 4));
+    CK_CUDA(cudaMalloc((void **)&dbad, 4));
+    CK_CUDA(cudaMalloc((void **)&dwork, 4));
+    CK_CUDA(cudaMemset(g.values, 0xAB, n / 2));
+    CK_CUDA(cudaMemset(g.scales, 0xAB, n / 16));
+    CK_CUDA(cudaMemset(dbad, 0xAB, 4));
+    ck_assert_int_eq(sel_nvfp4_quantize_async(dx, n, g.values, g.scales, dts, dbad, dwork, NULL),
+                     SA_OK);
+    CK_CUDA(cudaMemcpy(gv, g.values, n / 2, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(gs, g.scales, n / 16, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(&hts, dts, 4, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(&hbad, dbad, 4, cudaMemcpyDeviceToHost));
+    memcpy(&tg, &hts, 4);
+    ck_assert_msg(tc == tg && hbad == 0, "async: tensor scale %a vs %a, bad %d (seed %llu)",
+                  c.tensor_scale, hts, hbad, (unsigned long long)sa_test_seed());
+    ck_assert_msg(!memcmp(c.scales, gs, n / 16) && !memcmp(c.values, gv, n / 2),
+                  "async: bytes differ from the CPU quantizer (seed %llu)",
+                  (unsigned long long)sa_test_seed());
+    cudaFree(dts), cudaFree(dbad), cudaFree(dwork);
     cudaFree(dx), cudaFree(g.values), cudaFree(g.scales);
     free(c.values), free(c.scales), free(gv), free(gs);
 }
@@ -378,6 +402,8 @@ START_TEST(test_quantizer_errors)
     sa_nvfp4 g = {0};
     CK_CUDA(cudaMalloc((void **)&g.values, 16));
     CK_CUDA(cudaMalloc((void **)&g.scales, 2));
+    int *dw; /* async form's tensor scale, flag, work word */
+    CK_CUDA(cudaMalloc((void **)&dw, 12));
     ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(NULL, 32, &g, NULL), SA_ERR_NULL);
     ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 32, NULL, NULL), SA_ERR_NULL);
     ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 0, &g, NULL), SA_ERR_SHAPE);
@@ -392,8 +418,21 @@ START_TEST(test_quantizer_errors)
         sa_nvfp4 c = {malloc(16), malloc(2), 0, 0};
         ck_assert_int_eq(sa_nvfp4_quantize_bf16(hb, 32, &c), SA_ERR_ARG);
         ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 32, &g, NULL), SA_ERR_ARG);
+        ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 32, g.values, g.scales, (float *)dw, dw + 1,
+                                                  (unsigned *)(dw + 2), NULL),
+                         SA_OK);
+        int hbad = 0;
+        CK_CUDA(cudaMemcpy(&hbad, dw + 1, 4, cudaMemcpyDeviceToHost));
+        ck_assert_int_eq(hbad, 1);
         free(c.values), free(c.scales);
     }
+    ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 24, g.values, g.scales, (float *)dw, dw + 1,
+                                              (unsigned *)(dw + 2), NULL),
+                     SA_ERR_SHAPE);
+    ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 32, g.values, g.scales, NULL, dw + 1,
+                                              (unsigned *)(dw + 2), NULL),
+                     SA_ERR_NULL);
+    cudaFree(dw);
     cudaFree(dx), cudaFree(g.values), cudaFree(g.scales);
 }
 END_TEST
