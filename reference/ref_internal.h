@@ -11,7 +11,10 @@
 
 /* Softmax scale 1/sqrt(head_dim), rounded once to FP32. It is applied as the sgemm alpha, so the
  * logit is rounded once after the FP32 dot product. */
-static inline float ref_softmax_scale(int head_dim) { return (float)(1.0 / sqrt((double)head_dim)); }
+static inline float ref_softmax_scale(int head_dim)
+{
+    return (float)(1.0 / sqrt((double)head_dim));
+}
 
 #define REF_LOG2E 1.44269504088896341f
 /* ln 2 split in two (Cody-Waite): LN2_HI has few mantissa bits, so n * LN2_HI is exact for the

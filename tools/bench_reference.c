@@ -8,7 +8,10 @@
 
 #include "cli.h"
 
-#define GEMM_N 2048 /* 2 * 2048^3 = 17 GFLOP: large enough for OpenBLAS's steady-state rate */
+/* Side of the sgemm peer: 2048 (17 GFLOP) reaches OpenBLAS's steady rate on a few cores; with
+ * more threads each gets too little of it, so above GEMM_WIDE_THREADS the side doubles. */
+#define GEMM_N 2048
+#define GEMM_WIDE_THREADS 4
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -30,9 +33,10 @@ static void usage(FILE *f)
                "Default: batch 1, 16 query heads sharing 1 KV head, head dim 128, 4096 queries,\n"
                "16384 keys, 16 of 128 blocks per query tile (random, one list per KV head).\n"
                "Reports useful GFLOP/s (4 * B * Hq * Sq * selected keys * D, median of --reps after\n"
-               "one warm-up) next to OpenBLAS sgemm (%d^3) with the same threads.\n"
+               "one warm-up) next to OpenBLAS sgemm (%d^3; %d^3 above %d threads) with the same\n"
+               "threads, the two alternating rep by rep.\n"
                "--per-query times sa_ref_query_sparse on random per-query lists (topk per query)\n"
-               "instead of sa_ref_tile_sparse.\n", GEMM_N);
+               "instead of sa_ref_tile_sparse.\n", GEMM_N, 2 * GEMM_N, GEMM_WIDE_THREADS);
 }
 
 /* Useful FLOPs: 4 D per (query, selected key), the final block counting only its valid keys. */
@@ -46,7 +50,8 @@ static double tile_flops(const sa_shape *s, const sa_tile_lists *l)
                 size_t row = ((size_t)b * l->list_heads + h) * tiles + t;
                 int rows_q = s->len_q - t * SA_TILE < SA_TILE ? s->len_q - t * SA_TILE : SA_TILE;
                 for (int j = 0; j < l->max_blocks; j++)
-                    keys += (double)rows_q * hpl * sa_block_len(s, l->indices[row * l->max_blocks + j]);
+                    keys += (double)rows_q * hpl *
+                            sa_block_len(s, l->indices[row * l->max_blocks + j]);
             }
     return 4.0 * keys * s->head_dim;
 }
@@ -61,14 +66,16 @@ static double query_flops(const sa_shape *s, const sa_query_lists *l)
     return 4.0 * keys * s->head_dim;
 }
 
-/* The sgemm peer: square GEMM_N products on random FP32 operands. */
+/* The sgemm peer: square products on random FP32 operands. */
 typedef struct gemm_peer {
+    int n;
     float *a, *b, *c;
 } gemm_peer;
 
-static int gemm_init(gemm_peer *g)
+static int gemm_init(gemm_peer *g, int side)
 {
-    size_t n = (size_t)GEMM_N * GEMM_N;
+    g->n = side;
+    size_t n = (size_t)side * side;
     g->a = malloc(n * sizeof *g->a);
     g->b = malloc(n * sizeof *g->b);
     g->c = malloc(n * sizeof *g->c);
@@ -87,8 +94,8 @@ static double gemm_seconds(const gemm_peer *g, int threads)
 {
     openblas_set_num_threads(threads);
     double t0 = cli_now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, GEMM_N, GEMM_N, GEMM_N, 1.0f, g->a,
-                GEMM_N, g->b, GEMM_N, 0.0f, g->c, GEMM_N);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->n, g->n, g->n, 1.0f, g->a, g->n,
+                g->b, g->n, 0.0f, g->c, g->n);
     return cli_now() - t0;
 }
 
@@ -174,7 +181,7 @@ int bench_reference(int argc, char **argv)
     /* Reference and sgemm alternate rep by rep, so load from elsewhere hits both alike. */
     gemm_peer g;
     double *tg = malloc((size_t)reps * sizeof *tg);
-    if (!tg || gemm_init(&g)) {
+    if (!tg || gemm_init(&g, threads > GEMM_WIDE_THREADS ? 2 * GEMM_N : GEMM_N)) {
         fprintf(stderr, "sparseattn: bench reference: out of memory\n");
         return 1;
     }
@@ -197,18 +204,20 @@ int bench_reference(int argc, char **argv)
     }
     cli_progress_done();
     double sec = median(t, reps), ref_rate = flops / sec * 1e-9;
-    double gemm = 2.0 * GEMM_N * GEMM_N * (double)GEMM_N / median(tg, reps) * 1e-9;
+    double gemm = 2.0 * g.n * g.n * (double)g.n / median(tg, reps) * 1e-9;
+    const int gemm_n = g.n;
     gemm_free(&g);
     free(tg);
 
     if (json)
-        printf("{\"bench\":\"reference\",\"path\":\"%s\",\"openblas_core\":\"%s\",\"batch\":%d,\"heads_q\":%d,\"heads_kv\":%d,\"len_q\":%d,"
-               "\"len_kv\":%d,\"head_dim\":%d,\"topk\":%d,\"seed\":%llu,\"reps\":%d,\"threads\":%d,"
+        printf("{\"bench\":\"reference\",\"path\":\"%s\",\"openblas_core\":\"%s\","
+               "\"batch\":%d,\"heads_q\":%d,\"heads_kv\":%d,\"len_q\":%d,\"len_kv\":%d,"
+               "\"head_dim\":%d,\"topk\":%d,\"seed\":%llu,\"reps\":%d,\"threads\":%d,"
                "\"useful_gflop\":%.3f,\"ref_seconds\":%.6f,\"ref_gflops\":%.2f,"
-               "\"sgemm_gflops\":%.2f,\"ratio\":%.4f}\n",
+               "\"sgemm_n\":%d,\"sgemm_gflops\":%.2f,\"ratio\":%.4f}\n",
                path, openblas_get_corename(), s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_kv,
-               s.head_dim, topk, (unsigned long long)seed, reps, threads, flops * 1e-9, sec, ref_rate, gemm,
-               gemm > 0 ? ref_rate / gemm : 0.0);
+               s.head_dim, topk, (unsigned long long)seed, reps, threads, flops * 1e-9, sec,
+               ref_rate, gemm_n, gemm, gemm > 0 ? ref_rate / gemm : 0.0);
     else {
         printf("CPU reference, %s: B=%d Hq=%d Hkv=%d D=%d Sq=%d Skv=%d, %d of %d blocks per %s, "
                "%d threads\n",
@@ -216,7 +225,7 @@ int bench_reference(int argc, char **argv)
                sa_kv_blocks(&s), per_query ? "query" : "tile", threads);
         printf("  reference      %8.2f GFLOP/s useful (%.1f GFLOP in %.3f s, median of %d)\n",
                ref_rate, flops * 1e-9, sec, reps);
-        printf("  OpenBLAS sgemm %8.2f GFLOP/s (%d^3, same threads, core %s)\n", gemm, GEMM_N,
+        printf("  OpenBLAS sgemm %8.2f GFLOP/s (%d^3, same threads, core %s)\n", gemm, gemm_n,
                openblas_get_corename());
         printf("  ratio          %8.2f%% of sgemm\n", gemm > 0 ? 100.0 * ref_rate / gemm : 0.0);
     }

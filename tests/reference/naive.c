@@ -199,8 +199,9 @@ const char *nv_check(const nv_case *c, const nv_result *r, const float *of, cons
             }
             worst_o = fmax(worst_o, fabs(of[i] - exact) / tol_o);
             if (!(fabs(of[i] - exact) <= tol_o)) {
-                snprintf(msg, sizeof msg, "O[%zu] (row %zu): %.9g, exact %.9g (|err| %.3g > tol %.3g)",
-                         i, row, of[i], exact, fabs(of[i] - exact), tol_o);
+                snprintf(msg, sizeof msg,
+                         "O[%zu] (row %zu): %.9g, exact %.9g (|err| %.3g > tol %.3g)", i, row,
+                         of[i], exact, fabs(of[i] - exact), tol_o);
                 return msg;
             }
             if (o[i] != sa_bf16_from_f32(of[i])) {
