@@ -11,6 +11,10 @@ extern "C" {
 
 int sa_stage14_check(const sa_gpu_attn *a);
 int sa_stage14_launch(const sa_gpu_attn *a);
+int sa_stage15_check(const sa_gpu_attn *a);
+int sa_stage15_launch(const sa_gpu_attn *a);
+int sa_stage16_check(const sa_gpu_attn *a);
+int sa_stage16_launch(const sa_gpu_attn *a);
 
 #ifdef __cplusplus
 }

@@ -11,11 +11,21 @@ static const sa_stage stage14 = {
     14, "dense_persistent",
     "dense BF16 forward, d=128: TMA + wgmma, 1 producer warp + 2 consumer warpgroups, persistent",
     0, sa_stage14_check, sa_stage14_launch};
+static const sa_stage stage15 = {
+    15, "block_sparse",
+    "tile-list sparse forward, d=128: stage 14 with one K/V stream per Q tile through the ring",
+    1, sa_stage15_check, sa_stage15_launch};
+static const sa_stage stage16 = {
+    16, "gqa_pairs",
+    "tile-list sparse forward, d=128: a CTA takes one Q tile of two heads of a GQA group",
+    1, sa_stage16_check, sa_stage16_launch};
 #endif
 
 static const sa_stage *const registry[] = {
 #ifdef SA_HAVE_CUDA
     &stage14,
+    &stage15,
+    &stage16,
 #endif
     NULL, /* end marker */
 };

@@ -1,0 +1,809 @@
+// Stage 15: block-sparse attention forward (Q-centric tile lists), persistent and
+// warp-specialised, for Hopper (sm_90a). Diff it against stage 14.
+//
+// FOCUS
+//   The sparse change of the original study: the KV loop `for j in 0..kv_tiles` becomes
+//   `for slot in 0..count: blk = indices[base + slot]`. QK, the online softmax and PV stay
+//   stage 14's. What is new is that the two Q tiles of a work item may have different lists, so
+//   each tile gets its own K/V stream through the shared ring, and the ping-pong turns must
+//   survive two streams of different lengths.
+//
+// ASSUMPTIONS (anything else gets SA_ERR_UNSUPPORTED from the check, never a launch)
+//   BF16 Q/K/V/O in BHSD layout, head_dim 128, non-causal, 16-byte aligned tensors. len_q and
+//   len_kv are any positive length: a partial last Q tile stores only its valid rows; a partial
+//   last KV block has its score columns >= the valid keys masked to -inf before the row max.
+//   (TMA reads those rows from the next head, or zero-fills them past the tensor's end: finite
+//   either way, and P = 0 there.) GQA by index: query head h reads KV head h / (Hq / Hkv).
+//   Lists (sa_tile_lists, device memory): query head h uses list head h / (Hq / list_heads);
+//   counts NULL means max_blocks per row. With a->validate (the default) the entry point runs
+//   sa_gpu_tile_lists_check first; with validate = 0 the kernel still clamps counts to
+//   [0, max_blocks] (no read past a row), and TMA zero-fills a block index out of range, so bad
+//   lists give wrong numbers, never a bad access. A row of count 0 gives O = 0, LSE = -inf.
+//
+// WORK
+//   As stage 14: a work item is the Q tiles (2i, 2i+1) of one (batch, head_q); CTA b takes items
+//   b, b + grid, ... Tile c of the item has count_c selected blocks (0 if the tile is absent).
+//
+// ROLES (384 threads = 3 warpgroups)
+//   WG0  producer. setmaxnreg.dec to 24; warp 0 walks the lists (lane l holds entry l of a
+//        32-entry chunk of each row), lane 0 issues every TMA copy; warps 1-3 leave.
+//   WG1  consumer of tile 2i   (c = 0). setmaxnreg.inc to 240.
+//   WG2  consumer of tile 2i+1 (c = 1).
+//
+// RING OWNERSHIP (what stage 15 adds; stage 14's ring is the special case "both own every load")
+//   The ring has KV_STAGES = 2 stages, each a K and a V buffer. Per item the producer turns the
+//   two lists into one sequence of loads, numbered n over the CTA's lifetime:
+//     - identical lists (same count > 0, same indices): load j serves both tiles; owners {0, 1};
+//     - otherwise: while both tiles have blocks left, block j of tile 0 then block j of tile 1
+//       (owners {0} and {1}); then the rest of the longer list (one owner).
+//   Load n goes to stage n % 2, its (n / 2)-th use. Each stage has ONE ready barrier per buffer
+//   (the TMA completes on it) and ONE free barrier PER CONSUMER per buffer: kv-free-K[s][c]
+//   counts the 4 warps of consumer c. A consumer arrives only on its own free barriers and only
+//   for loads it owns; before reusing stage s the producer waits on the free barriers of exactly
+//   the owners of the load that was there before. Every consumer knows both counts and whether
+//   the lists are identical, so it computes the n of each of its blocks without talking to
+//   anyone:  n(j) = base + (j < m ? 2j + c : m + j),  m = identical ? 0 : min(count_0, count_1).
+//   Issue order is the order in which the turns need the buffers: K_j(tile 0), K_j(tile 1),
+//   V_j(tile 0), V_j(tile 1). With independent lists each tile therefore holds one stage while
+//   both are running (the ring is effectively split), and the longer tail gets both stages.
+//
+// PING-PONG TURNS WITH TWO STREAMS
+//   A consumer with count c_k > 0 issues T_k = 1 + 2 c_k wgmma batches per item (as stage 14);
+//   with count 0 it issues none. Both consumers take T = max(T_0, T_1) turns per item: the one
+//   with fewer blocks (or none) takes its missing turns empty (wait, pass), after its own. So the
+//   turn order is the same strict alternation as stage 14, item by item.
+//   No deadlock: number the turns (item, t, c) in their global order. A load is needed at turn
+//   (t = 2j for K_j, 2j + 1 for V_j, c), and the stage it goes into is freed by the owners of the
+//   load two before it, at a turn at least two positions earlier (two loads can share one t only
+//   if they belong to different consumers). The producer issues in need order, so by induction
+//   over the turn order every turn's buffers are issued once all earlier turns are done. The
+//   same spacing makes each ready / free barrier at most one phase from what its waiter expects,
+//   so parity (use count & 1) never aliases.
+//
+// DATAFLOW PER KV BLOCK (consumer warpgroup c, its j-th block blk = row_c[j], n = n(j), s = n % 2)
+//   Stage 14's steps 1-8 with stage s. New: steps 4 and 8 mask the score columns >= the valid
+//   keys of blk when blk is the partial final block (the consumer finds its position in the row
+//   once per item).
+//
+// BARRIER PROTOCOL
+//   | barrier          | kind      | direction              | arrivals                | meaning
+//   | q-ready[c]       | mbarrier  | producer -> consumer c | 1 + 32 KB TMA bytes     | Q tile c landed
+//   | q-free[c]        | mbarrier  | consumer c -> producer | 4 (one per warp)        | last QK of the item done
+//   | kv-ready-K[s]    | mbarrier  | producer -> owners     | 1 + 32 KB TMA bytes     | K of load n landed in stage s
+//   | kv-ready-V[s]    | mbarrier  | producer -> owners     | 1 + 32 KB TMA bytes     | V of load n landed in stage s
+//   | kv-free-K[s][c]  | mbarrier  | consumer c -> producer | 4 (4 warps of c)        | c's QK on K[s] done
+//   | kv-free-V[s][c]  | mbarrier  | consumer c -> producer | 4 (4 warps of c)        | c's PV on V[s] done
+//   | turn[c]          | named bar | consumer 1-c -> c      | 256 (arrive + sync)     | c may issue its next batch
+//   Q is loaded (and q-free arrived) only for a tile with count > 0.
+//
+// SHARED MEMORY: as stage 14 (Q 2 x 32 KB, K and V 2 x 32 KB each, P 2 x 16 KB), plus the
+//   per-consumer free barriers.
+//
+// B200 -> HOPPER MAPPING: as stage 14. The study's three-slot ring shared by two streams becomes
+//   two K/V stages (H200 shared memory holds Q, P and four 32 KB K/V buffers) with per-consumer
+//   free barriers; the turn padding has no B200 counterpart (one thread issued all MMAs there).
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "sa_cuda_internal.h"
+#include "sa_mbarrier.cuh"
+#include "sa_stage_entries.h"
+#include "sa_tma.cuh"
+#include "sa_warpgroup.cuh"
+#include "sa_wgmma.cuh"
+#include "sparseattn.h"
+
+namespace {
+
+constexpr int HEAD_DIM = 128;
+constexpr int TILE = SA_TILE; // query rows per tile and keys per KV tile
+constexpr float SOFTMAX_SCALE = 0.08838834764831845f; // 1 / sqrt(HEAD_DIM)
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+// Scores are handled in log2 units: x = s * SCORE_TO_LOG2, p = exp2(x - max).
+constexpr float SCORE_TO_LOG2 = SOFTMAX_SCALE * LOG2E;
+// Lazy rescaling: keep a stale max until the block max exceeds it by this much (log2 units), so
+// O is rescaled rarely; P then stays below 2^8.
+constexpr float RESCALE_THRESHOLD = 8.0f;
+
+constexpr int KV_STAGES = 2;
+constexpr int CONSUMERS = 2;                     // consumer warpgroups = Q tiles per item
+constexpr int THREADS = 128 * (1 + CONSUMERS);   // producer warpgroup + consumers
+constexpr int PRODUCER_REGS = 24;
+constexpr int CONSUMER_REGS = 240;
+
+constexpr int HALF_COLS = 64;                    // a 128B-swizzled box is 64 BF16 wide
+constexpr uint32_t HALF_BYTES = TILE * HALF_COLS * 2; // 16 KB: 128 rows x 64 columns
+constexpr uint32_t TILE_BYTES = 2 * HALF_BYTES;       // 32 KB: 128 x 128 BF16
+constexpr uint32_t ROW_BYTES = HALF_COLS * 2;         // 128 B per row of a half
+constexpr uint32_t ATOM_BYTES = 8 * ROW_BYTES;        // the 1024 B swizzle atom (8 rows)
+
+struct alignas(1024) Smem {
+    uint8_t q[CONSUMERS][TILE_BYTES];
+    uint8_t k[KV_STAGES][TILE_BYTES];
+    uint8_t v[KV_STAGES][TILE_BYTES];
+    uint64_t q_ready[CONSUMERS], q_free[CONSUMERS];
+    uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES];
+    // One free barrier per (stage, consumer): a stage is released by exactly its load's owners.
+    uint64_t k_free[KV_STAGES][CONSUMERS], v_free[KV_STAGES][CONSUMERS];
+    // One record per warp that walks the lists (8 consumer warps, then producer warp 0): the
+    // item's plan, read back when needed rather than held in registers through the KV loop,
+    // where the consumers' accumulators (and the producer's 24-register budget) leave no room.
+    int32_t rec[4 * CONSUMERS + 1][12];
+};
+constexpr size_t SMEM_BYTES = sizeof(Smem) + 1024; // + room to align the dynamic base
+static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+
+struct Params {
+    uint16_t *o;
+    float *lse;
+    const int32_t *indices, *counts; // device lists; counts may be NULL (max_blocks per row)
+    int heads_q, group;              // group = heads_q / heads_kv
+    int list_heads, list_div;        // list_div = heads_q / list_heads
+    int max_blocks;
+    int len_q, len_kv;
+    int q_tiles, kv_blocks;
+    int tail;  // valid keys of the last KV block, 1..128 (128: no partial block)
+    int pairs; // ceil(q_tiles / 2) items per (batch, head)
+    int items;
+};
+
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x (low half) = lo
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// Where consumer c's tile of an item lives: the flattened (batch, head_q) index and the Q tile
+// (>= q_tiles when the item has no second tile).
+struct Tile {
+    int bh, tile;
+};
+__device__ __forceinline__ Tile tile_of(const Params &p, int item, int c)
+{
+    // Unsigned division: shorter code, fewer registers (everything here is >= 0).
+    const unsigned it = item, pairs = p.pairs;
+    return {(int)(it / pairs), (int)(2 * (it % pairs)) + c};
+}
+
+// The list row of a tile: (batch, list head, q tile). With list head = head_q / list_div and
+// heads_q = list_heads * list_div, batch * list_heads + list head = bh / list_div.
+__device__ __forceinline__ const int32_t *list_row(const Params &p, Tile t, int *count)
+{
+    if (t.tile >= p.q_tiles) {
+        *count = 0;
+        return p.indices;
+    }
+    const int row = (int)((unsigned)t.bh / (unsigned)p.list_div) * p.q_tiles + t.tile;
+    const int c = p.counts ? p.counts[row] : p.max_blocks;
+    *count = min(max(c, 0), p.max_blocks); // unvalidated lists never make us read past a row
+    return p.indices + (size_t)row * p.max_blocks;
+}
+
+// What both roles need to know about an item's two KV streams (computed by every warp alike).
+struct Plan {
+    const int32_t *row0, *row1;
+    int count0, count1;
+    int shared; // identical non-empty lists: one load serves both tiles
+    int m;      // blocks where the loads alternate between the tiles (0 when shared)
+};
+__device__ __forceinline__ Plan plan_item(const Params &p, int item, int lane)
+{
+    Plan pl;
+    pl.row0 = list_row(p, tile_of(p, item, 0), &pl.count0);
+    pl.row1 = list_row(p, tile_of(p, item, 1), &pl.count1);
+    pl.shared = 0;
+    if (pl.count0 == pl.count1 && pl.count0 > 0 && pl.row0 == pl.row1) {
+        pl.shared = 1; // one list row for both tiles
+    } else if (pl.count0 == pl.count1 && pl.count0 > 0) {
+        bool diff = false;
+#pragma unroll 1
+        for (int j = lane; j < pl.count0; j += 32)
+            diff |= pl.row0[j] != pl.row1[j];
+        pl.shared = !__any_sync(0xffffffffu, diff);
+    }
+    pl.m = pl.shared ? 0 : min(pl.count0, pl.count1);
+    return pl;
+}
+
+// Loads of one item in the CTA's sequence (the consumers' base advances by this).
+__device__ __forceinline__ uint32_t plan_loads(const Plan &pl)
+{
+    return pl.shared ? pl.count0 : pl.count0 + pl.count1;
+}
+
+// A warp's item record (Smem::rec): lane 0 writes, every lane reads. Reads are volatile so the
+// compiler fetches the value where it is used instead of keeping it in a register.
+__device__ __forceinline__ int rec_get(const int32_t *rec, int i)
+{
+    return *reinterpret_cast<const volatile int32_t *>(rec + i);
+}
+__device__ __forceinline__ void rec_put(int32_t *rec, int i, int v, int lane)
+{
+    if (lane == 0)
+        rec[i] = v;
+}
+__device__ __forceinline__ const int32_t *rec_get_ptr(const int32_t *rec, int i)
+{
+    const uint64_t lo = (uint32_t)rec_get(rec, i), hi = (uint32_t)rec_get(rec, i + 1);
+    return reinterpret_cast<const int32_t *>(lo | hi << 32);
+}
+__device__ __forceinline__ void rec_put_ptr(int32_t *rec, int i, const int32_t *v, int lane)
+{
+    const uint64_t u = reinterpret_cast<uint64_t>(v);
+    rec_put(rec, i, (int)(uint32_t)u, lane);
+    rec_put(rec, i + 1, (int)(uint32_t)(u >> 32), lane);
+}
+
+// Ping-pong turns: named barriers 1 and 2 (0 is __syncthreads), 256 threads = both consumer
+// warpgroups: the waiting one syncs, the other arrives.
+constexpr int TURN_BARRIER0 = 1;
+__device__ __forceinline__ void turn_wait(int c)
+{
+    if (c == 0)
+        sa_named_barrier_sync<TURN_BARRIER0>(256);
+    else
+        sa_named_barrier_sync<TURN_BARRIER0 + 1>(256);
+}
+__device__ __forceinline__ void turn_pass(int c)
+{
+    if (c == 0)
+        sa_named_barrier_arrive<TURN_BARRIER0 + 1>(256);
+    else
+        sa_named_barrier_arrive<TURN_BARRIER0>(256);
+}
+
+// One arrival per warp on a consumer -> producer barrier, after the warp's wgmma are complete.
+__device__ __forceinline__ void warp_arrive(uint64_t *bar, int lane)
+{
+    __syncwarp();
+    if (lane == 0)
+        sa_mbar_arrive(bar);
+}
+
+// Descriptors travel as their low words (sa_desc_lo); every operand here has sbo = one 1024 B
+// atom, so the high word is this constant.
+constexpr uint32_t DESC_HI = sa_desc_hi_sw128(ATOM_BYTES);
+
+// S = Q_h K^T for one m64 half: 8 k-steps over the head dim; k-step kk is half kk/4 of the tile,
+// 32 B into each 128 B row. q_lo already points at the half's first row.
+__device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t q_lo, uint32_t k_lo)
+{
+    sa_wgmma_m64n128k16_ss_zero(sc, sa_desc_join(q_lo, DESC_HI), sa_desc_join(k_lo, DESC_HI));
+#pragma unroll
+    for (int kk = 1; kk < 8; kk++) {
+        const uint32_t off = ((kk / 4) * HALF_BYTES + (kk % 4) * 32) >> 4;
+        sa_wgmma_m64n128k16_ss(sc, sa_desc_join(q_lo + off, DESC_HI),
+                               sa_desc_join(k_lo + off, DESC_HI), 1);
+    }
+}
+
+// O_h += P V: 8 k-steps over the keys; k-step kk is keys 16kk..16kk+15, i.e. A fragments
+// 4kk..4kk+3 of P and, in V (MN-major), two 8-row atoms further.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32], uint32_t v_lo)
+{
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+        sa_wgmma_m64n128k16_rs(o, a, sa_desc_join(v_lo + ((kk * 2 * ATOM_BYTES) >> 4), DESC_HI), 1);
+    }
+}
+
+// Online softmax of one m64 half (dataflow step 4). The thread holds rows lane/4 (i = 0)
+// and lane/4 + 8 (i = 1) of its warp's 16; the 4 threads of a quad share a row, so row maxima
+// are reduced over the quad. Row sums stay per thread until the epilogue.
+__device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[64],
+                                             float (&row_max)[2], float (&row_sum)[2],
+                                             uint32_t (&pa)[32])
+{
+    float factor[2];
+    bool need_any = false;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float mx = -CUDART_INF_F;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+            mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mx2 = mx * SCORE_TO_LOG2;
+        const bool need = mx2 > row_max[i] + RESCALE_THRESHOLD; // always true on the first tile
+        factor[i] = 1.f;
+        if (need) {
+            factor[i] = fast_exp2(row_max[i] - mx2); // 0 on the first tile: O and sum are 0
+            row_max[i] = mx2;
+            row_sum[i] *= factor[i];
+        }
+        need_any |= need;
+    }
+    // Skip the 64 multiplies unless a row of this warp moved (a warp-uniform branch).
+    if (__any_sync(0xffffffffu, need_any)) {
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++) {
+            o[4 * jj + 0] *= factor[0];
+            o[4 * jj + 1] *= factor[0];
+            o[4 * jj + 2] *= factor[1];
+            o[4 * jj + 3] *= factor[1];
+        }
+    }
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float neg_max = -row_max[i];
+            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
+            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
+            row_sum[i] += p0 + p1;
+            pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(p0, p1);
+        }
+    }
+}
+
+// gridDim.x read where it is used: hoisted, it would cost the producer a register it lacks.
+__device__ __forceinline__ int grid_size()
+{
+    int g;
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(g));
+    return g;
+}
+
+// The partial final KV block: score columns at or past its valid keys leave the softmax. Column
+// of accumulator sc[4 jj + 2 i + e] is 8 jj + 2 (lane % 4) + e (see sa_wgmma.cuh).
+__device__ __forceinline__ void mask_tail(float (&sc)[64], int valid, int lane)
+{
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (8 * jj + 2 * (lane % 4) + e >= valid) {
+                sc[4 * jj + e] = -CUDART_INF_F;
+                sc[4 * jj + 2 + e] = -CUDART_INF_F;
+            }
+        }
+    }
+}
+
+// The producer's ring state, packed in one register (it runs on 24 registers): for the K ring
+// (OWN = 0, PAR = 8) and the V ring (OWN = 4, PAR = 12), 2 owner bits per stage (the consumers
+// of the load now in it) and 1 parity bit per (stage, consumer): the parity of the free-barrier
+// phase that completes when that consumer releases the last load it owned there (its r-th
+// ownership of a stage releases phase r - 1; the bits start at 1 and flip with each ownership).
+constexpr uint32_t RING_STATE0 = 0xFFu << 8;
+
+// One K or V load into the ring (lane 0 of the producer warp): wait until the owners of the load
+// that was in stage n % 2 have released it, record the new owners, issue the copy. One call site
+// (a rolled loop over the four loads of a block) keeps the producer inside its 24 registers.
+__device__ __forceinline__ void load_block(Smem &sm, int is_v, uint32_t &st, uint32_t n,
+                                        uint32_t owners, const CUtensorMap *map, int row)
+{
+    const int s = n % KV_STAGES;
+    const int own = 4 * is_v + 2 * s, par = 8 + 4 * is_v + 2 * s;
+    uint64_t(*free_bar)[CONSUMERS] = is_v ? sm.v_free : sm.k_free;
+    const uint32_t prev = (st >> own) & 3u;
+    if (prev & 1u)
+        sa_mbar_wait(&free_bar[s][0], (st >> par) & 1u);
+    if (prev & 2u)
+        sa_mbar_wait(&free_bar[s][1], (st >> (par + 1)) & 1u);
+    st = (st & ~(3u << own)) | (owners << own);
+    st ^= owners << par;
+    uint64_t *ready = is_v ? &sm.v_ready[s] : &sm.k_ready[s];
+    uint8_t *buf = is_v ? sm.v[s] : sm.k[s];
+    sa_mbar_arrive_expect_tx(ready, TILE_BYTES);
+    sa_tma_load_2d(buf, map, ready, 0, row);
+    sa_tma_load_2d(buf + HALF_BYTES, map, ready, HALF_COLS, row);
+}
+
+__global__ void __launch_bounds__(THREADS, 1)
+    block_sparse_kernel(const __grid_constant__ CUtensorMap map_q,
+                        const __grid_constant__ CUtensorMap map_k,
+                        const __grid_constant__ CUtensorMap map_v, const Params p)
+{
+    extern __shared__ uint8_t smem_raw[];
+    // The dynamic base is only 16-byte aligned; the swizzle atoms need 1024.
+    const uint32_t pad = (1024 - (sa_smem_addr(smem_raw) & 1023)) & 1023;
+    Smem &sm = *reinterpret_cast<Smem *>(smem_raw + pad);
+
+    const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int c = 0; c < CONSUMERS; c++) {
+            sa_mbar_init(&sm.q_ready[c], 1);
+            sa_mbar_init(&sm.q_free[c], 4);
+        }
+        for (int s = 0; s < KV_STAGES; s++) {
+            sa_mbar_init(&sm.k_ready[s], 1);
+            sa_mbar_init(&sm.v_ready[s], 1);
+            for (int c = 0; c < CONSUMERS; c++) {
+                sa_mbar_init(&sm.k_free[s][c], 4);
+                sa_mbar_init(&sm.v_free[s][c], 4);
+            }
+        }
+        sa_mbar_fence_init();
+    }
+    __syncthreads(); // the last CTA-wide barrier: after this the roles never meet again
+
+    if (wg == 0) {
+        // ------------------------------------------------------------ producer
+        sa_setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x >= 64)
+            return;
+        const int lane = threadIdx.x % 32;
+        if (threadIdx.x == 32) {
+            // Warp 1: the Q tiles. Independent of the K/V order: a Q load waits only for its
+            // own consumer's last QK of the previous item.
+            sa_tma_prefetch_map(&map_q);
+            uint32_t q_par = 0; // bit c: parity of consumer c's Q-buffer uses
+            for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
+#pragma unroll
+                for (int c = 0; c < CONSUMERS; c++) {
+                    const Tile tc = tile_of(p, item, c);
+                    int count;
+                    list_row(p, tc, &count);
+                    if (count == 0)
+                        continue; // an empty or absent tile never reads Q
+                    // Q rows are numbered over the flattened (batch, head, seq) matrix.
+                    const int row = tc.bh * p.len_q + tc.tile * TILE;
+                    sa_mbar_wait(&sm.q_free[c], ((q_par >> c) & 1u) ^ 1u);
+                    sa_mbar_arrive_expect_tx(&sm.q_ready[c], TILE_BYTES);
+                    sa_tma_load_2d(sm.q[c], &map_q, &sm.q_ready[c], 0, row);
+                    sa_tma_load_2d(sm.q[c] + HALF_BYTES, &map_q, &sm.q_ready[c], HALF_COLS, row);
+                    q_par ^= 1u << c;
+                }
+            }
+            return;
+        }
+        if (threadIdx.x >= 32)
+            return;
+        // Warp 0: the K/V ring. Lane l holds entry l of a 32-entry chunk of each row; lane 0
+        // issues the copies.
+        if (lane == 0) {
+            sa_tma_prefetch_map(&map_k);
+            sa_tma_prefetch_map(&map_v);
+        }
+        uint32_t st = RING_STATE0; // nothing owns a stage yet (see load_block)
+        uint32_t kv_n = 0;
+        int32_t *const rec = sm.rec[4 * CONSUMERS];
+        enum { R_COUNT0, R_COUNT1, R_OWN0, R_KV_ROW0, R_BLOCKS, R_ROW0, R_ROW1 = R_ROW0 + 2 };
+        for (int item = blockIdx.x; item < p.items; item += grid_size()) {
+            {
+                const Plan pl = plan_item(p, item, lane);
+                __syncwarp(); // every lane is done with the previous item's record
+                rec_put(rec, R_COUNT0, pl.count0, lane);
+                rec_put(rec, R_COUNT1, pl.shared ? 0 : pl.count1, lane); // tile 1's own loads
+                rec_put(rec, R_OWN0, pl.shared ? 3 : 1, lane);
+                rec_put(rec, R_KV_ROW0,
+                        (int)((unsigned)tile_of(p, item, 0).bh / (unsigned)p.group) * p.len_kv, lane);
+                rec_put(rec, R_BLOCKS, max(pl.count0, pl.count1), lane);
+                rec_put_ptr(rec, R_ROW0, pl.row0, lane);
+                rec_put_ptr(rec, R_ROW1, pl.row1, lane);
+                __syncwarp();
+            }
+            int idx0 = 0, idx1 = 0;
+            for (int j = 0; j < rec_get(rec, R_BLOCKS); j++) {
+                const int count0 = rec_get(rec, R_COUNT0), count1 = rec_get(rec, R_COUNT1);
+                if ((j & 31) == 0) { // the next 32 entries of each row, one per lane
+                    idx0 = j + lane < count0 ? rec_get_ptr(rec, R_ROW0)[j + lane] : 0;
+                    idx1 = j + lane < count1 ? rec_get_ptr(rec, R_ROW1)[j + lane] : 0;
+                }
+                const int kv_row0 = rec_get(rec, R_KV_ROW0); // both tiles: the same KV head
+                const int row0 = kv_row0 + __shfl_sync(0xffffffffu, idx0, j & 31) * TILE;
+                const int row1 = kv_row0 + __shfl_sync(0xffffffffu, idx1, j & 31) * TILE;
+                const uint32_t has0 = j < count0, has1 = j < count1;
+                if (lane == 0) {
+                    // Need order of the turns: K of tile 0, K of tile 1, V of tile 0, V of tile 1.
+#pragma unroll 1
+                    for (int q = 0; q < 4; q++) {
+                        const int tile1 = q & 1, is_v = q >> 1;
+                        if (!(tile1 ? has1 : has0))
+                            continue;
+                        load_block(sm, is_v, st, kv_n + (tile1 ? has0 : 0),
+                                   tile1 ? 2u : (uint32_t)rec_get(rec, R_OWN0),
+                                   is_v ? &map_v : &map_k, tile1 ? row1 : row0);
+                    }
+                }
+                kv_n += has0 + has1;
+            }
+        }
+        return;
+    }
+
+    // ---------------------------------------------------------------- consumers
+    sa_setmaxnreg_inc<CONSUMER_REGS>();
+    const int c = wg - 1; // which tile of the item this warpgroup owns
+    const int t = threadIdx.x % 128;
+    const int warp = t / 32, lane = t % 32;
+    // Descriptors of this warpgroup's Q tile and of stage 0's K and V; a k-step, a half or another
+    // stage only adds (byte offset >> 4) to the address field, which never carries (< 256 KB).
+    // K-major operands (Q, K): lbo unused; V (MN-major): lbo = step between 64-column halves.
+    const uint32_t q_desc0 = sa_desc_lo(sa_smem_addr(sm.q[c]), 16);
+    const uint32_t k_desc0 = sa_desc_lo(sa_smem_addr(sm.k[0]), 16);
+    const uint32_t v_desc0 = sa_desc_lo(sa_smem_addr(sm.v[0]), HALF_BYTES);
+    constexpr uint32_t Q_HALF2 = (64 * ROW_BYTES) >> 4; // rows 64..127 of the Q tile
+    constexpr uint32_t STAGE_STEP = TILE_BYTES >> 4;
+
+    if (c == 1)
+        turn_pass(c); // warpgroup 0 takes the first turn
+
+    // This warp's item record (see Smem::rec): the count of this tile, the alternation length m,
+    // the first load n of the item (base), the slot of the partial block (jp), the empty turns
+    // to take after the tile's own, and the next item's base.
+    int32_t *const rec = sm.rec[4 * c + warp];
+    enum { C_COUNT, C_M, C_BASE, C_JP, C_PAD, C_NEXT };
+    rec_put(rec, C_NEXT, 0, lane);
+    uint32_t q_uses = 0;
+    for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
+        {
+            const Plan pl = plan_item(p, item, lane);
+            const int count = c ? pl.count1 : pl.count0;
+            const int other = c ? pl.count0 : pl.count1;
+            // Where the partial final block sits in this row, if it is there at all.
+            int jp = -1;
+            if (p.tail < TILE) {
+                const int32_t *row = c ? pl.row1 : pl.row0;
+#pragma unroll 1
+                for (int j0 = 0; j0 < count; j0 += 32) {
+                    const int j = j0 + lane;
+                    const unsigned hit =
+                        __ballot_sync(0xffffffffu, j < count && row[j] == p.kv_blocks - 1);
+                    if (hit) {
+                        jp = j0 + __ffs(hit) - 1;
+                        break;
+                    }
+                }
+            }
+            // Turns this warpgroup takes with work, and the item's turns (the busier consumer's).
+            const int my_turns = count ? 1 + 2 * count : 0;
+            const int item_turns = max(my_turns, other ? 1 + 2 * other : 0);
+            const int base = rec_get(rec, C_NEXT);
+            __syncwarp(); // every lane has read the previous record
+            rec_put(rec, C_COUNT, count, lane);
+            rec_put(rec, C_M, pl.m, lane);
+            rec_put(rec, C_BASE, base, lane);
+            rec_put(rec, C_JP, jp, lane);
+            rec_put(rec, C_PAD, item_turns - my_turns, lane);
+            rec_put(rec, C_NEXT, base + plan_loads(pl), lane);
+            __syncwarp();
+        }
+
+        if (rec_get(rec, C_COUNT) > 0) {
+            float o[2][64];
+            float row_max[2][2], row_sum[2][2]; // [half][row i of the thread]
+            float sc[64];
+            uint32_t pa[32];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int r = 0; r < 64; r++)
+                    o[h][r] = 0.f;
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    row_max[h][i] = -CUDART_INF_F;
+                    row_sum[h][i] = 0.f;
+                }
+            }
+            sa_mbar_wait(&sm.q_ready[c], q_uses & 1);
+            q_uses++;
+
+            // The item's first turn: S of half 0 of the first block, then its softmax. Load
+            // n(0) = base + c while the tiles alternate, base when shared or alone.
+            {
+                const uint32_t n = rec_get(rec, C_BASE) + (rec_get(rec, C_M) > 0 ? c : 0);
+                const int s = n % KV_STAGES;
+                uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+                asm volatile("" : "+r"(q_desc), "+r"(k_desc));
+                sa_mbar_wait(&sm.k_ready[s], (n / KV_STAGES) & 1);
+                turn_wait(c);
+                sa_wgmma_fence();
+                issue_qk(sc, q_desc, k_desc);
+                sa_wgmma_commit();
+                turn_pass(c);
+                sa_wgmma_wait<0>();
+                if (rec_get(rec, C_JP) == 0)
+                    mask_tail(sc, p.tail, lane);
+                softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
+            }
+            for (int j = 0; j < rec_get(rec, C_COUNT); j++) {
+                // This block's load and the next one's: n(j) = base + (j < m ? 2j + c : m + j).
+                const int base = rec_get(rec, C_BASE), m = rec_get(rec, C_M);
+                const uint32_t n = base + (j < m ? 2 * j + c : m + j);
+                const uint32_t n_next = base + (j + 1 < m ? 2 * j + 2 + c : m + j + 1);
+                const int s = n % KV_STAGES;
+                const int s_next = n_next % KV_STAGES;
+                // Opaque copies: without them the compiler hoists every per-k-step descriptor out
+                // of the loop and keeps them in registers that the accumulators need.
+                uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+                uint32_t k_next = k_desc0 + s_next * STAGE_STEP, v_desc = v_desc0 + s * STAGE_STEP;
+                asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(k_next), "+r"(v_desc));
+
+                // ---- turn: PV of half 0 of tile j, S of half 1 (dataflow steps 1-4)
+                sa_mbar_wait(&sm.v_ready[s], (n / KV_STAGES) & 1);
+                turn_wait(c);
+                sa_wgmma_fence();
+                issue_pv(o[0], pa, v_desc);
+                sa_wgmma_commit();
+                sa_wgmma_wait<0>(); // P dies with its PV: S may reuse its registers
+                sa_wgmma_fence();
+                issue_qk(sc, q_desc + Q_HALF2, k_desc);
+                sa_wgmma_commit();
+                turn_pass(c);
+                sa_wgmma_wait<0>();
+                warp_arrive(&sm.k_free[s][c], lane);
+                if (j == rec_get(rec, C_COUNT) - 1)
+                    warp_arrive(&sm.q_free[c], lane);
+                if (j == rec_get(rec, C_JP))
+                    mask_tail(sc, p.tail, lane);
+                softmax_half(sc, o[1], row_max[1], row_sum[1], pa);
+
+                if (j + 1 < rec_get(rec, C_COUNT)) {
+                    // ---- turn: PV of half 1 of tile j, S of half 0 of tile j+1 (steps 5-8)
+                    sa_mbar_wait(&sm.k_ready[s_next], (n_next / KV_STAGES) & 1);
+                    turn_wait(c);
+                    sa_wgmma_fence();
+                    issue_pv(o[1], pa, v_desc);
+                    sa_wgmma_commit();
+                    sa_wgmma_wait<0>(); // P dies with its PV: S may reuse its registers
+                    sa_wgmma_fence();
+                    issue_qk(sc, q_desc, k_next);
+                    sa_wgmma_commit();
+                    turn_pass(c);
+                    sa_wgmma_wait<0>();
+                    if (j + 1 == rec_get(rec, C_JP))
+                        mask_tail(sc, p.tail, lane);
+                    softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
+                } else {
+                    // ---- the item's last turn: PV of half 1 of the last tile
+                    turn_wait(c);
+                    sa_wgmma_fence();
+                    issue_pv(o[1], pa, v_desc);
+                    sa_wgmma_commit();
+                    turn_pass(c);
+                    sa_wgmma_wait<0>();
+                }
+                warp_arrive(&sm.v_free[s][c], lane);
+            }
+
+            // Epilogue: normalise and store this warpgroup's tile. The row is recomputed from
+            // the item index rather than kept live through the KV loop, where registers are short.
+            int item_now = item;
+            asm volatile("" : "+r"(item_now));
+            const Tile tn = tile_of(p, item_now, c);
+            const size_t row0 = (size_t)tn.bh * p.len_q + (size_t)tn.tile * TILE;
+            const int rows = min(TILE, p.len_q - tn.tile * TILE); // a partial last Q tile
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float sum = row_sum[h][i];
+                    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                    const float inv = 1.f / sum;
+                    const int r = h * 64 + warp * 16 + lane / 4 + 8 * i;
+                    if (r >= rows)
+                        continue;
+                    const size_t row = row0 + r;
+                    uint32_t *dst = reinterpret_cast<uint32_t *>(p.o + row * HEAD_DIM) + (lane % 4);
+#pragma unroll
+                    for (int jj = 0; jj < 16; jj++)
+                        dst[4 * jj] = pack_bf16(o[h][4 * jj + 2 * i] * inv, o[h][4 * jj + 2 * i + 1] * inv);
+                    if (p.lse && lane % 4 == 0)
+                        p.lse[row] = (row_max[h][i] + __log2f(sum)) * LN2;
+                }
+            }
+        } else {
+            const Tile tn = tile_of(p, item, c);
+            if (tn.tile < p.q_tiles) {
+                // An empty row selects no key: O = 0, LSE = -inf.
+                const size_t row0 = (size_t)tn.bh * p.len_q + (size_t)tn.tile * TILE;
+                const int rows = min(TILE, p.len_q - tn.tile * TILE);
+                uint4 *dst = reinterpret_cast<uint4 *>(p.o + row0 * HEAD_DIM);
+                for (int e = t; e < rows * (HEAD_DIM / 8); e += 128)
+                    dst[e] = make_uint4(0u, 0u, 0u, 0u);
+                if (p.lse)
+                    for (int r = t; r < rows; r += 128)
+                        p.lse[row0 + r] = -CUDART_INF_F;
+            }
+        }
+        // The turns the other consumer still needs: taken empty, so the alternation holds.
+#pragma unroll 1
+        for (int k = rec_get(rec, C_PAD); k > 0; k--) {
+            turn_wait(c);
+            turn_pass(c);
+        }
+    }
+    // Every turn_pass found its turn_wait except the opening one of warpgroup 1: take it, so no
+    // named barrier is left half-arrived when the CTA exits.
+    if (c == 0)
+        turn_wait(c);
+}
+
+} // namespace
+
+extern "C" int sa_stage15_check(const sa_gpu_attn *a)
+{
+    if (!a)
+        return SA_ERR_NULL;
+    int rc = sa_shape_check(&a->shape);
+    if (rc != SA_OK)
+        return rc;
+    if (!a->q || !a->k || !a->v || !a->o || !a->lists.indices)
+        return SA_ERR_NULL;
+    const sa_shape *s = &a->shape;
+    if (a->lists.list_heads != s->heads_kv && a->lists.list_heads != s->heads_q)
+        return SA_ERR_LIST_HEADS;
+    if (a->lists.max_blocks <= 0)
+        return SA_ERR_MAX_BLOCKS;
+    if (s->head_dim != HEAD_DIM)
+        return SA_ERR_UNSUPPORTED;
+    // TMA coordinates and the kernel's row arithmetic are 32-bit (a partial tile reaches up to
+    // 127 rows past the end).
+    if ((long long)s->batch * s->heads_q * s->len_q + TILE > INT32_MAX ||
+        (long long)s->batch * s->heads_kv * s->len_kv + TILE > INT32_MAX)
+        return SA_ERR_UNSUPPORTED;
+    // TMA needs 16-byte aligned bases; O is stored as 4-byte pairs, LSE as floats, lists as int32.
+    if (((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v | (uintptr_t)a->o) & 15 ||
+        ((uintptr_t)a->lse & 3) || ((uintptr_t)a->lists.indices & 3) ||
+        ((uintptr_t)a->lists.counts & 3))
+        return SA_ERR_UNSUPPORTED;
+    return SA_OK;
+}
+
+extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
+{
+    int rc = sa_stage15_check(a);
+    if (rc != SA_OK)
+        return rc;
+    int sms = 0, major = 0;
+    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9)
+        return SA_ERR_NO_DEVICE;
+    const sa_shape *s = &a->shape;
+    // Bad metadata never reaches the kernel unchecked (unless the caller opts out).
+    if (a->validate &&
+        (rc = sa_gpu_tile_lists_check(s, &a->lists, a->allow_empty_rows, a->stream)) != SA_OK)
+        return rc;
+
+    CUtensorMap map_q, map_k, map_v;
+    const uint64_t q_rows = (uint64_t)s->batch * s->heads_q * s->len_q;
+    const uint64_t kv_rows = (uint64_t)s->batch * s->heads_kv * s->len_kv;
+    if ((rc = sa_tensor_map_bf16_2d(&map_q, a->q, q_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
+        (rc = sa_tensor_map_bf16_2d(&map_k, a->k, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
+        (rc = sa_tensor_map_bf16_2d(&map_v, a->v, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK)
+        return rc;
+
+    Params p;
+    p.o = a->o;
+    p.lse = a->lse;
+    p.indices = a->lists.indices;
+    p.counts = a->lists.counts;
+    p.heads_q = s->heads_q;
+    p.group = s->heads_q / s->heads_kv;
+    p.list_heads = a->lists.list_heads;
+    p.list_div = s->heads_q / a->lists.list_heads;
+    p.max_blocks = a->lists.max_blocks;
+    p.len_q = s->len_q;
+    p.len_kv = s->len_kv;
+    p.q_tiles = sa_q_tiles(s);
+    p.kv_blocks = sa_kv_blocks(s);
+    p.tail = s->len_kv - (p.kv_blocks - 1) * TILE;
+    p.pairs = (p.q_tiles + 1) / 2;
+    const long long items = (long long)s->batch * s->heads_q * p.pairs;
+    if (items > INT32_MAX)
+        return SA_ERR_UNSUPPORTED;
+    p.items = (int)items;
+
+    SA_CUDA_TRY(cudaFuncSetAttribute(block_sparse_kernel,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_BYTES));
+    const int grid = p.items < sms ? p.items : sms;
+    block_sparse_kernel<<<grid, THREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(map_q, map_k,
+                                                                              map_v, p);
+    SA_CUDA_TRY(cudaGetLastError());
+    return SA_OK;
+}
