@@ -539,6 +539,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     int32_t *const rec = sm.rec[4 * c + warp];
     enum { C_COUNT, C_M, C_BASE, C_JP, C_PAD, C_NEXT };
     rec_put(rec, C_NEXT, 0, lane);
+    __syncwarp();
     uint32_t q_uses = 0;
     for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
         {
