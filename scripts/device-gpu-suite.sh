@@ -45,7 +45,7 @@ while [ $i -lt ${#shift_args[@]} ]; do
             for tool in memcheck racecheck; do
                 SA_SMALL=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" \
                     >"$out/sanitize-$(basename "$t")-$tool.log" 2>&1
-                echo "compute-sanitizer $tool $(basename "$t"): rc=$? $(grep -E 'ERROR SUMMARY' "$out/sanitize-$(basename "$t")-$tool.log" | tail -1)"
+                echo "compute-sanitizer $tool $(basename "$t"): rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$(basename "$t")-$tool.log" | tail -1)"
             done
         done ;;
     bench)
