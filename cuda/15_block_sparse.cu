@@ -349,6 +349,27 @@ __device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[6
     }
 }
 
+// 4 x 4 transpose of 32-bit values within each quad (introduced by stage 15, for the epilogue):
+// afterwards lane q of a quad holds in a[k] what lane k held in a[q]. Two butterfly rounds; the
+// register indices stay compile-time constants (the lane only picks which one to send).
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int lane)
+{
+#pragma unroll
+    for (int m = 1; m <= 2; m <<= 1) {
+        const bool upper = lane & m;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (j & m)
+                continue;
+            const uint32_t recv = __shfl_xor_sync(0xffffffffu, upper ? a[j] : a[j | m], m);
+            if (upper)
+                a[j] = recv;
+            else
+                a[j | m] = recv;
+        }
+    }
+}
+
 // gridDim.x read where it is used: hoisted, it would cost the producer a register it lacks.
 __device__ __forceinline__ int grid_size()
 {
@@ -688,14 +709,22 @@ __global__ void __launch_bounds__(THREADS, 1)
                     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
                     const float inv = 1.f / sum;
                     const int r = h * 64 + warp * 16 + lane / 4 + 8 * i;
-                    if (r >= rows)
-                        continue;
                     const size_t row = row0 + r;
-                    uint32_t *dst = reinterpret_cast<uint32_t *>(p.o + row * HEAD_DIM) + (lane % 4);
+                    uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
 #pragma unroll
-                    for (int jj = 0; jj < 16; jj++)
-                        dst[4 * jj] = pack_bf16(o[h][4 * jj + 2 * i] * inv, o[h][4 * jj + 2 * i + 1] * inv);
-                    if (p.lse && lane % 4 == 0)
+                    for (int g = 0; g < 4; g++) {
+                        // Columns 32g..32g+31 of the row, 8 per lane after the transpose: one
+                        // 16-byte store per lane, 64 contiguous bytes per quad.
+                        uint32_t a[4];
+#pragma unroll
+                        for (int k = 0; k < 4; k++)
+                            a[k] = pack_bf16(o[h][4 * (4 * g + k) + 2 * i] * inv,
+                                             o[h][4 * (4 * g + k) + 2 * i + 1] * inv);
+                        quad_transpose(a, lane);
+                        if (r < rows) // a partial last Q tile stores only its rows
+                            dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
+                    }
+                    if (p.lse && lane % 4 == 0 && r < rows)
                         p.lse[row] = (row_max[h][i] + __log2f(sum)) * LN2;
                 }
             }
