@@ -11,7 +11,9 @@ typedef struct run_cfg {
     int topk;
     uint64_t seed;
     const char *device;   /* "cpu" or "cuda" */
-    const char *selector; /* registry name, or "random" lists */
+    const char *selector; /* selector registry name */
+    const char *workload; /* workload registry name */
+    int stage;            /* GPU stage id, 0 = choose */
     int json;
     int skip_dense;
 } run_cfg;
@@ -23,14 +25,16 @@ static void run_usage(FILE *f)
             "  --batch N --heads-q N --heads-kv N --len-q N --len-kv N --head-dim 64|128\n"
             "  --topk K          blocks of 128 keys per query tile (default 16)\n"
             "  --seed S          RNG seed for inputs and random lists (default 1)\n"
-            "  --selector NAME   a registered selector, or 'random' (default)\n"
+            "  --selector NAME   a registered selector (default: random)\n"
+            "  --workload NAME   input structure (default: gaussian; see select-eval)\n"
+            "  --stage ID        GPU stage for --device cuda (default: 16 where it applies, else 15)\n"
             "  --device cpu|cuda (default cpu)\n"
             "  --no-dense        skip the dense comparison\n"
             "  --json            one machine-readable line instead of the table\n"
             "selectors:");
     for (int i = 0; i < sa_selector_count(); i++)
         fprintf(f, " %s", sa_selector_at(i)->name);
-    fprintf(f, " random\n");
+    fputc('\n', f);
 }
 
 static void parse(int argc, char **argv, run_cfg *c)
@@ -59,6 +63,10 @@ static void parse(int argc, char **argv, run_cfg *c)
             c->seed = cli_u64_arg(argc, argv, &i);
         else if (!strcmp(a, "--selector"))
             c->selector = cli_str_arg(argc, argv, &i);
+        else if (!strcmp(a, "--workload"))
+            c->workload = cli_str_arg(argc, argv, &i);
+        else if (!strcmp(a, "--stage"))
+            c->stage = (int)cli_int_arg(argc, argv, &i, 1, 99);
         else if (!strcmp(a, "--device"))
             c->device = cli_str_arg(argc, argv, &i);
         else if (!strcmp(a, "--json"))
@@ -76,7 +84,12 @@ static void parse(int argc, char **argv, run_cfg *c)
                         sa_kv_blocks(&c->s), c->s.len_kv);
     if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))
         cli_usage_error("run: --device must be cpu or cuda, not '%s'", c->device);
-    if (strcmp(c->selector, "random") && !sa_selector_by_name(c->selector))
+    if (!sa_workload_by_name(c->workload))
+        cli_usage_error("run: unknown workload '%s' (sparseattn select-eval --help lists them)",
+                        c->workload);
+    if (c->stage && !sa_stage_by_id(c->stage))
+        cli_usage_error("run: --stage %d is not a registered GPU stage in this build", c->stage);
+    if (!sa_selector_by_name(c->selector))
         cli_usage_error("run: unknown selector '%s' (sparseattn run --help lists them)",
                         c->selector);
 }
@@ -125,111 +138,229 @@ static void die_status(const char *what, int err)
     exit(1);
 }
 
+#ifdef SA_HAVE_CUDA
+#include "sa_gpu_bench.h"
+#include "sel_cuda.h"
+
+/* The GPU stage for tile lists: --stage, else 16 where its check accepts the shape, else 15. */
+static const sa_stage *pick_stage(const run_cfg *c, const sa_gpu_attn *a)
+{
+    if (c->stage)
+        return sa_stage_by_id(c->stage);
+    const int prefer[] = {16, 15};
+    for (int i = 0; i < 2; i++) {
+        const sa_stage *st = sa_stage_by_id(prefer[i]);
+        if (st && st->check(a) == SA_OK)
+            return st;
+    }
+    return NULL;
+}
+
+static void die_gpu(const char *what, int err)
+{
+    fprintf(stderr, "sparseattn: run: %s failed: %s (%s)\n", what, sa_strerror(err),
+            sa_gb_last_error());
+    exit(1);
+}
+
+/* Times `st` on the set (median of a few launches after warm-up) and downloads O and LSE. */
+static double gpu_attend(sa_gb *g, const sa_stage *st, sa_gb_set *set, uint16_t *o, float *lse)
+{
+    sa_gb_timing t;
+    int err = sa_gb_time_stage(g, st, set, 1, 1, 2, 5, &t);
+    if (err)
+        die_gpu(st->name, err);
+    const sa_shape *s = &set->a.shape;
+    if ((err = sa_gb_download(o, set->a.o, sa_q_elems(s) * 2)) ||
+        (err = sa_gb_download(lse, set->a.lse, sa_lse_elems(s) * sizeof(float))))
+        die_gpu("download", err);
+    return t.median_ms * 1e-3;
+}
+#endif
+
 int cmd_run(int argc, char **argv)
 {
-    run_cfg c = {{1, 16, 1, 4096, 16384, 128}, 16, 1, "cpu", "random", 0, 0};
+    run_cfg c = {{1, 16, 1, 4096, 16384, 128}, 16, 1, "cpu", "random", "gaussian", 0, 0, 0};
     parse(argc, argv, &c);
     const sa_shape *s = &c.s;
-    if (!strcmp(c.device, "cuda")) {
-        fprintf(stderr, "sparseattn: run: --device cuda: %s\n",
-                sa_gpu_available() ? "the GPU pipeline is not wired into run yet"
-                                   : sa_strerror(sa_stage_count() ? SA_ERR_NO_DEVICE
-                                                                  : SA_ERR_NOT_BUILT));
+    const int cuda = !strcmp(c.device, "cuda");
+    const sa_selector *sel = sa_selector_by_name(c.selector);
+    const int per_query = sel->per_query;
+    if (cuda) {
+#ifndef SA_HAVE_CUDA
+        fprintf(stderr, "sparseattn: run: --device cuda: %s\n", sa_strerror(SA_ERR_NOT_BUILT));
         return 1;
+#else
+        if (!sa_gpu_available()) {
+            fprintf(stderr, "sparseattn: run: --device cuda: %s\n", sa_strerror(SA_ERR_NO_DEVICE));
+            return 1;
+        }
+        if (per_query)
+            cli_usage_error("run: selector '%s' writes per-query lists, which the GPU stages do "
+                            "not read; use --device cpu",
+                            c.selector);
+#endif
     }
 
     size_t nq = sa_q_elems(s), nkv = sa_kv_elems(s), nl = sa_lse_elems(s);
     uint16_t *q = malloc(nq * 2), *k = malloc(nkv * 2), *v = malloc(nkv * 2), *o = malloc(nq * 2);
+    uint16_t *dense_o = c.skip_dense ? NULL : malloc(nq * 2);
     float *of = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
-    float *dense_o = c.skip_dense ? NULL : malloc(nq * sizeof(float));
-    if (!q || !k || !v || !o || !of || !lse || (!c.skip_dense && !dense_o))
-        die_status("allocation", SA_ERR_NOMEM);
-
-    cli_progress("run: generating inputs (seed %llu)", (unsigned long long)c.seed);
-    sa_rng r;
-    sa_rng_seed(&r, c.seed);
-    sa_rng_fill_bf16(&r, q, nq, 1.0f);
-    sa_rng_fill_bf16(&r, k, nkv, 1.0f);
-    sa_rng_fill_bf16(&r, v, nkv, 1.0f);
-
-    const sa_selector *sel = sa_selector_by_name(c.selector);
-    int per_query = sel && sel->per_query;
     size_t rows = per_query ? sa_query_rows(s) : (size_t)s->batch * s->heads_kv * sa_q_tiles(s);
     int32_t *idx = malloc(rows * c.topk * sizeof *idx);
-    if (!idx)
+    if (!q || !k || !v || !o || !of || !lse || !idx || (!c.skip_dense && !dense_o))
         die_status("allocation", SA_ERR_NOMEM);
 
+    cli_progress("run: generating inputs (%s, seed %llu)", c.workload, (unsigned long long)c.seed);
+    int err = sa_workload_generate(c.workload, s, c.seed, SA_STRENGTH_DEFAULT, q, k, v);
+    if (err)
+        die_status("input generation", err);
+
     cli_progress("run: choosing blocks (%s)", c.selector);
-    double t0 = cli_now();
-    int err;
-    if (sel) {
-        sa_select_params p;
-        sa_select_params_default(&p);
-        p.k = c.topk;
+    sa_select_params p;
+    sa_select_params_default(&p);
+    p.k = c.topk;
+    p.seed = c.seed; /* the "random" selector draws its lists from the run's seed */
+    double t_select;
+    const char *select_where = "cpu";
+#ifdef SA_HAVE_CUDA
+    if (cuda && sel->cuda) {
+        /* The first call also loads the module: time the second. */
+        double ms = 0;
+        err = sel_cuda_run_host(sel, s, q, k, &p, idx, NULL, &ms);
+        if (!err)
+            err = sel_cuda_run_host(sel, s, q, k, &p, idx, NULL, &ms);
+        t_select = ms * 1e-3;
+        select_where = "cuda";
+    } else
+#endif
+    {
+        double t0 = cli_now();
         err = sel->cpu(s, q, k, &p, idx, NULL);
-    } else {
-        err = sa_random_tile_lists(s, s->heads_kv, c.topk, SA_LISTS_INDEPENDENT, c.seed ^ 0x5eed,
-                                   idx);
+        t_select = cli_now() - t0;
     }
-    double t_select = cli_now() - t0;
     if (err)
         die_status("block selection", err);
 
-    cli_progress("run: block-sparse attention");
-    sa_outputs out = {o, of, lse};
-    t0 = cli_now();
-    if (per_query) {
-        sa_query_lists l = {idx, NULL, c.topk};
-        err = sa_ref_query_sparse(s, q, k, v, &l, NULL, &out);
-    } else {
-        sa_tile_lists l = {idx, NULL, s->heads_kv, c.topk};
-        err = sa_ref_tile_sparse(s, q, k, v, &l, NULL, &out);
-    }
-    double t_attn = cli_now() - t0;
-    if (err)
-        die_status("block-sparse attention", err);
     double keys = per_query ? selected_keys_queries(s, idx, c.topk)
                             : selected_keys_tiles(s, idx, c.topk);
     double useful_flops = 4.0 * keys * s->head_dim;
+    double dense_flops = 4.0 * s->batch * s->heads_q * (double)s->len_q * s->len_kv * s->head_dim;
+    double t_attn = 0, t_dense = 0, err_dense = NAN, err_ref = NAN;
+    const char *stage_name = "reference";
+    sa_outputs out = {o, of, lse};
 
-    double t_dense = 0, err_dense = NAN;
-    if (!c.skip_dense) {
-        cli_progress("run: dense attention for comparison");
-        sa_outputs dout = {o, dense_o, NULL};
-        t0 = cli_now();
-        err = sa_ref_dense(s, q, k, v, &dout);
-        t_dense = cli_now() - t0;
+    if (!cuda) {
+        cli_progress("run: block-sparse attention");
+        double t0 = cli_now();
+        if (per_query) {
+            sa_query_lists l = {idx, NULL, c.topk};
+            err = sa_ref_query_sparse(s, q, k, v, &l, NULL, &out);
+        } else {
+            sa_tile_lists l = {idx, NULL, s->heads_kv, c.topk};
+            err = sa_ref_tile_sparse(s, q, k, v, &l, NULL, &out);
+        }
+        t_attn = cli_now() - t0;
         if (err)
-            die_status("dense attention", err);
-        err_dense = rel_l2(of, dense_o, nq);
+            die_status("block-sparse attention", err);
+        if (!c.skip_dense) {
+            cli_progress("run: dense attention for comparison");
+            float *dense_f = malloc(nq * sizeof(float));
+            sa_outputs dout = {dense_o, dense_f, NULL};
+            t0 = cli_now();
+            err = dense_f ? sa_ref_dense(s, q, k, v, &dout) : SA_ERR_NOMEM;
+            t_dense = cli_now() - t0;
+            if (err)
+                die_status("dense attention", err);
+            err_dense = rel_l2(of, dense_f, nq);
+            free(dense_f);
+        }
     }
+#ifdef SA_HAVE_CUDA
+    else {
+        cli_progress("run: block-sparse attention on the GPU");
+        sa_gb *g;
+        sa_gb_set set;
+        if ((err = sa_gb_open(&g, NULL)) || (err = sa_gb_set_create(g, s, c.seed, &set)))
+            die_gpu("GPU setup", err);
+        if ((err = sa_gb_upload((void *)set.a.q, q, nq * 2)) ||
+            (err = sa_gb_upload((void *)set.a.k, k, nkv * 2)) ||
+            (err = sa_gb_upload((void *)set.a.v, v, nkv * 2)) ||
+            (err = sa_gb_set_lists(&set, idx, NULL, s->heads_kv, c.topk)))
+            die_gpu("upload", err);
+        const sa_stage *st = pick_stage(&c, &set.a);
+        if (!st || !st->sparse || (err = st->check(&set.a))) {
+            fprintf(stderr, "sparseattn: run: no sparse GPU stage runs this shape%s%s\n",
+                    st ? ": " : "", st ? sa_strerror(st->sparse ? err : SA_ERR_ARG) : "");
+            return 1;
+        }
+        stage_name = st->name;
+        t_attn = gpu_attend(g, st, &set, o, lse);
+        sa_bf16_to_f32_array(of, o, nq);
+
+        /* The GPU output against the CPU reference on the same lists: the pipeline is correct. */
+        cli_progress("run: CPU reference on the same lists");
+        uint16_t *ro = malloc(nq * 2);
+        float *rof = malloc(nq * sizeof(float));
+        sa_tile_lists l = {idx, NULL, s->heads_kv, c.topk};
+        sa_outputs rout = {ro, rof, NULL};
+        err = ro && rof ? sa_ref_tile_sparse(s, q, k, v, &l, NULL, &rout) : SA_ERR_NOMEM;
+        if (err)
+            die_status("CPU reference", err);
+        err_ref = rel_l2(of, rof, nq);
+        free(ro);
+        free(rof);
+
+        const sa_stage *dense = sa_stage_by_id(14);
+        if (!c.skip_dense && dense && dense->check(&set.a) == SA_OK) {
+            cli_progress("run: dense attention on the GPU for comparison");
+            t_dense = gpu_attend(g, dense, &set, dense_o, lse);
+            float *dense_f = malloc(nq * sizeof(float));
+            if (!dense_f)
+                die_status("allocation", SA_ERR_NOMEM);
+            sa_bf16_to_f32_array(dense_f, dense_o, nq);
+            err_dense = rel_l2(of, dense_f, nq);
+            free(dense_f);
+        } else if (!c.skip_dense) {
+            c.skip_dense = 1;
+        }
+        sa_gb_set_destroy(&set);
+        sa_gb_close(g);
+    }
+#endif
     cli_progress_done();
 
-    double dense_flops = 4.0 * s->batch * s->heads_q * (double)s->len_q * s->len_kv * s->head_dim;
     if (c.json) {
-        printf("{\"command\":\"run\",\"device\":\"%s\",\"selector\":\"%s\",\"batch\":%d,"
-               "\"heads_q\":%d,\"heads_kv\":%d,\"len_q\":%d,\"len_kv\":%d,\"head_dim\":%d,"
-               "\"topk\":%d,\"seed\":%llu,\"select_s\":%.6f,\"attention_s\":%.6f,"
-               "\"useful_gflops\":%.3f,\"dense_s\":%.6f,\"dense_gflops\":%.3f,"
-               "\"rel_err_vs_dense\":%.6g}\n",
-               c.device, c.selector, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv,
-               s->head_dim, c.topk, (unsigned long long)c.seed, t_select, t_attn,
-               useful_flops / t_attn * 1e-9, t_dense,
-               c.skip_dense ? 0.0 : dense_flops / t_dense * 1e-9, err_dense);
+        printf("{\"command\":\"run\",\"device\":\"%s\",\"selector\":\"%s\",\"select_on\":\"%s\","
+               "\"workload\":\"%s\",\"attention\":\"%s\",\"batch\":%d,\"heads_q\":%d,"
+               "\"heads_kv\":%d,\"len_q\":%d,\"len_kv\":%d,\"head_dim\":%d,\"topk\":%d,"
+               "\"seed\":%llu,\"select_s\":%.6f,\"attention_s\":%.6f,\"useful_gflops\":%.3f,"
+               "\"dense_s\":%.6f,\"dense_gflops\":%.3f,\"rel_err_vs_dense\":%.6g,"
+               "\"rel_err_vs_reference\":%.6g}\n",
+               c.device, c.selector, select_where, c.workload, stage_name, s->batch, s->heads_q,
+               s->heads_kv, s->len_q, s->len_kv, s->head_dim, c.topk,
+               (unsigned long long)c.seed, t_select, t_attn, useful_flops / t_attn * 1e-9, t_dense,
+               c.skip_dense ? 0.0 : dense_flops / t_dense * 1e-9, err_dense, err_ref);
     } else {
-        printf("shape B=%d Hq=%d Hkv=%d Sq=%d Skv=%d D=%d, top-%d of %d blocks, selector %s, "
-               "seed %llu, device %s\n",
+        printf("shape B=%d Hq=%d Hkv=%d Sq=%d Skv=%d D=%d, top-%d of %d blocks, workload %s, "
+               "selector %s, seed %llu, device %s\n",
                s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim, c.topk,
-               sa_kv_blocks(s), c.selector, (unsigned long long)c.seed, c.device);
-        printf("%-24s %12s %14s\n", "step", "time (ms)", "GFLOP/s");
-        printf("%-24s %12.2f %14s\n", "select blocks", t_select * 1e3, "-");
-        printf("%-24s %12.2f %14.1f   (useful: QK and PV of selected pairs)\n",
-               "block-sparse attention", t_attn * 1e3, useful_flops / t_attn * 1e-9);
-        if (!c.skip_dense) {
-            printf("%-24s %12.2f %14.1f\n", "dense attention", t_dense * 1e3,
+               sa_kv_blocks(s), c.workload, c.selector, (unsigned long long)c.seed, c.device);
+        printf("%-34s %12s %14s\n", "step", "time (ms)", "GFLOP/s");
+        char what[64];
+        snprintf(what, sizeof what, "select blocks (%s)", select_where);
+        printf("%-34s %12.3f %14s\n", what, t_select * 1e3, "-");
+        snprintf(what, sizeof what, "block-sparse attention (%s)", stage_name);
+        printf("%-34s %12.3f %14.1f   (useful: QK and PV of selected pairs)\n", what,
+               t_attn * 1e3, useful_flops / t_attn * 1e-9);
+        if (!c.skip_dense)
+            printf("%-34s %12.3f %14.1f\n", "dense attention", t_dense * 1e3,
                    dense_flops / t_dense * 1e-9);
+        if (cuda)
+            printf("relative L2 error of the GPU output against the CPU reference: %.3g\n",
+                   err_ref);
+        if (!c.skip_dense)
             printf("relative L2 error of the sparse output against dense: %.4g\n", err_dense);
-        }
     }
     free(q), free(k), free(v), free(o), free(of), free(lse), free(dense_o), free(idx);
     return 0;

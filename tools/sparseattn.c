@@ -35,7 +35,5 @@ int main(int argc, char **argv)
     for (int i = 0; i < NCOMMANDS; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "sparseattn: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return SA_EXIT_USAGE;
+    cli_usage_error("unknown command '%s' (sparseattn --help lists them)", argv[1]);
 }
