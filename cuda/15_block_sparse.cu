@@ -17,71 +17,80 @@
 //   Lists (sa_tile_lists, device memory): query head h uses list head h / (Hq / list_heads);
 //   counts NULL means max_blocks per row. With a->validate (the default) the entry point runs
 //   sa_gpu_tile_lists_check first; with validate = 0 the kernel still clamps counts to
-//   [0, max_blocks] (no read past a row), and TMA zero-fills a block index out of range, so bad
-//   lists give wrong numbers, never a bad access. A row of count 0 gives O = 0, LSE = -inf.
+//   [0, max_blocks] (no read past a row), and a block index out of range makes TMA read other
+//   rows of K/V or zero-fill past the tensor: bad lists then give wrong numbers, never an access
+//   outside the tensors. A row of count 0 gives O = 0, LSE = -inf.
 //
 // WORK
 //   As stage 14: a work item is the Q tiles (2i, 2i+1) of one (batch, head_q); CTA b takes items
 //   b, b + grid, ... Tile c of the item has count_c selected blocks (0 if the tile is absent).
 //
 // ROLES (384 threads = 3 warpgroups)
-//   WG0  producer. setmaxnreg.dec to 24; warp 0 walks the lists (lane l holds entry l of a
-//        32-entry chunk of each row), lane 0 issues every TMA copy; warps 1-3 leave.
+//   WG0  producer. setmaxnreg.dec to 24. Warp 0 walks the lists (lane l holds entry l of a
+//        32-entry chunk of each row) and its lane 0 issues every K/V copy; warp 1's lane 0
+//        issues the Q copies (they wait only for their own consumer, so they are off the K/V
+//        warp's path); warps 2-3 leave.
 //   WG1  consumer of tile 2i   (c = 0). setmaxnreg.inc to 240.
 //   WG2  consumer of tile 2i+1 (c = 1).
 //
-// RING OWNERSHIP (what stage 15 adds; stage 14's ring is the special case "both own every load")
-//   The ring has KV_STAGES = 2 stages, each a K and a V buffer. Per item the producer turns the
-//   two lists into one sequence of loads, numbered n over the CTA's lifetime:
-//     - identical lists (same count > 0, same indices): load j serves both tiles; owners {0, 1};
-//     - otherwise: while both tiles have blocks left, block j of tile 0 then block j of tile 1
-//       (owners {0} and {1}); then the rest of the longer list (one owner).
-//   Load n goes to stage n % 2, its (n / 2)-th use. Each stage has ONE ready barrier per buffer
-//   (the TMA completes on it) and ONE free barrier PER CONSUMER per buffer: kv-free-K[s][c]
-//   counts the 4 warps of consumer c. A consumer arrives only on its own free barriers and only
-//   for loads it owns; before reusing stage s the producer waits on the free barriers of exactly
-//   the owners of the load that was there before. Every consumer knows both counts and whether
-//   the lists are identical, so it computes the n of each of its blocks without talking to
-//   anyone:  n(j) = base + (j < m ? 2j + c : m + j),  m = identical ? 0 : min(count_0, count_1).
-//   Issue order is the order in which the turns need the buffers: K_j(tile 0), K_j(tile 1),
-//   V_j(tile 0), V_j(tile 1). With independent lists each tile therefore holds one stage while
-//   both are running (the ring is effectively split), and the longer tail gets both stages.
+// RING OWNERSHIP (what stage 15 adds; stage 14's ring is the case "both own every load")
+//   K and V tiles share one ring of KV_SLOTS = 5 buffers of 32 KB (the two Q tiles take 64 KB;
+//   five tiles fill the rest of the 227 KB, which stage 14 spends on two K and two V stages).
+//   Per item the producer turns the two lists into one sequence of tile loads, in the order in
+//   which the turns need them, numbered pos over the CTA's lifetime:
+//     - identical lists (same count > 0, same indices): K_j, V_j, each serving both tiles
+//       (owners {0, 1}): one load serves both, as in stage 14;
+//     - otherwise, while both tiles have blocks left: K_j(tile 0), K_j(tile 1), V_j(tile 0),
+//       V_j(tile 1), each owned by its tile alone; then K_j, V_j of the longer list.
+//   Tile pos goes to slot pos % 5, its (pos / 5)-th use. Each slot has ONE ready barrier (the
+//   TMA completes on it) and ONE free barrier PER CONSUMER: kv-free[s][c] counts the 4 warps of
+//   consumer c. A consumer arrives only on its own free barriers and only for tiles it owns
+//   (K after its QK, V after its PV); before reusing slot s the producer waits on the free
+//   barriers of exactly the owners of the tile that was there before. Every consumer knows both
+//   counts and whether the lists are identical, so it finds its tiles without talking to anyone:
+//     base = 2 x (loads of the CTA's earlier items), m = identical ? 0 : min(count_0, count_1),
+//     K of its block j at pk(j) = base + (j < m ? 4j + c : 2m + 2j), V at pk(j) + (j < m ? 2 : 1).
+//   Why one shared ring of 5 and not two 2-deep K and V stages: with independent lists each
+//   stream would then own one K and one V buffer, refilled between two of its own turns (one
+//   turn of the other consumer to hide the load). In the shared ring a slot was last used five
+//   tiles earlier, released at least two turns before the new tile is needed.
 //
 // PING-PONG TURNS WITH TWO STREAMS
 //   A consumer with count c_k > 0 issues T_k = 1 + 2 c_k wgmma batches per item (as stage 14);
 //   with count 0 it issues none. Both consumers take T = max(T_0, T_1) turns per item: the one
 //   with fewer blocks (or none) takes its missing turns empty (wait, pass), after its own. So the
 //   turn order is the same strict alternation as stage 14, item by item.
-//   No deadlock: number the turns (item, t, c) in their global order. A load is needed at turn
-//   (t = 2j for K_j, 2j + 1 for V_j, c), and the stage it goes into is freed by the owners of the
-//   load two before it, at a turn at least two positions earlier (two loads can share one t only
-//   if they belong to different consumers). The producer issues in need order, so by induction
-//   over the turn order every turn's buffers are issued once all earlier turns are done. The
-//   same spacing makes each ready / free barrier at most one phase from what its waiter expects,
-//   so parity (use count & 1) never aliases.
+//   No deadlock: number the turns (item, t, c) in their global order. Tile K_j of consumer c is
+//   needed at turn (t = 2j, c) and released after its turn (2j + 1, c); V_j is needed at
+//   (2j + 1, c) and released after (2j + 2, c); a shared tile is released by both, at most three
+//   turns after its need. At most one tile is needed per turn, so the tile five loads back was
+//   needed at least five turns earlier and is released before this one's turn.
+//   The producer issues in need order, so by induction over the turn order every turn's tiles
+//   are issued once all earlier turns are done. The same spacing keeps each ready / free barrier
+//   within one phase of what its waiter expects, so parity (use count & 1) never aliases. (A
+//   Python model of this protocol, tests/gpu_sparse/ring_model.py, runs random schedules and
+//   counts; two slots deadlock there, three or more do not.)
 //
-// DATAFLOW PER KV BLOCK (consumer warpgroup c, its j-th block blk = row_c[j], n = n(j), s = n % 2)
-//   Stage 14's steps 1-8 with stage s. New: steps 4 and 8 mask the score columns >= the valid
-//   keys of blk when blk is the partial final block (the consumer finds its position in the row
-//   once per item).
+// DATAFLOW PER KV BLOCK (consumer warpgroup c, its j-th block blk = row_c[j])
+//   Stage 14's steps 1-8 with K in slot pk(j) % 5 and V in slot pv(j) % 5. New: steps 4 and 8
+//   mask the score columns >= the valid keys of blk when blk is the partial final block (the
+//   consumer finds its position in the row once per item).
 //
 // BARRIER PROTOCOL
 //   | barrier          | kind      | direction              | arrivals                | meaning
 //   | q-ready[c]       | mbarrier  | producer -> consumer c | 1 + 32 KB TMA bytes     | Q tile c landed
 //   | q-free[c]        | mbarrier  | consumer c -> producer | 4 (one per warp)        | last QK of the item done
-//   | kv-ready-K[s]    | mbarrier  | producer -> owners     | 1 + 32 KB TMA bytes     | K of load n landed in stage s
-//   | kv-ready-V[s]    | mbarrier  | producer -> owners     | 1 + 32 KB TMA bytes     | V of load n landed in stage s
-//   | kv-free-K[s][c]  | mbarrier  | consumer c -> producer | 4 (4 warps of c)        | c's QK on K[s] done
-//   | kv-free-V[s][c]  | mbarrier  | consumer c -> producer | 4 (4 warps of c)        | c's PV on V[s] done
+//   | kv-ready[s]      | mbarrier  | producer -> owners     | 1 + 32 KB TMA bytes     | K or V tile landed in slot s
+//   | kv-free[s][c]    | mbarrier  | consumer c -> producer | 4 (4 warps of c)        | c's QK (K) or PV (V) on slot s done
 //   | turn[c]          | named bar | consumer 1-c -> c      | 256 (arrive + sync)     | c may issue its next batch
 //   Q is loaded (and q-free arrived) only for a tile with count > 0.
 //
-// SHARED MEMORY: as stage 14 (Q 2 x 32 KB, K and V 2 x 32 KB each, P 2 x 16 KB), plus the
-//   per-consumer free barriers.
+// SHARED MEMORY: Q 2 x 32 KB, 5 K/V slots x 32 KB (224 KB), barriers, and a 48-byte record per
+//   list-walking warp (the item's plan, read back instead of held in registers).
 //
 // B200 -> HOPPER MAPPING: as stage 14. The study's three-slot ring shared by two streams becomes
-//   two K/V stages (H200 shared memory holds Q, P and four 32 KB K/V buffers) with per-consumer
-//   free barriers; the turn padding has no B200 counterpart (one thread issued all MMAs there).
+//   a five-slot ring of K or V tiles with per-consumer free barriers; the turn padding has no
+//   B200 counterpart (one thread issued all MMAs there).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -109,7 +118,8 @@ constexpr float SCORE_TO_LOG2 = SOFTMAX_SCALE * LOG2E;
 // O is rescaled rarely; P then stays below 2^8.
 constexpr float RESCALE_THRESHOLD = 8.0f;
 
-constexpr int KV_STAGES = 2;
+// K and V tiles share one ring of 32 KB buffers: Q (64 KB) + 5 tiles fill the 227 KB.
+constexpr int KV_SLOTS = 5;
 constexpr int CONSUMERS = 2;                     // consumer warpgroups = Q tiles per item
 constexpr int THREADS = 128 * (1 + CONSUMERS);   // producer warpgroup + consumers
 constexpr int PRODUCER_REGS = 24;
@@ -123,12 +133,11 @@ constexpr uint32_t ATOM_BYTES = 8 * ROW_BYTES;        // the 1024 B swizzle atom
 
 struct alignas(1024) Smem {
     uint8_t q[CONSUMERS][TILE_BYTES];
-    uint8_t k[KV_STAGES][TILE_BYTES];
-    uint8_t v[KV_STAGES][TILE_BYTES];
+    uint8_t kv[KV_SLOTS][TILE_BYTES];
     uint64_t q_ready[CONSUMERS], q_free[CONSUMERS];
-    uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES];
+    uint64_t kv_ready[KV_SLOTS];
     // One free barrier per (stage, consumer): a stage is released by exactly its load's owners.
-    uint64_t k_free[KV_STAGES][CONSUMERS], v_free[KV_STAGES][CONSUMERS];
+    uint64_t kv_free[KV_SLOTS][CONSUMERS];
     // One record per warp that walks the lists (8 consumer warps, then producer warp 0): the
     // item's plan, read back when needed rather than held in registers through the KV loop,
     // where the consumers' accumulators (and the producer's 24-register budget) leave no room.
@@ -394,34 +403,32 @@ __device__ __forceinline__ void mask_tail(float (&sc)[64], int valid, int lane)
     }
 }
 
-// The producer's ring state, packed in one register (it runs on 24 registers): for the K ring
-// (OWN = 0, PAR = 8) and the V ring (OWN = 4, PAR = 12), 2 owner bits per stage (the consumers
-// of the load now in it) and 1 parity bit per (stage, consumer): the parity of the free-barrier
-// phase that completes when that consumer releases the last load it owned there (its r-th
-// ownership of a stage releases phase r - 1; the bits start at 1 and flip with each ownership).
-constexpr uint32_t RING_STATE0 = 0xFFu << 8;
+// The producer's ring state, packed in one register (it runs on 24 registers): 2 owner bits per
+// slot (bits 2s, 2s + 1: the consumers of the tile now in slot s) and 1 parity bit per (slot,
+// consumer) (bit PAR0 + 2s + c): the parity of the free-barrier phase that completes when that
+// consumer releases the last tile it owned in the slot (its r-th ownership of a slot releases
+// phase r - 1; the bits start at 1 and flip with each ownership).
+constexpr int PAR0 = 2 * KV_SLOTS;
+constexpr uint32_t RING_STATE0 = ((1u << (2 * KV_SLOTS)) - 1) << PAR0;
 
-// One K or V load into the ring (lane 0 of the producer warp): wait until the owners of the load
-// that was in stage n % 2 have released it, record the new owners, issue the copy. One call site
-// (a rolled loop over the four loads of a block) keeps the producer inside its 24 registers.
-__device__ __forceinline__ void load_block(Smem &sm, int is_v, uint32_t &st, uint32_t n,
-                                        uint32_t owners, const CUtensorMap *map, int row)
+// One K or V tile into the ring (lane 0 of the producer warp), at position `pos` of the CTA's
+// sequence of tile loads: wait until the owners of the tile that was in slot pos % KV_SLOTS
+// have released it, record the new owners, issue the copy. One call site (a rolled loop over
+// the four loads of a block) keeps the producer inside its 24 registers.
+__device__ __forceinline__ void load_tile(Smem &sm, uint32_t &st, uint32_t pos, uint32_t owners,
+                                          const CUtensorMap *map, int row)
 {
-    const int s = n % KV_STAGES;
-    const int own = 4 * is_v + 2 * s, par = 8 + 4 * is_v + 2 * s;
-    uint64_t(*free_bar)[CONSUMERS] = is_v ? sm.v_free : sm.k_free;
-    const uint32_t prev = (st >> own) & 3u;
+    const int s = pos % KV_SLOTS;
+    const uint32_t prev = (st >> (2 * s)) & 3u;
     if (prev & 1u)
-        sa_mbar_wait(&free_bar[s][0], (st >> par) & 1u);
+        sa_mbar_wait(&sm.kv_free[s][0], (st >> (PAR0 + 2 * s)) & 1u);
     if (prev & 2u)
-        sa_mbar_wait(&free_bar[s][1], (st >> (par + 1)) & 1u);
-    st = (st & ~(3u << own)) | (owners << own);
-    st ^= owners << par;
-    uint64_t *ready = is_v ? &sm.v_ready[s] : &sm.k_ready[s];
-    uint8_t *buf = is_v ? sm.v[s] : sm.k[s];
-    sa_mbar_arrive_expect_tx(ready, TILE_BYTES);
-    sa_tma_load_2d(buf, map, ready, 0, row);
-    sa_tma_load_2d(buf + HALF_BYTES, map, ready, HALF_COLS, row);
+        sa_mbar_wait(&sm.kv_free[s][1], (st >> (PAR0 + 2 * s + 1)) & 1u);
+    st = (st & ~(3u << (2 * s))) | (owners << (2 * s));
+    st ^= owners << (PAR0 + 2 * s);
+    sa_mbar_arrive_expect_tx(&sm.kv_ready[s], TILE_BYTES);
+    sa_tma_load_2d(sm.kv[s], map, &sm.kv_ready[s], 0, row);
+    sa_tma_load_2d(sm.kv[s] + HALF_BYTES, map, &sm.kv_ready[s], HALF_COLS, row);
 }
 
 __global__ void __launch_bounds__(THREADS, 1)
@@ -440,13 +447,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             sa_mbar_init(&sm.q_ready[c], 1);
             sa_mbar_init(&sm.q_free[c], 4);
         }
-        for (int s = 0; s < KV_STAGES; s++) {
-            sa_mbar_init(&sm.k_ready[s], 1);
-            sa_mbar_init(&sm.v_ready[s], 1);
-            for (int c = 0; c < CONSUMERS; c++) {
-                sa_mbar_init(&sm.k_free[s][c], 4);
-                sa_mbar_init(&sm.v_free[s][c], 4);
-            }
+        for (int s = 0; s < KV_SLOTS; s++) {
+            sa_mbar_init(&sm.kv_ready[s], 1);
+            for (int c = 0; c < CONSUMERS; c++)
+                sa_mbar_init(&sm.kv_free[s][c], 4);
         }
         sa_mbar_fence_init();
     }
@@ -490,8 +494,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             sa_tma_prefetch_map(&map_k);
             sa_tma_prefetch_map(&map_v);
         }
-        uint32_t st = RING_STATE0; // nothing owns a stage yet (see load_block)
-        uint32_t kv_n = 0;
+        uint32_t st = RING_STATE0; // nothing owns a slot yet (see load_tile)
+        uint32_t pos = 0;          // tile loads issued so far
         int32_t *const rec = sm.rec[4 * CONSUMERS];
         enum { R_COUNT0, R_COUNT1, R_OWN0, R_KV_ROW0, R_BLOCKS, R_ROW0, R_ROW1 = R_ROW0 + 2 };
         for (int item = blockIdx.x; item < p.items; item += grid_size()) {
@@ -526,12 +530,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                         const int tile1 = q & 1, is_v = q >> 1;
                         if (!(tile1 ? has1 : has0))
                             continue;
-                        load_block(sm, is_v, st, kv_n + (tile1 ? has0 : 0),
-                                   tile1 ? 2u : (uint32_t)rec_get(rec, R_OWN0),
-                                   is_v ? &map_v : &map_k, tile1 ? row1 : row0);
+                        load_tile(sm, st, pos++, tile1 ? 2u : (uint32_t)rec_get(rec, R_OWN0),
+                                  is_v ? &map_v : &map_k, tile1 ? row1 : row0);
                     }
                 }
-                kv_n += has0 + has1;
             }
         }
         return;
@@ -546,10 +548,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     // stage only adds (byte offset >> 4) to the address field, which never carries (< 256 KB).
     // K-major operands (Q, K): lbo unused; V (MN-major): lbo = step between 64-column halves.
     const uint32_t q_desc0 = sa_desc_lo(sa_smem_addr(sm.q[c]), 16);
-    const uint32_t k_desc0 = sa_desc_lo(sa_smem_addr(sm.k[0]), 16);
-    const uint32_t v_desc0 = sa_desc_lo(sa_smem_addr(sm.v[0]), HALF_BYTES);
+    const uint32_t k_desc0 = sa_desc_lo(sa_smem_addr(sm.kv[0]), 16);
+    const uint32_t v_desc0 = sa_desc_lo(sa_smem_addr(sm.kv[0]), HALF_BYTES);
     constexpr uint32_t Q_HALF2 = (64 * ROW_BYTES) >> 4; // rows 64..127 of the Q tile
-    constexpr uint32_t STAGE_STEP = TILE_BYTES >> 4;
+    constexpr uint32_t SLOT_STEP = TILE_BYTES >> 4;
 
     if (c == 1)
         turn_pass(c); // warpgroup 0 takes the first turn
@@ -592,7 +594,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             rec_put(rec, C_BASE, base, lane);
             rec_put(rec, C_JP, jp, lane);
             rec_put(rec, C_PAD, item_turns - my_turns, lane);
-            rec_put(rec, C_NEXT, base + plan_loads(pl), lane);
+            rec_put(rec, C_NEXT, base + 2 * plan_loads(pl), lane); // a K and a V tile per load
             __syncwarp();
         }
 
@@ -615,14 +617,14 @@ __global__ void __launch_bounds__(THREADS, 1)
             sa_mbar_wait(&sm.q_ready[c], q_uses & 1);
             q_uses++;
 
-            // The item's first turn: S of half 0 of the first block, then its softmax. Load
-            // n(0) = base + c while the tiles alternate, base when shared or alone.
+            // The item's first turn: S of half 0 of the first block, then its softmax. Its K is
+            // tile position base + c while the tiles alternate, base when shared or alone.
             {
-                const uint32_t n = rec_get(rec, C_BASE) + (rec_get(rec, C_M) > 0 ? c : 0);
-                const int s = n % KV_STAGES;
-                uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+                const uint32_t pk = rec_get(rec, C_BASE) + (rec_get(rec, C_M) > 0 ? c : 0);
+                const int s = pk % KV_SLOTS;
+                uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * SLOT_STEP;
                 asm volatile("" : "+r"(q_desc), "+r"(k_desc));
-                sa_mbar_wait(&sm.k_ready[s], (n / KV_STAGES) & 1);
+                sa_mbar_wait(&sm.kv_ready[s], (pk / KV_SLOTS) & 1);
                 turn_wait(c);
                 sa_wgmma_fence();
                 issue_qk(sc, q_desc, k_desc);
@@ -634,20 +636,21 @@ __global__ void __launch_bounds__(THREADS, 1)
                 softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
             }
             for (int j = 0; j < rec_get(rec, C_COUNT); j++) {
-                // This block's load and the next one's: n(j) = base + (j < m ? 2j + c : m + j).
+                // Tile positions of this block's K and V and of the next block's K (RING
+                // OWNERSHIP): pk(j) = base + (j < m ? 4j + c : 2m + 2j), pv(j) = pk(j) + (j < m ? 2 : 1).
                 const int base = rec_get(rec, C_BASE), m = rec_get(rec, C_M);
-                const uint32_t n = base + (j < m ? 2 * j + c : m + j);
-                const uint32_t n_next = base + (j + 1 < m ? 2 * j + 2 + c : m + j + 1);
-                const int s = n % KV_STAGES;
-                const int s_next = n_next % KV_STAGES;
+                const uint32_t pk = base + (j < m ? 4 * j + c : 2 * m + 2 * j);
+                const uint32_t pv = pk + (j < m ? 2 : 1);
+                const uint32_t pk_next = base + (j + 1 < m ? 4 * j + 4 + c : 2 * m + 2 * j + 2);
+                const int sk = pk % KV_SLOTS, sv = pv % KV_SLOTS, sk_next = pk_next % KV_SLOTS;
                 // Opaque copies: without them the compiler hoists every per-k-step descriptor out
                 // of the loop and keeps them in registers that the accumulators need.
-                uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
-                uint32_t k_next = k_desc0 + s_next * STAGE_STEP, v_desc = v_desc0 + s * STAGE_STEP;
+                uint32_t q_desc = q_desc0, k_desc = k_desc0 + sk * SLOT_STEP;
+                uint32_t k_next = k_desc0 + sk_next * SLOT_STEP, v_desc = v_desc0 + sv * SLOT_STEP;
                 asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(k_next), "+r"(v_desc));
 
                 // ---- turn: PV of half 0 of tile j, S of half 1 (dataflow steps 1-4)
-                sa_mbar_wait(&sm.v_ready[s], (n / KV_STAGES) & 1);
+                sa_mbar_wait(&sm.kv_ready[sv], (pv / KV_SLOTS) & 1);
                 turn_wait(c);
                 sa_wgmma_fence();
                 issue_pv(o[0], pa, v_desc);
@@ -658,7 +661,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 sa_wgmma_commit();
                 turn_pass(c);
                 sa_wgmma_wait<0>();
-                warp_arrive(&sm.k_free[s][c], lane);
+                warp_arrive(&sm.kv_free[sk][c], lane);
                 if (j == rec_get(rec, C_COUNT) - 1)
                     warp_arrive(&sm.q_free[c], lane);
                 if (j == rec_get(rec, C_JP))
@@ -667,7 +670,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
                 if (j + 1 < rec_get(rec, C_COUNT)) {
                     // ---- turn: PV of half 1 of tile j, S of half 0 of tile j+1 (steps 5-8)
-                    sa_mbar_wait(&sm.k_ready[s_next], (n_next / KV_STAGES) & 1);
+                    sa_mbar_wait(&sm.kv_ready[sk_next], (pk_next / KV_SLOTS) & 1);
                     turn_wait(c);
                     sa_wgmma_fence();
                     issue_pv(o[1], pa, v_desc);
@@ -690,7 +693,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                     turn_pass(c);
                     sa_wgmma_wait<0>();
                 }
-                warp_arrive(&sm.v_free[s][c], lane);
+                warp_arrive(&sm.kv_free[sv][c], lane);
             }
 
             // Epilogue: normalise and store this warpgroup's tile. The row is recomputed from

@@ -75,7 +75,8 @@ constexpr float SCORE_TO_LOG2 = SOFTMAX_SCALE * LOG2E;
 // O is rescaled rarely; P then stays below 2^8.
 constexpr float RESCALE_THRESHOLD = 8.0f;
 
-constexpr int KV_STAGES = 2;
+// K and V tiles share one ring of 32 KB buffers: Q (64 KB) + 5 tiles fill the 227 KB.
+constexpr int KV_SLOTS = 5;
 constexpr int CONSUMERS = 2;                     // consumer warpgroups = Q tiles per item
 constexpr int THREADS = 128 * (1 + CONSUMERS);   // producer warpgroup + consumers
 constexpr int PRODUCER_REGS = 24;
@@ -89,12 +90,11 @@ constexpr uint32_t ATOM_BYTES = 8 * ROW_BYTES;        // the 1024 B swizzle atom
 
 struct alignas(1024) Smem {
     uint8_t q[CONSUMERS][TILE_BYTES];
-    uint8_t k[KV_STAGES][TILE_BYTES];
-    uint8_t v[KV_STAGES][TILE_BYTES];
+    uint8_t kv[KV_SLOTS][TILE_BYTES];
     uint64_t q_ready[CONSUMERS], q_free[CONSUMERS];
-    uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES];
+    uint64_t kv_ready[KV_SLOTS];
     // One free barrier per (stage, consumer): a stage is released by exactly its load's owners.
-    uint64_t k_free[KV_STAGES][CONSUMERS], v_free[KV_STAGES][CONSUMERS];
+    uint64_t kv_free[KV_SLOTS][CONSUMERS];
     // One record per warp that walks the lists (8 consumer warps, then producer warp 0): the
     // item's plan, read back when needed rather than held in registers through the KV loop,
     // where the consumers' accumulators (and the producer's 24-register budget) leave no room.
@@ -367,34 +367,32 @@ __device__ __forceinline__ void mask_tail(float (&sc)[64], int valid, int lane)
     }
 }
 
-// The producer's ring state, packed in one register (it runs on 24 registers): for the K ring
-// (OWN = 0, PAR = 8) and the V ring (OWN = 4, PAR = 12), 2 owner bits per stage (the consumers
-// of the load now in it) and 1 parity bit per (stage, consumer): the parity of the free-barrier
-// phase that completes when that consumer releases the last load it owned there (its r-th
-// ownership of a stage releases phase r - 1; the bits start at 1 and flip with each ownership).
-constexpr uint32_t RING_STATE0 = 0xFFu << 8;
+// The producer's ring state, packed in one register (it runs on 24 registers): 2 owner bits per
+// slot (bits 2s, 2s + 1: the consumers of the tile now in slot s) and 1 parity bit per (slot,
+// consumer) (bit PAR0 + 2s + c): the parity of the free-barrier phase that completes when that
+// consumer releases the last tile it owned in the slot (its r-th ownership of a slot releases
+// phase r - 1; the bits start at 1 and flip with each ownership).
+constexpr int PAR0 = 2 * KV_SLOTS;
+constexpr uint32_t RING_STATE0 = ((1u << (2 * KV_SLOTS)) - 1) << PAR0;
 
-// One K or V load into the ring (lane 0 of the producer warp): wait until the owners of the load
-// that was in stage n % 2 have released it, record the new owners, issue the copy. One call site
-// (a rolled loop over the four loads of a block) keeps the producer inside its 24 registers.
-__device__ __forceinline__ void load_block(Smem &sm, int is_v, uint32_t &st, uint32_t n,
-                                        uint32_t owners, const CUtensorMap *map, int row)
+// One K or V tile into the ring (lane 0 of the producer warp), at position `pos` of the CTA's
+// sequence of tile loads: wait until the owners of the tile that was in slot pos % KV_SLOTS
+// have released it, record the new owners, issue the copy. One call site (a rolled loop over
+// the four loads of a block) keeps the producer inside its 24 registers.
+__device__ __forceinline__ void load_tile(Smem &sm, uint32_t &st, uint32_t pos, uint32_t owners,
+                                          const CUtensorMap *map, int row)
 {
-    const int s = n % KV_STAGES;
-    const int own = 4 * is_v + 2 * s, par = 8 + 4 * is_v + 2 * s;
-    uint64_t(*free_bar)[CONSUMERS] = is_v ? sm.v_free : sm.k_free;
-    const uint32_t prev = (st >> own) & 3u;
+    const int s = pos % KV_SLOTS;
+    const uint32_t prev = (st >> (2 * s)) & 3u;
     if (prev & 1u)
-        sa_mbar_wait(&free_bar[s][0], (st >> par) & 1u);
+        sa_mbar_wait(&sm.kv_free[s][0], (st >> (PAR0 + 2 * s)) & 1u);
     if (prev & 2u)
-        sa_mbar_wait(&free_bar[s][1], (st >> (par + 1)) & 1u);
-    st = (st & ~(3u << own)) | (owners << own);
-    st ^= owners << par;
-    uint64_t *ready = is_v ? &sm.v_ready[s] : &sm.k_ready[s];
-    uint8_t *buf = is_v ? sm.v[s] : sm.k[s];
-    sa_mbar_arrive_expect_tx(ready, TILE_BYTES);
-    sa_tma_load_2d(buf, map, ready, 0, row);
-    sa_tma_load_2d(buf + HALF_BYTES, map, ready, HALF_COLS, row);
+        sa_mbar_wait(&sm.kv_free[s][1], (st >> (PAR0 + 2 * s + 1)) & 1u);
+    st = (st & ~(3u << (2 * s))) | (owners << (2 * s));
+    st ^= owners << (PAR0 + 2 * s);
+    sa_mbar_arrive_expect_tx(&sm.kv_ready[s], TILE_BYTES);
+    sa_tma_load_2d(sm.kv[s], map, &sm.kv_ready[s], 0, row);
+    sa_tma_load_2d(sm.kv[s] + HALF_BYTES, map, &sm.kv_ready[s], HALF_COLS, row);
 }
 
 __global__ void __launch_bounds__(THREADS, 1)
@@ -413,13 +411,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             sa_mbar_init(&sm.q_ready[c], 1);
             sa_mbar_init(&sm.q_free[c], 4);
         }
-        for (int s = 0; s < KV_STAGES; s++) {
-            sa_mbar_init(&sm.k_ready[s], 1);
-            sa_mbar_init(&sm.v_ready[s], 1);
-            for (int c = 0; c < CONSUMERS; c++) {
-                sa_mbar_init(&sm.k_free[s][c], 4);
-                sa_mbar_init(&sm.v_free[s][c], 4);
-            }
+        for (int s = 0; s < KV_SLOTS; s++) {
+            sa_mbar_init(&sm.kv_ready[s], 1);
+            for (int c = 0; c < CONSUMERS; c++)
+                sa_mbar_init(&sm.kv_free[s][c], 4);
         }
         sa_mbar_fence_init();
     }
@@ -463,8 +458,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             sa_tma_prefetch_map(&map_k);
             sa_tma_prefetch_map(&map_v);
         }
-        uint32_t st = RING_STATE0; // nothing owns a stage yet (see load_block)
-        uint32_t kv_n = 0;
+        uint32_t st = RING_STATE0; // nothing owns a slot yet (see load_tile)
+        uint32_t pos = 0;          // tile loads issued so far
         int32_t *const rec = sm.rec[4 * CONSUMERS];
         enum { R_COUNT0, R_COUNT1, R_OWN0, R_KV_ROW0, R_BLOCKS, R_ROW0, R_ROW1 = R_ROW0 + 2 };
         for (int item = blockIdx.x; item < p.items; item += grid_size()) {
@@ -499,12 +494,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                         const int tile1 = q & 1, is_v = q >> 1;
                         if (!(tile1 ? has1 : has0))
                             continue;
-                        load_block(sm, is_v, st, kv_n + (tile1 ? has0 : 0),
-                                   tile1 ? 2u : (uint32_t)rec_get(rec, R_OWN0),
-                                   is_v ? &map_v : &map_k, tile1 ? row1 : row0);
+                        load_tile(sm, st, pos++, tile1 ? 2u : (uint32_t)rec_get(rec, R_OWN0),
+                                  is_v ? &map_v : &map_k, tile1 ? row1 : row0);
                     }
                 }
-                kv_n += has0 + has1;
             }
         }
         return;
@@ -519,10 +512,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     // stage only adds (byte offset >> 4) to the address field, which never carries (< 256 KB).
     // K-major operands (Q, K): lbo unused; V (MN-major): lbo = step between 64-column halves.
     const uint32_t q_desc0 = sa_desc_lo(sa_smem_addr(sm.q[c]), 16);
-    const uint32_t k_desc0 = sa_desc_lo(sa_smem_addr(sm.k[0]), 16);
-    const uint32_t v_desc0 = sa_desc_lo(sa_smem_addr(sm.v[0]), HALF_BYTES);
+    const uint32_t k_desc0 = sa_desc_lo(sa_smem_addr(sm.kv[0]), 16);
+    const uint32_t v_desc0 = sa_desc_lo(sa_smem_addr(sm.kv[0]), HALF_BYTES);
     constexpr uint32_t Q_HALF2 = (64 * ROW_BYTES) >> 4; // rows 64..127 of the Q tile
-    constexpr uint32_t STAGE_STEP = TILE_BYTES >> 4;
+    constexpr uint32_t SLOT_STEP = TILE_BYTES >> 4;
 
     if (c == 1)
         turn_pass(c); // warpgroup 0 takes the first turn
@@ -565,7 +558,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             rec_put(rec, C_BASE, base, lane);
             rec_put(rec, C_JP, jp, lane);
             rec_put(rec, C_PAD, item_turns - my_turns, lane);
-            rec_put(rec, C_NEXT, base + plan_loads(pl), lane);
+            rec_put(rec, C_NEXT, base + 2 * plan_loads(pl), lane); // a K and a V tile per load
             __syncwarp();
         }
 
@@ -588,14 +581,14 @@ __global__ void __launch_bounds__(THREADS, 1)
             sa_mbar_wait(&sm.q_ready[c], q_uses & 1);
             q_uses++;
 
-            // The item's first turn: S of half 0 of the first block, then its softmax. Load
-            // n(0) = base + c while the tiles alternate, base when shared or alone.
+            // The item's first turn: S of half 0 of the first block, then its softmax. Its K is
+            // tile position base + c while the tiles alternate, base when shared or alone.
             {
-                const uint32_t n = rec_get(rec, C_BASE) + (rec_get(rec, C_M) > 0 ? c : 0);
-                const int s = n % KV_STAGES;
-                uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+                const uint32_t pk = rec_get(rec, C_BASE) + (rec_get(rec, C_M) > 0 ? c : 0);
+                const int s = pk % KV_SLOTS;
+                uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * SLOT_STEP;
                 asm volatile("" : "+r"(q_desc), "+r"(k_desc));
-                sa_mbar_wait(&sm.k_ready[s], (n / KV_STAGES) & 1);
+                sa_mbar_wait(&sm.kv_ready[s], (pk / KV_SLOTS) & 1);
                 turn_wait(c);
                 sa_wgmma_fence();
                 issue_qk(sc, q_desc, k_desc);
@@ -607,20 +600,21 @@ __global__ void __launch_bounds__(THREADS, 1)
                 softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
             }
             for (int j = 0; j < rec_get(rec, C_COUNT); j++) {
-                // This block's load and the next one's: n(j) = base + (j < m ? 2j + c : m + j).
+                // Tile positions of this block's K and V and of the next block's K (RING
+                // OWNERSHIP): pk(j) = base + (j < m ? 4j + c : 2m + 2j), pv(j) = pk(j) + (j < m ? 2 : 1).
                 const int base = rec_get(rec, C_BASE), m = rec_get(rec, C_M);
-                const uint32_t n = base + (j < m ? 2 * j + c : m + j);
-                const uint32_t n_next = base + (j + 1 < m ? 2 * j + 2 + c : m + j + 1);
-                const int s = n % KV_STAGES;
-                const int s_next = n_next % KV_STAGES;
+                const uint32_t pk = base + (j < m ? 4 * j + c : 2 * m + 2 * j);
+                const uint32_t pv = pk + (j < m ? 2 : 1);
+                const uint32_t pk_next = base + (j + 1 < m ? 4 * j + 4 + c : 2 * m + 2 * j + 2);
+                const int sk = pk % KV_SLOTS, sv = pv % KV_SLOTS, sk_next = pk_next % KV_SLOTS;
                 // Opaque copies: without them the compiler hoists every per-k-step descriptor out
                 // of the loop and keeps them in registers that the accumulators need.
-                uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
-                uint32_t k_next = k_desc0 + s_next * STAGE_STEP, v_desc = v_desc0 + s * STAGE_STEP;
+                uint32_t q_desc = q_desc0, k_desc = k_desc0 + sk * SLOT_STEP;
+                uint32_t k_next = k_desc0 + sk_next * SLOT_STEP, v_desc = v_desc0 + sv * SLOT_STEP;
                 asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(k_next), "+r"(v_desc));
 
                 // ---- turn: PV of half 0 of tile j, S of half 1 (dataflow steps 1-4)
-                sa_mbar_wait(&sm.v_ready[s], (n / KV_STAGES) & 1);
+                sa_mbar_wait(&sm.kv_ready[sv], (pv / KV_SLOTS) & 1);
                 turn_wait(c);
                 sa_wgmma_fence();
                 issue_pv(o[0], pa, v_desc);
@@ -631,7 +625,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 sa_wgmma_commit();
                 turn_pass(c);
                 sa_wgmma_wait<0>();
-                warp_arrive(&sm.k_free[s][c], lane);
+                warp_arrive(&sm.kv_free[sk][c], lane);
                 if (j == rec_get(rec, C_COUNT) - 1)
                     warp_arrive(&sm.q_free[c], lane);
                 if (j == rec_get(rec, C_JP))
@@ -640,7 +634,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
                 if (j + 1 < rec_get(rec, C_COUNT)) {
                     // ---- turn: PV of half 1 of tile j, S of half 0 of tile j+1 (steps 5-8)
-                    sa_mbar_wait(&sm.k_ready[s_next], (n_next / KV_STAGES) & 1);
+                    sa_mbar_wait(&sm.kv_ready[sk_next], (pk_next / KV_SLOTS) & 1);
                     turn_wait(c);
                     sa_wgmma_fence();
                     issue_pv(o[1], pa, v_desc);
@@ -663,7 +657,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                     turn_pass(c);
                     sa_wgmma_wait<0>();
                 }
-                warp_arrive(&sm.v_free[s][c], lane);
+                warp_arrive(&sm.kv_free[sv][c], lane);
             }
 
             // Epilogue: normalise and store this warpgroup's tile. The row is recomputed from
