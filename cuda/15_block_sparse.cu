@@ -505,8 +505,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 rec_put(rec, R_COUNT0, pl.count0, lane);
                 rec_put(rec, R_COUNT1, pl.shared ? 0 : pl.count1, lane); // tile 1's own loads
                 rec_put(rec, R_OWN0, pl.shared ? 3 : 1, lane);
-                rec_put(rec, R_KV_ROW0,
-                        (int)((unsigned)tile_of(p, item, 0).bh / (unsigned)p.group) * p.len_kv, lane);
+                const unsigned bh_kv = (unsigned)tile_of(p, item, 0).bh / (unsigned)p.group;
+                rec_put(rec, R_KV_ROW0, (int)bh_kv * p.len_kv, lane);
                 rec_put(rec, R_BLOCKS, max(pl.count0, pl.count1), lane);
                 rec_put_ptr(rec, R_ROW0, pl.row0, lane);
                 rec_put_ptr(rec, R_ROW1, pl.row1, lane);
@@ -637,7 +637,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
             for (int j = 0; j < rec_get(rec, C_COUNT); j++) {
                 // Tile positions of this block's K and V and of the next block's K (RING
-                // OWNERSHIP): pk(j) = base + (j < m ? 4j + c : 2m + 2j), pv(j) = pk(j) + (j < m ? 2 : 1).
+                // OWNERSHIP): pk(j) = base + (j < m ? 4j + c : 2m + 2j),
+                // pv(j) = pk(j) + (j < m ? 2 : 1).
                 const int base = rec_get(rec, C_BASE), m = rec_get(rec, C_M);
                 const uint32_t pk = base + (j < m ? 4 * j + c : 2 * m + 2 * j);
                 const uint32_t pv = pk + (j < m ? 2 : 1);

@@ -17,8 +17,7 @@
 //   within the 240 registers per thread that setmaxnreg gives a consumer. A warpgroup therefore
 //   holds exactly one head's 128-row tile, and the register file (65536 per SM = 2 consumer
 //   warpgroups x 128 threads x 240 + the producer's 128 x 24) holds two consumer warpgroups: two
-//   heads per CTA. (A third would need 128 x 240 more registers than the SM has; halving the
-//   rows per head to 64 would fit four heads but load each K/V block per 64 queries, as now.)
+//   heads per CTA. (A third 128-row head would need 128 x 240 more registers than the SM has.)
 //
 // ASSUMPTIONS: as stage 15 (head_dim 128, any len_q and len_kv, counts per row, empty rows give
 //   O = 0 and LSE = -inf, validation at the entry point).
@@ -36,15 +35,15 @@
 //   the speed of pairs needs group-shared (or identical) lists.
 //
 // DATAFLOW DIFF FROM STAGE 15 (per KV block j, consumer c)
-//   stage 15, independent lists:  load K/V[n(j) of tile 2i+c] (one load per tile)
-//                                 S = Q[head h, tile 2i+c] K^T ...
-//   stage 16, group-shared lists: load K/V[blk j of the pair's row] once, owners {0, 1}
-//                                 S = Q[head 2p+c, tile t] K^T ... (the same K/V stage for both)
+//   stage 15, independent lists:  K_j, V_j of tile 2i+c's row, each its own tile load (owner c)
+//                                 S = Q[head h, tile 2i+c] K_j^T ...
+//   stage 16, group-shared lists: K_j, V_j of the pair's one row, loaded once (owners {0, 1})
+//                                 S = Q[head 2p+c, tile t] K_j^T ... (the same slots for both)
 //   Everything else (turns, softmax, PV, epilogue, ring ownership, barriers) is stage 15's.
 //
 // RING OWNERSHIP, TURNS, BARRIER PROTOCOL, SHARED MEMORY: as stage 15 (see its header); with a
-//   group-shared list every load is owned by both consumers, so both free barriers of a stage
-//   are waited on and the turn padding never happens (equal counts).
+//   group-shared list every tile is owned by both consumers, so the producer waits on both free
+//   barriers of a slot and the turn padding never happens (equal counts).
 //
 // B200 -> HOPPER MAPPING: as stage 15; head pairs are the study's, limited here by registers
 //   instead of Tensor Memory columns (above).
@@ -469,8 +468,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 rec_put(rec, R_COUNT0, pl.count0, lane);
                 rec_put(rec, R_COUNT1, pl.shared ? 0 : pl.count1, lane); // tile 1's own loads
                 rec_put(rec, R_OWN0, pl.shared ? 3 : 1, lane);
-                rec_put(rec, R_KV_ROW0,
-                        (int)((unsigned)tile_of(p, item, 0).bh / (unsigned)p.group) * p.len_kv, lane);
+                const unsigned bh_kv = (unsigned)tile_of(p, item, 0).bh / (unsigned)p.group;
+                rec_put(rec, R_KV_ROW0, (int)bh_kv * p.len_kv, lane);
                 rec_put(rec, R_BLOCKS, max(pl.count0, pl.count1), lane);
                 rec_put_ptr(rec, R_ROW0, pl.row0, lane);
                 rec_put_ptr(rec, R_ROW1, pl.row1, lane);
@@ -601,7 +600,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
             for (int j = 0; j < rec_get(rec, C_COUNT); j++) {
                 // Tile positions of this block's K and V and of the next block's K (RING
-                // OWNERSHIP): pk(j) = base + (j < m ? 4j + c : 2m + 2j), pv(j) = pk(j) + (j < m ? 2 : 1).
+                // OWNERSHIP): pk(j) = base + (j < m ? 4j + c : 2m + 2j),
+                // pv(j) = pk(j) + (j < m ? 2 : 1).
                 const int base = rec_get(rec, C_BASE), m = rec_get(rec, C_M);
                 const uint32_t pk = base + (j < m ? 4 * j + c : 2 * m + 2 * j);
                 const uint32_t pv = pk + (j < m ? 2 : 1);

@@ -33,7 +33,8 @@ class Sim:
         s.turn=[0,0]; s.slot=[None]*nslot; s.qslot=[None,None]; s.inflight=[]; s.readers={}
     def tma(s, bar, arr, idx, content, kind):
         key=(kind, idx)
-        assert not s.readers.get(key), f"overwrite of {key} while {s.readers.get(key)} read {arr[idx]}"
+        assert not s.readers.get(key), \
+            f"overwrite of {key} while {s.readers.get(key)} read {arr[idx]}"
         arr[idx] = ('pending', content); s.inflight.append((bar, arr, idx, content))
 
 def plan(item):
