@@ -15,8 +15,10 @@
 //   (TMA reads those rows from the next head, or zero-fills them past the tensor's end: finite
 //   either way, and P = 0 there.) GQA by index: query head h reads KV head h / (Hq / Hkv).
 //   Lists (sa_tile_lists, device memory): query head h uses list head h / (Hq / list_heads);
-//   counts NULL means max_blocks per row. With a->validate (the default) the entry point runs
-//   sa_gpu_tile_lists_check first; with validate = 0 the kernel still clamps counts to
+//   counts NULL means max_blocks per row. With a->validate (the default) the entry point queues
+//   the GPU list check right before the kernel, which exits without writing anything if the
+//   check failed, and returns the check's code after one synchronization (sa_validate.h);
+//   with validate = 0 the kernel still clamps counts to
 //   [0, max_blocks] (no read past a row), and a block index out of range makes TMA read other
 //   rows of K/V or zero-fill past the tensor: bad lists then give wrong numbers, never an access
 //   outside the tensors. A row of count 0 gives O = 0, LSE = -inf.
@@ -102,6 +104,7 @@
 #include "sa_stage_entries.h"
 #include "sa_tma.cuh"
 #include "sa_warpgroup.cuh"
+#include "sa_validate.h"
 #include "sa_wgmma.cuh"
 #include "sparseattn.h"
 
@@ -158,6 +161,7 @@ struct Params {
     int tail;  // valid keys of the last KV block, 1..128 (128: no partial block)
     int pairs; // ceil(q_tiles / 2) items per (batch, head)
     int items;
+    const int *abort; // device verdict of the list check queued before us; not 0: write nothing
 };
 
 __device__ __forceinline__ float fast_exp2(float x)
@@ -436,6 +440,9 @@ __global__ void __launch_bounds__(THREADS, 1)
                         const __grid_constant__ CUtensorMap map_k,
                         const __grid_constant__ CUtensorMap map_v, const Params p)
 {
+    // The list check ran just before us on the same stream: bad lists never reach the loop.
+    if (p.abort && *p.abort)
+        return;
     extern __shared__ uint8_t smem_raw[];
     // The dynamic base is only 16-byte aligned; the swizzle atoms need 1024.
     const uint32_t pad = (1024 - (sa_smem_addr(smem_raw) & 1023)) & 1023;
@@ -800,8 +807,12 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
         return SA_ERR_NO_DEVICE;
     const sa_shape *s = &a->shape;
     // Bad metadata never reaches the kernel unchecked (unless the caller opts out).
+    // The check is queued ahead of the kernel, which skips all work on a bad verdict; one
+    // synchronization at the end returns the verdict (sa_validate.h).
+    int *verdict = nullptr;
     if (a->validate &&
-        (rc = sa_gpu_tile_lists_check(s, &a->lists, a->allow_empty_rows, a->stream)) != SA_OK)
+        (rc = sa_validate_tile_lists_enqueue(s, &a->lists, a->allow_empty_rows, a->stream,
+                                             &verdict)) != SA_OK)
         return rc;
 
     CUtensorMap map_q, map_k, map_v;
@@ -813,6 +824,7 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
         return rc;
 
     Params p;
+    p.abort = verdict;
     p.o = a->o;
     p.lse = a->lse;
     p.indices = a->lists.indices;
@@ -839,5 +851,5 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
     block_sparse_kernel<<<grid, THREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(map_q, map_k,
                                                                               map_v, p);
     SA_CUDA_TRY(cudaGetLastError());
-    return SA_OK;
+    return verdict ? sa_validate_finish(verdict, a->stream) : SA_OK;
 }

@@ -58,6 +58,7 @@
 #include "sa_stage_entries.h"
 #include "sa_tma.cuh"
 #include "sa_warpgroup.cuh"
+#include "sa_validate.h"
 #include "sa_wgmma.cuh"
 #include "sparseattn.h"
 
@@ -115,6 +116,7 @@ struct Params {
     int head_pairs; // 1: an item is one Q tile of two heads (group >= 2); 0: stage 15's tiles
     int pairs;      // head pairs: ceil(group / 2) per (batch, group, tile); else ceil(q_tiles / 2)
     int items;
+    const int *abort; // device verdict of the list check queued before us; not 0: write nothing
 };
 
 __device__ __forceinline__ float fast_exp2(float x)
@@ -399,6 +401,9 @@ __global__ void __launch_bounds__(THREADS, 1)
                         const __grid_constant__ CUtensorMap map_k,
                         const __grid_constant__ CUtensorMap map_v, const Params p)
 {
+    // The list check ran just before us on the same stream: bad lists never reach the loop.
+    if (p.abort && *p.abort)
+        return;
     extern __shared__ uint8_t smem_raw[];
     // The dynamic base is only 16-byte aligned; the swizzle atoms need 1024.
     const uint32_t pad = (1024 - (sa_smem_addr(smem_raw) & 1023)) & 1023;
@@ -763,8 +768,12 @@ extern "C" int sa_stage16_launch(const sa_gpu_attn *a)
         return SA_ERR_NO_DEVICE;
     const sa_shape *s = &a->shape;
     // Bad metadata never reaches the kernel unchecked (unless the caller opts out).
+    // The check is queued ahead of the kernel, which skips all work on a bad verdict; one
+    // synchronization at the end returns the verdict (sa_validate.h).
+    int *verdict = nullptr;
     if (a->validate &&
-        (rc = sa_gpu_tile_lists_check(s, &a->lists, a->allow_empty_rows, a->stream)) != SA_OK)
+        (rc = sa_validate_tile_lists_enqueue(s, &a->lists, a->allow_empty_rows, a->stream,
+                                             &verdict)) != SA_OK)
         return rc;
 
     CUtensorMap map_q, map_k, map_v;
@@ -776,6 +785,7 @@ extern "C" int sa_stage16_launch(const sa_gpu_attn *a)
         return rc;
 
     Params p;
+    p.abort = verdict;
     p.o = a->o;
     p.lse = a->lse;
     p.indices = a->lists.indices;
@@ -805,5 +815,5 @@ extern "C" int sa_stage16_launch(const sa_gpu_attn *a)
     gqa_pairs_kernel<<<grid, THREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(map_q, map_k,
                                                                               map_v, p);
     SA_CUDA_TRY(cudaGetLastError());
-    return SA_OK;
+    return verdict ? sa_validate_finish(verdict, a->stream) : SA_OK;
 }

@@ -1,6 +1,7 @@
 // Block-list validation on the GPU, so that bad metadata never reaches an attention kernel
-// unchecked while the lists stay in device memory. Introduced with stage 15; the KV-centric
-// entry uses it for per-query lists.
+// unchecked while the lists stay in device memory. Introduced with stage 15, which queues the
+// check right before its own kernel (sa_validate.h); sa_gpu_*_lists_check are the standalone
+// public forms, for tile and per-query lists.
 //
 // One warp checks one row: count in [0, max_blocks] (and not 0 unless empty rows are allowed),
 // every index in [0, kv_blocks), no index twice. Duplicates are found with a per-warp bitmap of
@@ -9,7 +10,7 @@
 // found (atomicMin), so a list with one fault reports the same code as the host validator.
 #include <cuda_runtime.h>
 
-#include "sparseattn.h"
+#include "sa_validate.h"
 
 namespace {
 
@@ -63,38 +64,54 @@ __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
     }
 }
 
-int validate_rows(const int32_t *indices, const int32_t *counts, long long rows, int max_blocks,
-                  int kv_blocks, int allow_empty, cudaStream_t stream)
+// The verdict's home: a device word the kernel writes and a pinned host word it is copied to.
+// One pair per host thread, made on first use and kept: allocating per call (and copying into
+// pageable memory) cost more than the check itself.
+struct Verdict {
+    int *dev = nullptr;
+    int *host = nullptr;
+};
+
+int verdict_for_this_thread(Verdict **out)
+{
+    static thread_local Verdict v;
+    if (!v.dev) {
+        if (cudaMalloc(&v.dev, sizeof(int)) != cudaSuccess)
+            return SA_ERR_NOMEM;
+        if (cudaMallocHost(&v.host, sizeof(int)) != cudaSuccess) {
+            cudaFree(v.dev);
+            v.dev = nullptr;
+            return SA_ERR_NOMEM;
+        }
+    }
+    *out = &v;
+    return SA_OK;
+}
+
+// Enqueues the check of `rows` rows on `stream`; the verdict lands in *flag (0 = valid).
+int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, int max_blocks,
+                 int kv_blocks, int allow_empty, cudaStream_t stream, int **flag)
 {
     const size_t smem = (size_t)kWarpsPerBlock * ((kv_blocks + 31) / 32) * sizeof(unsigned int);
     if (smem > 48 * 1024)
         return SA_ERR_UNSUPPORTED; // more than 98304 blocks (12.5M keys) per row
-    int *d_err = nullptr;
-    if (cudaMallocAsync(&d_err, sizeof(int), stream) != cudaSuccess)
-        return SA_ERR_NOMEM;
-    int status = SA_OK, h_err = 0;
-    long long blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    Verdict *v;
+    int rc = verdict_for_this_thread(&v);
+    if (rc)
+        return rc;
+    const long long blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const int grid = (int)(blocks < 4096 ? blocks : 4096);
-    if (cudaMemsetAsync(d_err, 0, sizeof(int), stream) != cudaSuccess)
-        status = SA_ERR_CUDA;
-    if (!status) {
-        validate_rows_kernel<<<grid, kWarpsPerBlock * kWarp, smem, stream>>>(
-            indices, counts, rows, max_blocks, kv_blocks, allow_empty, d_err);
-        if (cudaGetLastError() != cudaSuccess ||
-            cudaMemcpyAsync(&h_err, d_err, sizeof(int), cudaMemcpyDeviceToHost, stream) !=
-                cudaSuccess)
-            status = SA_ERR_CUDA;
-    }
-    cudaFreeAsync(d_err, stream);
-    if (cudaStreamSynchronize(stream) != cudaSuccess)
+    if (cudaMemsetAsync(v->dev, 0, sizeof(int), stream) != cudaSuccess)
         return SA_ERR_CUDA;
-    return status ? status : h_err;
+    validate_rows_kernel<<<grid, kWarpsPerBlock * kWarp, smem, stream>>>(
+        indices, counts, rows, max_blocks, kv_blocks, allow_empty, v->dev);
+    if (cudaGetLastError() != cudaSuccess)
+        return SA_ERR_CUDA;
+    *flag = v->dev;
+    return SA_OK;
 }
 
-} // namespace
-
-extern "C" int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty,
-                                       void *stream)
+int check_tile_args(const sa_shape *s, const sa_tile_lists *l)
 {
     if (!s || !l)
         return SA_ERR_NULL;
@@ -107,8 +124,42 @@ extern "C" int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *l
         return SA_ERR_LIST_HEADS;
     if (l->max_blocks <= 0)
         return SA_ERR_MAX_BLOCKS;
-    return validate_rows(l->indices, l->counts, (long long)sa_tile_rows(s, l), l->max_blocks,
-                         sa_kv_blocks(s), allow_empty, (cudaStream_t)stream);
+    return SA_OK;
+}
+
+} // namespace
+
+extern "C" int sa_validate_tile_lists_enqueue(const sa_shape *s, const sa_tile_lists *l,
+                                              int allow_empty, void *stream, int **flag)
+{
+    int err = check_tile_args(s, l);
+    if (err)
+        return err;
+    return enqueue_rows(l->indices, l->counts, (long long)sa_tile_rows(s, l), l->max_blocks,
+                        sa_kv_blocks(s), allow_empty, (cudaStream_t)stream, flag);
+}
+
+extern "C" int sa_validate_finish(const int *flag, void *stream)
+{
+    Verdict *v;
+    int rc = verdict_for_this_thread(&v);
+    if (rc)
+        return rc;
+    if (flag != v->dev)
+        return SA_ERR_ARG;
+    if (cudaMemcpyAsync(v->host, v->dev, sizeof(int), cudaMemcpyDeviceToHost,
+                        (cudaStream_t)stream) != cudaSuccess ||
+        cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+        return SA_ERR_CUDA;
+    return *v->host;
+}
+
+extern "C" int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty,
+                                       void *stream)
+{
+    int *flag;
+    int err = sa_validate_tile_lists_enqueue(s, l, allow_empty, stream, &flag);
+    return err ? err : sa_validate_finish(flag, stream);
 }
 
 extern "C" int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists *l,
@@ -123,6 +174,8 @@ extern "C" int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists 
         return SA_ERR_NULL;
     if (l->max_blocks <= 0)
         return SA_ERR_MAX_BLOCKS;
-    return validate_rows(l->indices, l->counts, (long long)sa_query_rows(s), l->max_blocks,
-                         sa_kv_blocks(s), allow_empty, (cudaStream_t)stream);
+    int *flag;
+    err = enqueue_rows(l->indices, l->counts, (long long)sa_query_rows(s), l->max_blocks,
+                       sa_kv_blocks(s), allow_empty, (cudaStream_t)stream, &flag);
+    return err ? err : sa_validate_finish(flag, (cudaStream_t)stream);
 }
