@@ -4,7 +4,8 @@
 # Builds with CUDA, runs `meson test --suite gpu`, optionally compute-sanitizer (memcheck and
 # racecheck on the small-shape GPU tests) and benchmarks. Logs go to $OUT (or ./device-logs).
 # SA_GPU_ONLY="gpu_a gpu_b" limits the gpu suite and the sanitizer to those tests (to fit a short
-# device run); unset, every gpu test runs.
+# device run); unset, every gpu test runs. SA_SANITIZE_ONLY="gpu_a ..." limits only the
+# sanitizer runs.
 # Extra flags: $SA_BENCH_ARGS goes to every `sparseattn bench NAME` (e.g. "--json"),
 # $SA_PEERS_ARGS to bench/peers.py (e.g. "--mode sparse --budget-s 200").
 set -uo pipefail
@@ -40,6 +41,9 @@ while [ $i -lt ${#shift_args[@]} ]; do
         for t in build-gpu/tests/test_gpu_*; do
             [ -x "$t" ] || continue
             if [ -n "${SA_GPU_ONLY:-}" ] && [[ " $SA_GPU_ONLY " != *" ${t##*/test_} "* ]]; then
+                continue
+            fi
+            if [ -n "${SA_SANITIZE_ONLY:-}" ] && [[ " $SA_SANITIZE_ONLY " != *" ${t##*/test_} "* ]]; then
                 continue
             fi
             for tool in memcheck racecheck; do
