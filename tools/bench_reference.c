@@ -117,18 +117,8 @@ int bench_reference(int argc, char **argv)
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(f, "--batch"))
-            s.batch = (int)cli_int_arg(argc, argv, &i, 1, 1 << 16);
-        else if (!strcmp(f, "--heads-q"))
-            s.heads_q = (int)cli_int_arg(argc, argv, &i, 1, 1 << 16);
-        else if (!strcmp(f, "--heads-kv"))
-            s.heads_kv = (int)cli_int_arg(argc, argv, &i, 1, 1 << 16);
-        else if (!strcmp(f, "--len-q"))
-            s.len_q = (int)cli_int_arg(argc, argv, &i, 1, 1 << 24);
-        else if (!strcmp(f, "--len-kv"))
-            s.len_kv = (int)cli_int_arg(argc, argv, &i, 1, 1 << 24);
-        else if (!strcmp(f, "--head-dim"))
-            s.head_dim = (int)cli_int_arg(argc, argv, &i, 64, 128);
+        } else if (cli_shape_flag(argc, argv, &i, &s))
+            continue;
         else if (!strcmp(f, "--topk"))
             topk = (int)cli_int_arg(argc, argv, &i, 1, 1 << 20);
         else if (!strcmp(f, "--seed"))

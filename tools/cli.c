@@ -1,5 +1,6 @@
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -54,6 +55,29 @@ uint64_t cli_u64_arg(int argc, char **argv, int *i)
 }
 
 const char *cli_str_arg(int argc, char **argv, int *i) { return value_of(argc, argv, i); }
+
+int cli_shape_flag(int argc, char **argv, int *i, sa_shape *s)
+{
+    static const struct {
+        const char *flag;
+        size_t offset;
+        long max;
+    } fields[] = {
+        {"--batch", offsetof(sa_shape, batch), 1 << 16},
+        {"--heads-q", offsetof(sa_shape, heads_q), 1 << 16},
+        {"--heads-kv", offsetof(sa_shape, heads_kv), 1 << 16},
+        {"--len-q", offsetof(sa_shape, len_q), 1 << 24},
+        {"--len-kv", offsetof(sa_shape, len_kv), 1 << 24},
+        {"--head-dim", offsetof(sa_shape, head_dim), 1 << 12},
+    };
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+        if (!strcmp(argv[*i], fields[f].flag)) {
+            int v = (int)cli_int_arg(argc, argv, i, 1, fields[f].max);
+            memcpy((char *)s + fields[f].offset, &v, sizeof v);
+            return 1;
+        }
+    return 0;
+}
 
 double cli_now(void)
 {

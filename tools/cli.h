@@ -18,6 +18,13 @@ long cli_int_arg(int argc, char **argv, int *i, long min, long max);
 uint64_t cli_u64_arg(int argc, char **argv, int *i);
 const char *cli_str_arg(int argc, char **argv, int *i);
 
+/* If argv[*i] is one of the shape flags (--batch --heads-q --heads-kv --len-q --len-kv
+ * --head-dim), parse its value into *s, advance *i and return 1; else return 0. Whether the
+ * shape as a whole is valid is left to sa_shape_check. */
+int cli_shape_flag(int argc, char **argv, int *i, sa_shape *s);
+#define CLI_SHAPE_FLAGS_HELP \
+    "  --batch N --heads-q N --heads-kv N --len-q N --len-kv N --head-dim 64|128\n"
+
 double cli_now(void); /* monotonic seconds */
 
 /* A progress line on stderr, overwritten in place; cli_progress_done ends it. Silent when stderr

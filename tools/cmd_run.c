@@ -22,7 +22,7 @@ static void run_usage(FILE *f)
 {
     fprintf(f,
             "usage: sparseattn run [flags]\n"
-            "  --batch N --heads-q N --heads-kv N --len-q N --len-kv N --head-dim 64|128\n"
+            CLI_SHAPE_FLAGS_HELP
             "  --topk K          blocks of 128 keys per query tile (default 16)\n"
             "  --seed S          RNG seed for inputs and random lists (default 1)\n"
             "  --selector NAME   a registered selector (default: random)\n"
@@ -45,18 +45,8 @@ static void parse(int argc, char **argv, run_cfg *c)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             run_usage(stdout);
             exit(0);
-        } else if (!strcmp(a, "--batch"))
-            c->s.batch = (int)cli_int_arg(argc, argv, &i, 1, 4096);
-        else if (!strcmp(a, "--heads-q"))
-            c->s.heads_q = (int)cli_int_arg(argc, argv, &i, 1, 1024);
-        else if (!strcmp(a, "--heads-kv"))
-            c->s.heads_kv = (int)cli_int_arg(argc, argv, &i, 1, 1024);
-        else if (!strcmp(a, "--len-q"))
-            c->s.len_q = (int)cli_int_arg(argc, argv, &i, 1, big);
-        else if (!strcmp(a, "--len-kv"))
-            c->s.len_kv = (int)cli_int_arg(argc, argv, &i, 1, big);
-        else if (!strcmp(a, "--head-dim"))
-            c->s.head_dim = (int)cli_int_arg(argc, argv, &i, 1, 1024);
+        } else if (cli_shape_flag(argc, argv, &i, &c->s))
+            continue;
         else if (!strcmp(a, "--topk"))
             c->topk = (int)cli_int_arg(argc, argv, &i, 1, big);
         else if (!strcmp(a, "--seed"))
