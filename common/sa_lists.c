@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sparseattn.h"
+#include "sa_internal.h"
 
 size_t sa_tile_rows(const sa_shape *s, const sa_tile_lists *l)
 {
@@ -49,7 +49,7 @@ static int check_rows(const int32_t *idx, const int32_t *counts, size_t rows, in
     return err;
 }
 
-int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty)
+int sa_tile_lists_check_args(const sa_shape *s, const sa_tile_lists *l)
 {
     if (!s || !l)
         return SA_ERR_NULL;
@@ -62,11 +62,10 @@ int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_emp
         return SA_ERR_LIST_HEADS;
     if (l->max_blocks <= 0)
         return SA_ERR_MAX_BLOCKS;
-    return check_rows(l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks, sa_kv_blocks(s),
-                      allow_empty);
+    return SA_OK;
 }
 
-int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_empty)
+int sa_query_lists_check_args(const sa_shape *s, const sa_query_lists *l)
 {
     if (!s || !l)
         return SA_ERR_NULL;
@@ -77,6 +76,23 @@ int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_e
         return SA_ERR_NULL;
     if (l->max_blocks <= 0)
         return SA_ERR_MAX_BLOCKS;
+    return SA_OK;
+}
+
+int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty)
+{
+    int err = sa_tile_lists_check_args(s, l);
+    if (err)
+        return err;
+    return check_rows(l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks, sa_kv_blocks(s),
+                      allow_empty);
+}
+
+int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_empty)
+{
+    int err = sa_query_lists_check_args(s, l);
+    if (err)
+        return err;
     return check_rows(l->indices, l->counts, sa_query_rows(s), l->max_blocks, sa_kv_blocks(s),
                       allow_empty);
 }

@@ -10,6 +10,7 @@
 // found (atomicMin), so a list with one fault reports the same code as the host validator.
 #include <cuda_runtime.h>
 
+#include "sa_internal.h"
 #include "sa_validate.h"
 
 namespace {
@@ -111,28 +112,13 @@ int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, 
     return SA_OK;
 }
 
-int check_tile_args(const sa_shape *s, const sa_tile_lists *l)
-{
-    if (!s || !l)
-        return SA_ERR_NULL;
-    int err = sa_shape_check(s);
-    if (err)
-        return err;
-    if (!l->indices)
-        return SA_ERR_NULL;
-    if (l->list_heads != s->heads_kv && l->list_heads != s->heads_q)
-        return SA_ERR_LIST_HEADS;
-    if (l->max_blocks <= 0)
-        return SA_ERR_MAX_BLOCKS;
-    return SA_OK;
-}
 
 } // namespace
 
 extern "C" int sa_validate_tile_lists_enqueue(const sa_shape *s, const sa_tile_lists *l,
                                               int allow_empty, void *stream, int **flag)
 {
-    int err = check_tile_args(s, l);
+    int err = sa_tile_lists_check_args(s, l);
     if (err)
         return err;
     return enqueue_rows(l->indices, l->counts, (long long)sa_tile_rows(s, l), l->max_blocks,
@@ -165,15 +151,9 @@ extern "C" int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *l
 extern "C" int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists *l,
                                         int allow_empty, void *stream)
 {
-    if (!s || !l)
-        return SA_ERR_NULL;
-    int err = sa_shape_check(s);
+    int err = sa_query_lists_check_args(s, l);
     if (err)
         return err;
-    if (!l->indices)
-        return SA_ERR_NULL;
-    if (l->max_blocks <= 0)
-        return SA_ERR_MAX_BLOCKS;
     int *flag;
     err = enqueue_rows(l->indices, l->counts, (long long)sa_query_rows(s), l->max_blocks,
                        sa_kv_blocks(s), allow_empty, (cudaStream_t)stream, &flag);
