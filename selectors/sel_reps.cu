@@ -1,9 +1,10 @@
 // r1 and r4 on the GPU: the representative scoring of sel_reps.c in three launches.
 //
 // 1. group_means: the mean of every group of `span` tokens (128 for r1, 32 for r4), for Q and K
-//    in one launch. A thread owns 8 dimensions of one group and adds the tokens in order, then
-//    divides by the group's valid token count: the same FP32 operations in the same order as the
-//    CPU, so the means are bit-identical. 16-byte loads, 16 or 32 in flight per thread.
+//    in one launch. A CTA copies 128 tokens x 128 dims into shared memory (cp.async, all in
+//    flight at once), then a thread per dim adds each group's tokens in order and divides by the
+//    group's valid token count: the same FP32 operations in the same order as the CPU, so the
+//    means are bit-identical.
 // 2. rep_scores: per (batch, KV head, Q tile) row and a chunk of KV blocks, the dot products of
 //    the row's query means (P = 128/span per head, every head of the GQA group) with the chunk's
 //    key means, as a small FP32 SGEMM through shared memory (4 x 4 outputs per thread); a block's
@@ -16,92 +17,78 @@
 
 namespace {
 
-constexpr int kMeanThreads = 64; // small CTAs: r1 has few threads, spread them over all SMs
+// A means CTA stages a tile of kMeanTok tokens x kMeanDims dims (32 KB of BF16) in shared
+// memory with 16-byte cp.async copies, all in flight at once (no registers held), then thread d
+// adds column d of each group in token order. The tile's tokens start at a multiple of 128, so
+// groups (128 or 32 tokens) never straddle tiles.
+constexpr int kMeanTok = 128, kMeanDims = 128, kMeanThreads = kMeanDims;
 
-// Q groups first, then K groups; each vector gets dim/8 threads.
 struct MeanArgs {
-    const uint16_t *x[2];
-    float *out[2];
-    int heads[2], len[2], groups[2];
-    long long threads0; // threads covering Q
-    long long total;
-    int dim, span;
+    const uint16_t *x[2]; // Q, K: (heads, len, dim)
+    float *out[2];        // (heads, groups, dim)
+    int len[2], groups[2], tiles[2]; // tiles: token tiles per head
+    long long ctas0;      // CTAs covering Q
+    int dim, slices;      // dim slices of kMeanDims
 };
 
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-// UNROLL loads in flight per thread: 32 for r1 (few threads, 128 tokens each), 16 for r4.
-// The 2nd launch bound makes ptxas keep them all in flight (without it, it interleaves them with
-// the adds to save registers).
-template <int UNROLL>
-__global__ void __launch_bounds__(kMeanThreads, 2) group_means(MeanArgs a)
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
 {
-    // r1's means run in one wave: its scores kernel may become resident at once and wait.
-    // r4's take more than a wave, so they let it in only as they finish.
-    if (UNROLL == 32)
-        sel_pdl_trigger();
-    const long long t = (long long)blockIdx.x * kMeanThreads + threadIdx.x;
-    if (t >= a.total)
-        return;
-    const int side = t >= a.threads0;
-    const long long u = side ? t - a.threads0 : t;
-    const int d8 = a.dim / 8;
-    const long long vec = u / d8; // (head, group)
-    const int dpart = (int)(u % d8);
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <int P> // groups per tile: 1 (r1, span 128) or 4 (r4, span 32)
+__global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
+{
+    constexpr int span = kMeanTok / P;
+    __shared__ __align__(16) uint16_t tile[kMeanTok][kMeanDims];
+    const long long c = blockIdx.x;
+    const int side = c >= a.ctas0;
+    const long long u = side ? c - a.ctas0 : c;
     // Ternaries, not a.x[side]: a runtime index into the parameter struct would copy it to
     // local memory.
-    const int groups = side ? a.groups[1] : a.groups[0], len = side ? a.len[1] : a.len[0];
+    const int len = side ? a.len[1] : a.len[0], groups = side ? a.groups[1] : a.groups[0];
+    const int tiles = side ? a.tiles[1] : a.tiles[0];
     const uint16_t *x = side ? a.x[1] : a.x[0];
     float *out = side ? a.out[1] : a.out[0];
-    const long long h = vec / groups;
-    const int g = (int)(vec % groups);
-    const int n = min(a.span, len - g * a.span);
-    const uint4 *src =
-        reinterpret_cast<const uint4 *>(x + ((size_t)h * len + (size_t)g * a.span) * a.dim) +
-        dpart;
-    const int stride = d8; // uint4 per token
-    float acc[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        acc[j] = 0.0f;
-    int i = 0;
-    for (; i + UNROLL <= n; i += UNROLL) {
-        uint4 v[UNROLL];
-#pragma unroll
-        for (int r = 0; r < UNROLL; r++)
-            v[r] = __ldg(src + (size_t)(i + r) * stride);
-#pragma unroll
-        for (int r = 0; r < UNROLL; r++) {
-            acc[0] = __fadd_rn(acc[0], bf16_lo(v[r].x));
-            acc[1] = __fadd_rn(acc[1], bf16_hi(v[r].x));
-            acc[2] = __fadd_rn(acc[2], bf16_lo(v[r].y));
-            acc[3] = __fadd_rn(acc[3], bf16_hi(v[r].y));
-            acc[4] = __fadd_rn(acc[4], bf16_lo(v[r].z));
-            acc[5] = __fadd_rn(acc[5], bf16_hi(v[r].z));
-            acc[6] = __fadd_rn(acc[6], bf16_lo(v[r].w));
-            acc[7] = __fadd_rn(acc[7], bf16_hi(v[r].w));
-        }
+    const int slice = (int)(u % a.slices);
+    const long long rest = u / a.slices;
+    const int tt = (int)(rest % tiles);
+    const long long h = rest / tiles;
+    const int t0 = tt * kMeanTok, nt = min(kMeanTok, len - t0);
+    const int d0 = slice * kMeanDims, nd = min(kMeanDims, a.dim - d0); // a multiple of 16
+
+    const int cpr = nd / 8; // 16-byte pieces per token row
+    const uint16_t *src = x + ((size_t)h * len + t0) * a.dim + d0;
+    for (int i = threadIdx.x; i < nt * cpr; i += kMeanThreads) {
+        const int r = i / cpr, cc = i % cpr;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+                     ::"r"(smem_addr(&tile[r][cc * 8])), "l"(src + (size_t)r * a.dim + cc * 8));
     }
-    for (; i < n; i++) {
-        uint4 v = __ldg(src + (size_t)i * stride);
-        acc[0] = __fadd_rn(acc[0], bf16_lo(v.x));
-        acc[1] = __fadd_rn(acc[1], bf16_hi(v.x));
-        acc[2] = __fadd_rn(acc[2], bf16_lo(v.y));
-        acc[3] = __fadd_rn(acc[3], bf16_hi(v.y));
-        acc[4] = __fadd_rn(acc[4], bf16_lo(v.z));
-        acc[5] = __fadd_rn(acc[5], bf16_hi(v.z));
-        acc[6] = __fadd_rn(acc[6], bf16_lo(v.w));
-        acc[7] = __fadd_rn(acc[7], bf16_hi(v.w));
+    asm volatile("cp.async.commit_group;\n" ::);
+    sel_pdl_trigger(); // every CTA has started: the scores kernel may be scheduled
+    asm volatile("cp.async.wait_all;\n" ::);
+    __syncthreads();
+
+    const int d = threadIdx.x;
+    if (d >= nd)
+        return;
+    // The P groups' sums are independent chains; each adds its tokens in order, as the CPU does.
+    float acc[P];
+#pragma unroll
+    for (int g = 0; g < P; g++)
+        acc[g] = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < span; i++)
+#pragma unroll
+        for (int g = 0; g < P; g++)
+            if (g * span + i < nt)
+                acc[g] = __fadd_rn(acc[g], __uint_as_float((uint32_t)tile[g * span + i][d] << 16));
+#pragma unroll
+    for (int g = 0; g < P; g++) {
+        const int n = min(span, nt - g * span);
+        if (n > 0)
+            out[((size_t)h * groups + tt * P + g) * a.dim + d0 + d] = __fdiv_rn(acc[g], (float)n);
     }
-    const float fn = (float)n;
-    float4 *dst = reinterpret_cast<float4 *>(out + (size_t)vec * a.dim) + dpart * 2;
-    dst[0] = make_float4(__fdiv_rn(acc[0], fn), __fdiv_rn(acc[1], fn), __fdiv_rn(acc[2], fn),
-                         __fdiv_rn(acc[3], fn));
-    dst[1] = make_float4(__fdiv_rn(acc[4], fn), __fdiv_rn(acc[5], fn), __fdiv_rn(acc[6], fn),
-                         __fdiv_rn(acc[7], fn));
-    if (UNROLL != 32)
-        sel_pdl_trigger();
 }
 
 // Score tiling: 64 query means x 64 key means per pass, dims in chunks of 32, 16 x 16 threads
@@ -247,17 +234,20 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     MeanArgs ma;
     ma.x[0] = c.q, ma.x[1] = c.k;
     ma.out[0] = qr, ma.out[1] = kr;
-    ma.heads[0] = s->batch * s->heads_q, ma.heads[1] = s->batch * s->heads_kv;
     ma.len[0] = s->len_q, ma.len[1] = s->len_kv;
     ma.groups[0] = qg, ma.groups[1] = kg;
-    ma.dim = c.dim, ma.span = span;
-    ma.threads0 = (long long)nq * (c.dim / 8);
-    ma.total = ma.threads0 + (long long)nk * (c.dim / 8);
-    const unsigned mean_ctas = (unsigned)((ma.total + kMeanThreads - 1) / kMeanThreads);
+    ma.tiles[0] = c.q_tiles, ma.tiles[1] = c.kv_blocks;
+    ma.dim = c.dim;
+    ma.slices = (c.dim + kMeanDims - 1) / kMeanDims;
+    ma.ctas0 = (long long)s->batch * s->heads_q * c.q_tiles * ma.slices;
+    const long long mean_ctas =
+        ma.ctas0 + (long long)s->batch * s->heads_kv * c.kv_blocks * ma.slices;
+    if (mean_ctas > 0x7fffffffLL)
+        return SA_ERR_UNSUPPORTED;
     if (span == SA_TILE)
-        group_means<32><<<mean_ctas, kMeanThreads, 0, st>>>(ma);
+        group_means<1><<<(unsigned)mean_ctas, kMeanThreads, 0, st>>>(ma);
     else
-        group_means<16><<<mean_ctas, kMeanThreads, 0, st>>>(ma);
+        group_means<4><<<(unsigned)mean_ctas, kMeanThreads, 0, st>>>(ma);
     SEL_TRY(cudaGetLastError());
 
     ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg};

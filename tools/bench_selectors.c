@@ -23,10 +23,12 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: sparseattn bench selectors [--reps N] [--warmup N] [--stage ID] [--seed S]\n"
-            "                                  [--gemm-tflops T] [--validate] [--json]\n\n"
+            "                                  [--gemm-tflops T] [--validate] [--json]\n"
+            "                                  [--len-kv N] [--no-pipeline]\n\n"
             "GPU selectors alone (median time vs the memory floor), then the selector ->\n"
             "attention pipeline's useful TFLOP/s against the attention alone, at batch 2,\n"
-            "16 query heads on 1 KV head, D 128, 4096 queries, 4K/8K/16K keys, top-16.\n");
+            "16 query heads on 1 KV head, D 128, 4096 queries, 4K/8K/16K keys, top-16.\n"
+            "--len-kv N runs that key length alone; --no-pipeline times the selectors only.\n");
 }
 
 #define BENCH_K 16
@@ -292,16 +294,26 @@ static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, sa_g
 int bench_selectors(int argc, char **argv)
 {
     bench_flags f;
-    /* --validate is ours; the shared parser knows --no-validate only. */
-    int validate = 0;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--validate")) {
-            validate = 1;
-            for (int j = i; j + 1 < argc; j++)
-                argv[j] = argv[j + 1];
-            argc--;
+    /* --validate, --len-kv and --no-pipeline are ours; the shared parser knows the rest. */
+    int validate = 0, only_len = 0, no_pipeline = 0;
+    for (int i = 1; i < argc; i++) {
+        int used = 0;
+        if (!strcmp(argv[i], "--validate"))
+            validate = used = 1;
+        else if (!strcmp(argv[i], "--no-pipeline"))
+            no_pipeline = used = 1;
+        else if (!strcmp(argv[i], "--len-kv")) {
+            int j = i;
+            only_len = (int)cli_int_arg(argc, argv, &j, 1, 1 << 30);
+            used = 2;
+        }
+        if (used) {
+            for (int j = i; j + used < argc; j++)
+                argv[j] = argv[j + used];
+            argc -= used;
             i--;
         }
+    }
     bench_parse(argc, argv, "selectors", 1, usage, &f);
     f.no_validate = !validate;
     bench_env e;
@@ -311,8 +323,8 @@ int bench_selectors(int argc, char **argv)
     if (!attn)
         printf("no sparse attention stage in the registry: the pipeline part is skipped\n");
     int status = 0;
-    for (int li = 0; li < NLENS && !status; li++) {
-        sa_shape s = {2, 16, 1, 4096, bench_lens[li], 128};
+    for (int li = 0; li < (only_len ? 1 : NLENS) && !status; li++) {
+        sa_shape s = {2, 16, 1, 4096, only_len ? only_len : bench_lens[li], 128};
         const size_t rows_q = (size_t)s.batch * s.heads_kv * s.len_q;
         const size_t rows_t = (size_t)s.batch * s.heads_kv * sa_q_tiles(&s);
         sa_gb_set sets[BENCH_MAX_SETS];
@@ -348,7 +360,7 @@ int bench_selectors(int argc, char **argv)
             fprintf(stderr, "sparseattn: bench selectors: %s\n", bench_why(rc));
         if (!rc)
             rc = selectors_alone(&e, &f, &s, sets, nsets);
-        if (!rc && attn)
+        if (!rc && attn && !no_pipeline)
             rc = pipelines(&e, &f, &s, sets, nsets, attn);
         sa_gb_free(bx.idx), sa_gb_free(bx.cnt), sa_gb_free(bx.qv), sa_gb_free(bx.qs);
         sa_gb_free(bx.qwork);
