@@ -133,11 +133,12 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 acc[i][j] = 0.0f;
-        // 64 vectors x 32 dims per operand and chunk: thread -> (vector tid / 4, 8 dims at
-        // (tid % 4) * 8). dim is a multiple of 16, so a slice is wholly inside or wholly past
-        // it; zeros past it add exact zeros. The next chunk's loads are issued into registers
-        // before this chunk's FMAs, so their latency hides behind the arithmetic.
-        const int v = tid / 4, dd = (tid % 4) * 8;
+        // 64 vectors x 32 dims per operand and chunk: thread -> (vector tid % 64, 8 dims at
+        // (tid / 64) * 8), so a warp's transposed stores hit 32 consecutive floats (no bank
+        // conflicts). dim is a multiple of 16, so a slice is wholly inside or wholly past it;
+        // zeros past it add exact zeros. The next chunk's loads are issued into registers before
+        // this chunk's FMAs, so their latency hides behind the arithmetic.
+        const int v = tid % 64, dd = (tid / 64) * 8;
         const int m = m0 + v, e = blk0 * P + v;
         const float *qsrc = m < mq_total && t * P + m % P < a.qg
                                 ? qr + (((size_t)b * a.heads_q + hkv * a.group + m / P) * a.qg +
