@@ -9,16 +9,9 @@
 extern "C" {
 #include "sel_internal.h"
 }
+#include "sa_cuda_internal.h" // SA_CUDA_TRY
 #include "sel_cuda.h"
 
-// Evaluate a CUDA runtime call; on failure clear the (non-sticky) error and return SA_ERR_CUDA.
-#define SEL_TRY(call)                                                                             \
-    do {                                                                                          \
-        if ((call) != cudaSuccess) {                                                              \
-            (void)cudaGetLastError();                                                             \
-            return SA_ERR_CUDA;                                                                   \
-        }                                                                                         \
-    } while (0)
 
 // Scores travel between kernels as uint32 keys whose unsigned order is the CPU's ranking order
 // (sel_pick_row): a larger score gives a larger key, NaN gives 0 (below every number), and -0.0

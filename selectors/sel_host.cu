@@ -104,9 +104,9 @@ extern "C" int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, cons
     const size_t list = sized ? sa_selector_list_len(sel, s, p->k) : 0;
     const size_t rows = sized ? list / p->k : 0;
     HostRun r;
-    SEL_TRY(cudaStreamCreateWithFlags(&r.st, cudaStreamNonBlocking));
-    SEL_TRY(cudaEventCreate(&r.ev[0]));
-    SEL_TRY(cudaEventCreate(&r.ev[1]));
+    SA_CUDA_TRY(cudaStreamCreateWithFlags(&r.st, cudaStreamNonBlocking));
+    SA_CUDA_TRY(cudaEventCreate(&r.ev[0]));
+    SA_CUDA_TRY(cudaEventCreate(&r.ev[1]));
     dp.stream = r.st;
     void *dq = nullptr, *dk = nullptr, *dqi = nullptr, *dki = nullptr, *di = nullptr,
          *dc = nullptr;
@@ -131,21 +131,21 @@ extern "C" int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, cons
     }
     dp.q_index = static_cast<const uint16_t *>(dqi);
     dp.k_index = static_cast<const uint16_t *>(dki);
-    SEL_TRY(cudaEventRecord(r.ev[0], r.st));
+    SA_CUDA_TRY(cudaEventRecord(r.ev[0], r.st));
     err = sel->cuda(s, static_cast<const uint16_t *>(dq), static_cast<const uint16_t *>(dk), &dp,
                     static_cast<int32_t *>(di), static_cast<int32_t *>(dc));
     if (err)
         return err;
-    SEL_TRY(cudaEventRecord(r.ev[1], r.st));
-    SEL_TRY(cudaStreamSynchronize(r.st));
-    SEL_TRY(cudaGetLastError());
+    SA_CUDA_TRY(cudaEventRecord(r.ev[1], r.st));
+    SA_CUDA_TRY(cudaStreamSynchronize(r.st));
+    SA_CUDA_TRY(cudaGetLastError());
     if (gpu_ms) {
         float ms = 0.0f;
-        SEL_TRY(cudaEventElapsedTime(&ms, r.ev[0], r.ev[1]));
+        SA_CUDA_TRY(cudaEventElapsedTime(&ms, r.ev[0], r.ev[1]));
         *gpu_ms = ms;
     }
-    SEL_TRY(cudaMemcpy(indices, di, list * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    SA_CUDA_TRY(cudaMemcpy(indices, di, list * sizeof(int32_t), cudaMemcpyDeviceToHost));
     if (counts)
-        SEL_TRY(cudaMemcpy(counts, dc, rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        SA_CUDA_TRY(cudaMemcpy(counts, dc, rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
     return SA_OK;
 }

@@ -204,11 +204,11 @@ int quantize_async(const uint16_t *x, size_t n, unsigned *amax, int *bad, uint8_
                    uint8_t *scales, __nv_bfloat16 *deq, float *ts_out, cudaStream_t st)
 {
     amax_kernel<<<amax_grid(n), kQuantThreads, 0, st>>>(x, n, amax, bad);
-    SEL_TRY(cudaGetLastError());
+    SA_CUDA_TRY(cudaGetLastError());
     const size_t blocks = n / kBlock;
     quant_kernel<<<(unsigned)((blocks + kQuantThreads - 1) / kQuantThreads), kQuantThreads, 0,
                    st>>>(x, blocks, amax, values, scales, deq, ts_out);
-    SEL_TRY(cudaGetLastError());
+    SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }
 
@@ -380,7 +380,7 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     if (rows > 0x7fffffffu)
         return SA_ERR_UNSUPPORTED;
     const size_t smem = score_smem(c.dim);
-    SEL_TRY(cudaFuncSetAttribute(score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    SA_CUDA_TRY(cudaFuncSetAttribute(score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem));
 
     SelScratch scr(st);
@@ -395,9 +395,9 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     float *ts = scr.at<float>(o_ts);                                                // ts: Q, K
     int *bad = scr.at<int>(o_bad);
     // Every block of every row gets at least one atomicMax; 0 is below any key written.
-    SEL_TRY(cudaMemsetAsync(keys, 0, rows * c.kv_blocks * sizeof(unsigned), st));
-    SEL_TRY(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), st));
-    SEL_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
+    SA_CUDA_TRY(cudaMemsetAsync(keys, 0, rows * c.kv_blocks * sizeof(unsigned), st));
+    SA_CUDA_TRY(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), st));
+    SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
     if ((err = quantize_async(c.q, nq, amax, bad, nullptr, nullptr, qd, ts, st)) ||
         (err = quantize_async(c.k, nk, amax + 1, bad, nullptr, nullptr, kd, ts + 1, st)))
         return err;
@@ -405,13 +405,13 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                  c.kv_blocks, per_query};
     score_kernel<<<(unsigned)((size_t)s->batch * s->heads_q * c.q_tiles), kScoreThreads, smem,
                    st>>>(qd, kd, ts, na, keys);
-    SEL_TRY(cudaGetLastError());
+    SA_CUDA_TRY(cudaGetLastError());
     if ((err = sel_cuda_topk(keys, (int)rows, c.kv_blocks, per_bh, per_query, c.k_sel,
                              c.keep_diagonal, c.keep_sink, indices, counts, st)))
         return err;
     int h_bad = 0;
-    SEL_TRY(cudaMemcpyAsync(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost, st));
-    SEL_TRY(cudaStreamSynchronize(st));
+    SA_CUDA_TRY(cudaMemcpyAsync(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost, st));
+    SA_CUDA_TRY(cudaStreamSynchronize(st));
     return h_bad ? SA_ERR_ARG : SA_OK;
 }
 
@@ -448,15 +448,15 @@ extern "C" int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4
     unsigned *amax = scr.at<unsigned>(o_amax);
     float *ts = scr.at<float>(o_ts);
     int *bad = scr.at<int>(o_bad);
-    SEL_TRY(cudaMemsetAsync(amax, 0, sizeof(unsigned), st));
-    SEL_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
+    SA_CUDA_TRY(cudaMemsetAsync(amax, 0, sizeof(unsigned), st));
+    SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
     if ((err = quantize_async(x, n, amax, bad, q->values, q->scales, nullptr, ts, st)))
         return err;
     int h_bad = 0;
     float h_ts = 0.0f;
-    SEL_TRY(cudaMemcpyAsync(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost, st));
-    SEL_TRY(cudaMemcpyAsync(&h_ts, ts, sizeof h_ts, cudaMemcpyDeviceToHost, st));
-    SEL_TRY(cudaStreamSynchronize(st));
+    SA_CUDA_TRY(cudaMemcpyAsync(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost, st));
+    SA_CUDA_TRY(cudaMemcpyAsync(&h_ts, ts, sizeof h_ts, cudaMemcpyDeviceToHost, st));
+    SA_CUDA_TRY(cudaStreamSynchronize(st));
     if (h_bad)
         return SA_ERR_ARG;
     q->n = n;
@@ -475,7 +475,7 @@ extern "C" int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *va
     if (!sel_aligned16(x) || (reinterpret_cast<uintptr_t>(values) & 7))
         return SA_ERR_UNSUPPORTED;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    SEL_TRY(cudaMemsetAsync(work, 0, sizeof(unsigned), st));
-    SEL_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
+    SA_CUDA_TRY(cudaMemsetAsync(work, 0, sizeof(unsigned), st));
+    SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
     return quantize_async(x, n, work, bad, values, scales, nullptr, tensor_scale, st);
 }

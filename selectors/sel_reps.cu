@@ -249,7 +249,7 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         group_means<1><<<(unsigned)mean_ctas, kMeanThreads, 0, st>>>(ma);
     else
         group_means<4><<<(unsigned)mean_ctas, kMeanThreads, 0, st>>>(ma);
-    SEL_TRY(cudaGetLastError());
+    SA_CUDA_TRY(cudaGetLastError());
 
     ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg};
     dim3 grid(rows, (c.kv_blocks + kNK / P - 1) / (kNK / P));
