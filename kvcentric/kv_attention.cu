@@ -6,28 +6,37 @@
 //
 // Schedule: a persistent-style grid (two CTAs per SM) where CTA i takes a contiguous run of the
 // task list. Consecutive tasks mostly share a bucket (full tasks are in bucket order), so a CTA
-// reloads K/V only when the bucket changes; the queries are gathered for every task. While one
-// CTA waits on its loads the other on the SM computes.
+// reloads K/V only when the bucket changes. Each warp owns 16 rows of every task: it gathers its
+// own Q rows and writes its own partials, so between bucket changes warps never wait for each
+// other, and a warp issues the next task's Q rows as soon as its QK and softmax of the current
+// task are done: that load runs under the PV and the stores.
 //
-// Per task, numbered steps:
-//   1. (bucket changed) cp.async K and V of the block into swizzled shared memory; keys past the
-//      end of a partial block are zero-filled.
-//   2. cp.async the task's Q rows (gathered: each row's query comes from the reverse index);
-//      rows past the task's count are zero-filled.
-//   3. wait, barrier (kv-ready, q-ready).
-//   4. each warp with a live row: S = Q K^T for its 16 rows (mma.sync m16n8k16, BF16 -> FP32),
-//      keys past the block's length set to -inf.
-//   5. softmax over this block only: row max, exp2 with scale*log2(e) folded, row sum.
-//   6. O = P V with P re-used from the S registers as the A operand (no shared-memory trip),
-//      16 output dims at a time so only 8 accumulators are live.
-//   7. O / sum and LSE = (max*scale) + ln(sum) straight to global: the partial of
-//      (query, head, slot), FP32 or BF16.
-//   8. barrier (smem-free) before the next task overwrites Q (and maybe K/V).
+// Per task, per warp, numbered steps (the task's Q rows and K/V are in shared memory at step 1):
+//   1. S = Q K^T for the warp's 16 rows (mma.sync m16n8k16, BF16 -> FP32), keys past the block's
+//      length set to -inf.
+//   2. softmax over this block only: row max, exp2 with scale*log2(e) folded, row sum; P packed
+//      to BF16 in registers that are the A operand of PV (no shared-memory trip).
+//   3. q-free; cp.async the next task's Q rows of this warp into the same 4 KB (rows past that
+//      task's count zero-filled). One lane per row reads the reverse index; shuffles hand the
+//      source row to the 16 lanes that copy it (no per-chunk divisions). Issued after step 2,
+//      not step 1: S is then down from 64 live registers to P's 32, which avoids spills at 128.
+//   4. LSE = (max*scale) + ln(sum) straight to global; O = P V, 16 output dims at a time so only
+//      8 accumulators are live.
+//   5. O / sum into the warp's 2 KB staging tile (16 rows x 128 bytes, swizzled), stage-full,
+//      then 16-byte stores: each instruction writes 4 whole 128-byte lines of partial rows
+//      (32 dims FP32 or 64 dims BF16 per row); stage-free before the tile is refilled.
+//   6. same bucket next: wait for the warp's own cp.async, q-ready. Bucket changes: kv-free,
+//      cp.async K and V of the new block (keys past a partial block zero-filled), wait, kv-ready.
+// A warp whose rows are all past the task's count skips steps 1, 2, 4 and 5.
 //
 // Barriers:
-//   | barrier    | producer -> consumers                    | protects                      |
-//   | q/kv-ready | cp.async of all threads -> all warps      | Q, K, V tiles before ldmatrix |
-//   | smem-free  | all warps' ldmatrix -> next task's loads  | Q (and K/V) reuse             |
+//   | barrier                 | producer -> consumers                       | protects           |
+//   | q-ready (__syncwarp)    | the warp's cp.async -> the warp's ldmatrix  | its 16 Q rows      |
+//   | q-free (__syncwarp)     | the warp's ldmatrix -> its next cp.async    | Q rows reuse       |
+//   | stage-full (__syncwarp) | fragment stores -> the warp's 16-byte reads | staging tile       |
+//   | stage-free (__syncwarp) | 16-byte reads -> the warp's fragment stores | staging tile reuse |
+//   | kv-free (__syncthreads) | all warps' ldmatrix -> the new K/V cp.async | K, V reuse         |
+//   | kv-ready (__syncthreads)| cp.async of all threads -> all warps        | K, V (and Q)       |
 //
 // B200 -> Hopper: the study's CTA used tcgen05 MMAs with Tensor Memory accumulators; here the
 // accumulators are registers of mma.sync (sm_80 style, valid on sm_90a). The per-block softmax
@@ -39,10 +48,15 @@
 namespace {
 
 constexpr int kThreads = 256; // 8 warps x 16 rows = 128 rows
+constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 128;
 constexpr int kKeys = 128;
 constexpr int kTileBytes = kRows * KV_D * 2; // one 128 x 128 BF16 tile
-constexpr int kSmem = 3 * kTileBytes;        // Q, K, V
+constexpr int kWarpQBytes = 16 * KV_D * 2;   // a warp's 16 rows of the Q tile
+constexpr int kStageBytes = 16 * 128;        // a warp's staging tile: 16 rows x 128 bytes
+// Q, K, V and the staging tiles: 112 KB, so two CTAs still fit the 228 KB of an SM.
+constexpr int kSmem = 3 * kTileBytes + kWarps * kStageBytes;
+constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -61,11 +75,24 @@ struct attn_args {
 // three bits spreads the 8 rows an ldmatrix phase reads over all 32 banks.
 __device__ __forceinline__ uint32_t swz(int r, int c) { return r * 256 + ((c ^ (r & 7)) << 4); }
 
+// Row r (0..15), 16-byte chunk c (0..7) of a staging tile (128 bytes a row). The permutation
+// (r & 3) * 2 + (r >> 2 & 1) puts the 4 rows of a half-warp's 8-byte FP32 stores in 4 distinct
+// 32-byte bank groups and the 8 rows of a 4-byte BF16 store in 8 distinct chunks; a 16-byte
+// read-back (8 lanes per row) covers each row's 32 banks once.
+__device__ __forceinline__ uint32_t stage_swz(int r, int c)
+{
+    return r * 128 + ((c ^ (((r & 3) << 1) | ((r >> 2) & 1))) << 4);
+}
+
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
 {
     // src-size 0 zero-fills the 16 bytes: padding rows read nothing and hold zeros.
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all()
 {
@@ -83,6 +110,24 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+}
+
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y)
+{
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t x)
+{
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_b128(uint32_t addr)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
 }
 
 // d += a (16x16, row) * b (16x8, col), BF16 in, FP32 accumulate.
@@ -113,65 +158,81 @@ __device__ __forceinline__ void load_block(uint32_t dst, const uint16_t *src, in
     }
 }
 
-// Where row r of a task writes: the partial row index, or -1 past the task's queries.
-__device__ __forceinline__ long long partial_row(const attn_args &a, const sa_kv_task &t, int b,
-                                                 int hkv, int r)
+// K and V of a bucket's block, by all threads of the CTA.
+__device__ __forceinline__ void load_kv(const attn_args &a, int bucket, uint32_t sk, uint32_t sv)
 {
-    int qi = r / a.group, g = r - qi * a.group;
-    if (qi >= t.count)
-        return -1;
-    int e = __ldg(a.entries + t.begin + qi);
-    int row = e / a.m, slot = e - row * a.m, q = row % a.len_q;
-    int hq = hkv * a.group + g;
-    return (((long long)b * a.heads_q + hq) * a.len_q + q) * a.m + slot;
+    const int bh = bucket / a.blocks, blk = bucket - bh * a.blocks;
+    const int klen = min(kKeys, a.len_kv - blk * kKeys);
+    const size_t base = ((size_t)bh * a.len_kv + (size_t)blk * kKeys) * KV_D;
+    load_block(sk, a.k + base, klen);
+    load_block(sv, a.v + base, klen);
+}
+
+// cp.async this warp's 16 Q rows of task d into its 4 KB of the Q tile (rows past the task's
+// count zero-filled), as one commit group. Lanes l and l + 16 own row l of the warp, query qi,
+// head g of the group; returns that row's partial row, -1 past the count.
+__device__ __forceinline__ long long gather_q(const attn_args &a, const sa_kv_task &d,
+                                             uint32_t sq_warp, int qi, int g, int lane)
+{
+    const int bh = d.bucket / a.blocks;
+    const int b = bh / a.heads_kv, hkv = bh - b * a.heads_kv;
+    const int head = b * a.heads_q + hkv * a.group + g; // (batch, query head) of the row
+    int qrow = -1;
+    long long pr = -1;
+    if (qi < d.count) {
+        // e = (bh * len_q + q) * m + slot; the partial row is (head * len_q + q) * m + slot.
+        const int e = __ldg(a.entries + d.begin + qi);
+        qrow = head * a.len_q + (e / a.m - bh * a.len_q);
+        pr = (long long)(head - bh) * a.len_q * a.m + e;
+    }
+    const int c = lane & 15;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = 2 * i + (lane >> 4); // a half-warp copies one 256-byte row
+        const int src = __shfl_sync(kFull, qrow, r);
+        cp_async16(sq_warp + swz(r, c), a.q + (size_t)(src >= 0 ? src : 0) * KV_D + c * 8,
+                   src >= 0);
+    }
+    cp_async_commit();
+    return pr;
 }
 
 template <bool kF32>
 __global__ void __launch_bounds__(kThreads, 2) kv_attention(const attn_args a)
 {
     extern __shared__ __align__(128) unsigned char smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t sk = sq + kTileBytes, sv = sk + kTileBytes;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint32_t sq_warp = sq + warp * kWarpQBytes;
+    const uint32_t stage = sv + kTileBytes + warp * kStageBytes;
+    // Lanes l and l + 16 own row 16 * warp + l of every task: query own_qi, head own_g.
+    const int own_row = warp * 16 + (lane & 15);
+    const int own_qi = own_row / a.group, own_g = own_row - own_qi * a.group;
     const long long ntasks = a.info[1];
-    const long long t_end = ntasks * (blockIdx.x + 1) / gridDim.x;
-    int loaded = -1;
+    const int t_end = (int)(ntasks * (blockIdx.x + 1) / gridDim.x);
+    int t = (int)(ntasks * blockIdx.x / gridDim.x);
+    if (t >= t_end)
+        return; // the whole CTA: no barrier is left waiting
 
-    for (long long t = ntasks * blockIdx.x / gridDim.x; t < t_end; t++) {
-        const sa_kv_task task = a.tasks[t];
-        const int bh = task.bucket / a.blocks, blk = task.bucket - bh * a.blocks;
-        const int b = bh / a.heads_kv, hkv = bh - b * a.heads_kv;
+    // The first task's Q and K/V.
+    sa_kv_task cur = a.tasks[t];
+    long long cur_pr = gather_q(a, cur, sq_warp, own_qi, own_g, lane);
+    load_kv(a, cur.bucket, sk, sv);
+    cp_async_wait_all();
+    __syncthreads(); // kv-ready
+
+    for (;;) {
+        const int blk = cur.bucket - (cur.bucket / a.blocks) * a.blocks;
         const int klen = min(kKeys, a.len_kv - blk * kKeys);
-
-        // Steps 1-2.
-        if (task.bucket != loaded) {
-            size_t base = ((size_t)bh * a.len_kv + (size_t)blk * kKeys) * KV_D;
-            load_block(sk, a.k + base, klen);
-            load_block(sv, a.v + base, klen);
-            loaded = task.bucket;
-        }
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int idx = threadIdx.x + i * kThreads, r = idx >> 4, c = idx & 15;
-            int qi = r / a.group, g = r - qi * a.group;
-            const uint16_t *src = a.q;
-            bool ok = qi < task.count;
-            if (ok) {
-                int e = __ldg(a.entries + task.begin + qi);
-                int q = (e / a.m) % a.len_q;
-                src = a.q + (((size_t)b * a.heads_q + hkv * a.group + g) * a.len_q + q) * KV_D +
-                      c * 8;
-            }
-            cp_async16(sq + swz(r, c), src, ok);
-        }
-        // Step 3.
-        cp_async_wait_all();
-        __syncthreads();
-
         // A warp whose first row is past the task's queries has no live row.
-        if ((warp * 16) / a.group < task.count) {
-            // Step 4: S = Q K^T, 16 rows x 128 keys per warp.
-            float s[16][4];
+        const bool live = (warp * 16) / a.group < cur.count;
+
+        // Step 1: S = Q K^T, 16 rows x 128 keys per warp.
+        float s[16][4];
+        float base0 = 0.f, base1 = 0.f, l0 = 0.f, l1 = 0.f;
+        uint32_t pa[8][4]; // P as the A operand of k-step j (keys 16j .. 16j+15)
+        if (live) {
 #pragma unroll
             for (int n = 0; n < 16; n++)
                 s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -199,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 2) kv_attention(const attn_args a)
                 }
             }
 
-            // Step 5: rows lane/4 and lane/4 + 8 of the warp; a quad of lanes shares a row.
+            // Step 2: rows lane/4 and lane/4 + 8 of the warp; a quad of lanes shares a row.
             float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
             for (int n = 0; n < 16; n++) {
@@ -208,13 +269,13 @@ __global__ void __launch_bounds__(kThreads, 2) kv_attention(const attn_args a)
             }
 #pragma unroll
             for (int off = 1; off < 4; off <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, off));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, off));
             }
             // Every block has at least one valid key, so the maxima are finite.
-            const float base0 = mx0 * a.scale_log2, base1 = mx1 * a.scale_log2;
-            float l0 = 0.f, l1 = 0.f;
-            uint32_t pa[8][4]; // P as the A operand of k-step j (keys 16j .. 16j+15)
+            base0 = mx0 * a.scale_log2;
+            base1 = mx1 * a.scale_log2;
+            l0 = l1 = 0.f;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float p[8];
@@ -234,14 +295,27 @@ __global__ void __launch_bounds__(kThreads, 2) kv_attention(const attn_args a)
             }
 #pragma unroll
             for (int off = 1; off < 4; off <<= 1) {
-                l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-                l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+                l0 += __shfl_xor_sync(kFull, l0, off);
+                l1 += __shfl_xor_sync(kFull, l1, off);
             }
+        }
 
-            // Step 7 (first half): where this lane's two rows go, and their LSE.
-            const int r0 = warp * 16 + (lane >> 2);
-            const long long pr0 = partial_row(a, task, b, hkv, r0);
-            const long long pr1 = partial_row(a, task, b, hkv, r0 + 8);
+        // Step 3: q-free, then the next task's Q rows of this warp.
+        __syncwarp();
+        const bool more = t + 1 < t_end;
+        sa_kv_task nxt = cur;
+        long long nxt_pr = -1;
+        if (more) {
+            nxt = a.tasks[t + 1];
+            nxt_pr = gather_q(a, nxt, sq_warp, own_qi, own_g, lane);
+        }
+
+        if (live) {
+            // Step 4: the LSE of this lane's two fragment rows; lane r (< 16) holds the
+            // partial row of the warp's row r.
+            const int r0 = lane >> 2;
+            const long long pr0 = __shfl_sync(kFull, cur_pr, r0);
+            const long long pr1 = __shfl_sync(kFull, cur_pr, r0 + 8);
             const float inv0 = 1.f / l0, inv1 = 1.f / l1;
             if ((lane & 3) == 0) {
                 if (pr0 >= 0)
@@ -249,11 +323,17 @@ __global__ void __launch_bounds__(kThreads, 2) kv_attention(const attn_args a)
                 if (pr1 >= 0)
                     a.part_lse[pr1] = (base1 + log2f(l1)) * kLn2;
             }
+            // Rows this lane writes back from the staging tile: (lane / 8) + 4i.
+            long long prs[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                prs[i] = __shfl_sync(kFull, cur_pr, (lane >> 3) + 4 * i);
 
-            // Steps 6-7: O = P V, 16 dims at a time over all 128 keys, then straight out. Dims
-            // outermost keeps 8 accumulators live instead of 64, which is what lets two CTAs
-            // share an SM without spills.
-            const int col = 2 * (lane & 3);
+            // Steps 4-5: O = P V, 16 dims at a time over all 128 keys; a staging tile holds
+            // kPer of those (128 bytes of each row), then goes out as whole lines.
+            constexpr int kPer = kF32 ? 2 : 4;
+            constexpr int kRowBytes = KV_D * (kF32 ? 4 : 2);
+            const int q4 = lane & 3;
 #pragma unroll
             for (int c2 = 0; c2 < 8; c2++) {
                 float o[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -265,30 +345,78 @@ __global__ void __launch_bounds__(kThreads, 2) kv_attention(const attn_args a)
                     mma_bf16(o[0], pa[j], vb[0], vb[1]);
                     mma_bf16(o[1], pa[j], vb[2], vb[3]);
                 }
+                if (c2 % kPer == 0)
+                    __syncwarp(); // stage-free: the last read-back is done
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const long long d = 16 * c2 + 8 * h + col;
+                    // Dims 16 c2 + 8h + 2 q4 + {0, 1} of rows r0 and r0 + 8.
                     if (kF32) {
-                        float *po = (float *)a.part_o;
-                        if (pr0 >= 0)
-                            *(float2 *)(po + pr0 * KV_D + d) =
-                                make_float2(o[h][0] * inv0, o[h][1] * inv0);
-                        if (pr1 >= 0)
-                            *(float2 *)(po + pr1 * KV_D + d) =
-                                make_float2(o[h][2] * inv1, o[h][3] * inv1);
+                        const int ch = 4 * (c2 % kPer) + 2 * h + (q4 >> 1), in = (q4 & 1) * 8;
+                        st_shared_f32x2(stage + stage_swz(r0, ch) + in, o[h][0] * inv0,
+                                        o[h][1] * inv0);
+                        st_shared_f32x2(stage + stage_swz(r0 + 8, ch) + in, o[h][2] * inv1,
+                                        o[h][3] * inv1);
                     } else {
-                        uint32_t *po = (uint32_t *)a.part_o; // BF16 pairs
-                        if (pr0 >= 0)
-                            po[(pr0 * KV_D + d) / 2] = pack_bf16(o[h][0] * inv0, o[h][1] * inv0);
-                        if (pr1 >= 0)
-                            po[(pr1 * KV_D + d) / 2] = pack_bf16(o[h][2] * inv1, o[h][3] * inv1);
+                        const int ch = 2 * (c2 % kPer) + h, in = q4 * 4;
+                        st_shared_b32(stage + stage_swz(r0, ch) + in,
+                                      pack_bf16(o[h][0] * inv0, o[h][1] * inv0));
+                        st_shared_b32(stage + stage_swz(r0 + 8, ch) + in,
+                                      pack_bf16(o[h][2] * inv1, o[h][3] * inv1));
+                    }
+                }
+                if (c2 % kPer == kPer - 1) {
+                    __syncwarp(); // stage-full
+                    const int part = c2 / kPer; // which 128 bytes of the row
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const uint4 v = ld_shared_b128(stage + stage_swz((lane >> 3) + 4 * i,
+                                                                         lane & 7));
+                        if (prs[i] >= 0)
+                            *(uint4 *)((char *)a.part_o + prs[i] * kRowBytes + part * 128 +
+                                       (lane & 7) * 16) = v;
                     }
                 }
             }
         }
-        // Step 8.
-        __syncthreads();
+
+        // Step 6.
+        if (!more)
+            break;
+        if (nxt.bucket != cur.bucket) { // the same for the whole CTA
+            __syncthreads();            // kv-free
+            load_kv(a, nxt.bucket, sk, sv);
+            cp_async_wait_all();
+            __syncthreads(); // kv-ready (and q-ready)
+        } else {
+            cp_async_wait_all();
+            __syncwarp(); // q-ready
+        }
+        cur = nxt;
+        cur_pr = nxt_pr;
+        t++;
     }
+}
+
+template <bool kF32>
+int launch(const attn_args &a, int sms, size_t max_tasks, cudaStream_t stream)
+{
+    KV_CUDA(cudaFuncSetAttribute(kv_attention<kF32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 kSmem));
+    // All of the SM's 228 KB to shared memory, so the 112 KB CTAs fit twice.
+    KV_CUDA(cudaFuncSetAttribute(kv_attention<kF32>,
+                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared));
+    int per_sm = 0;
+    KV_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kv_attention<kF32>, kThreads,
+                                                          kSmem));
+    if (per_sm < 1)
+        return SA_ERR_CUDA;
+    size_t grid = (size_t)sms * per_sm; // two CTAs per SM on an H100/H200
+    if (grid > max_tasks)
+        grid = max_tasks;
+    kv_attention<kF32><<<(unsigned)grid, kThreads, kSmem, stream>>>(a);
+    KV_LAUNCHED();
+    return SA_OK;
 }
 
 } // namespace
@@ -322,18 +450,7 @@ extern "C" int sa_kv_attend(const sa_kv_params *p)
     a.blocks = sa_kv_blocks(s);
     a.m = p->lists.max_blocks;
     a.scale_log2 = kLog2e / sqrtf((float)KV_D);
-    size_t grid = (size_t)sms * 2;
-    if (grid > w.max_tasks)
-        grid = w.max_tasks;
-    if (p->partial_format == SA_KV_PARTIAL_F32) {
-        KV_CUDA(cudaFuncSetAttribute(kv_attention<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kSmem));
-        kv_attention<true><<<(unsigned)grid, kThreads, kSmem, kv_stream(p)>>>(a);
-    } else {
-        KV_CUDA(cudaFuncSetAttribute(kv_attention<false>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-        kv_attention<false><<<(unsigned)grid, kThreads, kSmem, kv_stream(p)>>>(a);
-    }
-    KV_LAUNCHED();
-    return SA_OK;
+    return p->partial_format == SA_KV_PARTIAL_F32
+               ? launch<true>(a, sms, w.max_tasks, kv_stream(p))
+               : launch<false>(a, sms, w.max_tasks, kv_stream(p));
 }
