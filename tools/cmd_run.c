@@ -238,6 +238,7 @@ int cmd_run(int argc, char **argv)
     double dense_flops = 4.0 * s->batch * s->heads_q * (double)s->len_q * s->len_kv * s->head_dim;
     double t_attn = 0, t_dense = 0, err_dense = NAN, err_ref = NAN;
     const char *stage_name = "reference";
+    const char *dense_skipped = NULL; /* why the GPU dense comparison did not run */
     sa_outputs out = {o, of, lse};
 
     if (!cuda) {
@@ -313,6 +314,8 @@ int cmd_run(int argc, char **argv)
             free(dense_f);
         } else if (!c.skip_dense) {
             c.skip_dense = 1;
+            dense_skipped = dense ? sa_strerror(dense->check(&set.a))
+                                  : "no dense stage in the registry";
         }
         sa_gb_set_destroy(&set);
         sa_gb_close(g);
@@ -346,6 +349,9 @@ int cmd_run(int argc, char **argv)
         if (!c.skip_dense)
             printf("%-34s %12.3f %14.1f\n", "dense attention", t_dense * 1e3,
                    dense_flops / t_dense * 1e-9);
+        else if (dense_skipped)
+            printf("dense attention: skipped, stage 14 cannot run this shape (%s)\n",
+                   dense_skipped);
         if (cuda)
             printf("relative L2 error of the GPU output against the CPU reference: %.3g\n",
                    err_ref);
