@@ -8,63 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sa_test.h"
+#include "sa_test_gpu.h"
 
 #define STAGE_ID 14
-/* A launch that writes nothing leaves this byte pattern: NaN in BF16 and in FP32. */
-#define POISON_BYTE 0xFF
-
-#define CK_CUDA(x)                                                                                \
-    ck_assert_msg((x) == cudaSuccess, "%s failed: %s (seed %llu)", #x,                           \
-                  cudaGetErrorString(cudaGetLastError()), (unsigned long long)sa_test_seed())
-
 static const sa_stage *stage(void)
 {
     const sa_stage *st = sa_stage_by_id(STAGE_ID);
     ck_assert_msg(st != NULL, "stage %d is not in the registry", STAGE_ID);
     return st;
-}
-
-static int small_only(void)
-{
-    const char *e = getenv("SA_SMALL");
-    return e && e[0] == '1';
-}
-
-typedef struct dev_set {
-    uint16_t *q, *k, *v, *o;
-    float *lse;
-} dev_set;
-
-static void dev_alloc(dev_set *d, const sa_shape *s)
-{
-    CK_CUDA(cudaMalloc((void **)&d->q, sa_q_elems(s) * 2));
-    CK_CUDA(cudaMalloc((void **)&d->k, sa_kv_elems(s) * 2));
-    CK_CUDA(cudaMalloc((void **)&d->v, sa_kv_elems(s) * 2));
-    CK_CUDA(cudaMalloc((void **)&d->o, sa_q_elems(s) * 2));
-    CK_CUDA(cudaMalloc((void **)&d->lse, sa_lse_elems(s) * 4));
-}
-
-static void dev_free(dev_set *d)
-{
-    CK_CUDA(cudaFree(d->q));
-    CK_CUDA(cudaFree(d->k));
-    CK_CUDA(cudaFree(d->v));
-    CK_CUDA(cudaFree(d->o));
-    CK_CUDA(cudaFree(d->lse));
-}
-
-static sa_gpu_attn args_for(const sa_shape *s, const dev_set *d)
-{
-    sa_gpu_attn a;
-    sa_gpu_attn_default(&a);
-    a.shape = *s;
-    a.q = d->q;
-    a.k = d->k;
-    a.v = d->v;
-    a.o = d->o;
-    a.lse = d->lse;
-    return a;
 }
 
 /* One comparison. q_scale widens the logits (std of a logit is about q_scale * k_scale);
@@ -102,21 +53,21 @@ static void check_case(int batch, int hq, int hkv, int len_q, int len_kv, float 
     sa_poison_f32(lse_ref, nl);
     ck_assert_int_eq(sa_ref_dense(&s, q, k, v, &ref), SA_OK);
 
-    dev_set d;
-    dev_alloc(&d, &s);
+    sa_test_dev d;
+    sa_test_dev_alloc(&d, &s, 0, 0);
     CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.k, k, nkv * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.v, v, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemset(d.o, POISON_BYTE, nq * 2));
-    CK_CUDA(cudaMemset(d.lse, POISON_BYTE, nl * 4));
-    sa_gpu_attn a = args_for(&s, &d);
+    CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
+    CK_CUDA(cudaMemset(d.lse, SA_POISON_BYTE, nl * 4));
+    sa_gpu_attn a = sa_test_dev_args(&s, &d);
     int rc = stage()->launch(&a);
     ck_assert_msg(rc == SA_OK, "launch: %s", sa_strerror(rc));
     CK_CUDA(cudaDeviceSynchronize());
     CK_CUDA(cudaGetLastError());
     CK_CUDA(cudaMemcpy(o_gpu, d.o, nq * 2, cudaMemcpyDeviceToHost));
     CK_CUDA(cudaMemcpy(lse_gpu, d.lse, nl * 4, cudaMemcpyDeviceToHost));
-    dev_free(&d);
+    sa_test_dev_free(&d);
 
     sa_bf16_to_f32_array(of_ref, o_ref, nq);
     sa_bf16_to_f32_array(of_gpu, o_gpu, nq);
@@ -140,7 +91,7 @@ END_TEST
 
 START_TEST(odd_tiles_gqa)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     check_case(2, 4, 2, 384, 256, 6.0f, 0, 2);   /* 3 tiles: last item has one tile */
     check_case(1, 8, 1, 1024, 2048, 8.0f, 0, 3); /* MQA, long KV */
@@ -149,7 +100,7 @@ END_TEST
 
 START_TEST(rising_max)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     check_case(1, 2, 2, 640, 1024, 2.0f, 0.5f, 4); /* 5 tiles, max grows block by block */
 }
@@ -158,7 +109,7 @@ END_TEST
 /* More items than SMs: every CTA loops, the ring wraps many times, Q buffers are reused. */
 START_TEST(persistent_many_items)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     check_case(4, 16, 4, 1024, 512, 4.0f, 0, 5);    /* 256 items */
     check_case(2, 6, 3, 2048, 640, 8.0f, 0, 6);     /* 96 items, 5 KV tiles (odd ring laps) */
@@ -170,8 +121,8 @@ END_TEST
 START_TEST(errors_without_launch)
 {
     sa_shape s = {1, 2, 2, 256, 256, 128};
-    dev_set d;
-    dev_alloc(&d, &s);
+    sa_test_dev d;
+    sa_test_dev_alloc(&d, &s, 0, 0);
     const size_t no = sa_q_elems(&s);
     uint16_t *o = malloc(no * 2);
     ck_assert(o);
@@ -189,11 +140,11 @@ START_TEST(errors_without_launch)
         {{0, 2, 2, 256, 256, 128}, SA_ERR_SHAPE},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        sa_gpu_attn a = args_for(&bad[i].s, &d);
+        sa_gpu_attn a = sa_test_dev_args(&bad[i].s, &d);
         ck_assert_int_eq(st->check(&a), bad[i].expect);
         ck_assert_int_eq(st->launch(&a), bad[i].expect);
     }
-    sa_gpu_attn a = args_for(&s, &d);
+    sa_gpu_attn a = sa_test_dev_args(&s, &d);
     ck_assert_int_eq(st->check(&a), SA_OK);
     ck_assert_int_eq(st->check(NULL), SA_ERR_NULL);
     ck_assert_int_eq(st->launch(NULL), SA_ERR_NULL);
@@ -219,18 +170,18 @@ START_TEST(errors_without_launch)
     for (size_t i = 0; i < no; i++)
         ck_assert_msg(o[i] == 0x3c3c, "a rejected call wrote O[%zu]", i);
     free(o);
-    dev_free(&d);
+    sa_test_dev_free(&d);
 }
 END_TEST
 
 /* A valid launch without LSE writes O and nothing else goes wrong. */
 START_TEST(lse_optional)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     sa_shape s = {1, 1, 1, 256, 256, 128};
-    dev_set d;
-    dev_alloc(&d, &s);
+    sa_test_dev d;
+    sa_test_dev_alloc(&d, &s, 0, 0);
     size_t nq = sa_q_elems(&s);
     uint16_t *h = malloc(nq * 2);
     ck_assert(h);
@@ -240,8 +191,8 @@ START_TEST(lse_optional)
     CK_CUDA(cudaMemcpy(d.q, h, nq * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.k, h, nq * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.v, h, nq * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemset(d.o, POISON_BYTE, nq * 2));
-    sa_gpu_attn a = args_for(&s, &d);
+    CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
+    sa_gpu_attn a = sa_test_dev_args(&s, &d);
     a.lse = NULL;
     ck_assert_int_eq(stage()->launch(&a), SA_OK);
     CK_CUDA(cudaDeviceSynchronize());
@@ -250,7 +201,7 @@ START_TEST(lse_optional)
         ck_assert_msg((h[i] & 0x7f80) != 0x7f80, "O[%zu] not written (seed %llu)", i,
                       (unsigned long long)sa_test_seed());
     free(h);
-    dev_free(&d);
+    sa_test_dev_free(&d);
 }
 END_TEST
 

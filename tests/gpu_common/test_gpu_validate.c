@@ -4,10 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sa_test.h"
+#include "sa_test_gpu.h"
 
-#define CK_CUDA(x) ck_assert_msg((x) == cudaSuccess, "%s failed (seed %llu)", #x, \
-                                 (unsigned long long)sa_test_seed())
 
 typedef struct fixture {
     sa_shape s;
@@ -100,7 +98,7 @@ static void faults(int per_query, sa_shape s, int max_blocks)
 START_TEST(test_tile_lists)
 {
     faults(0, (sa_shape){2, 16, 1, 4096, 16384, 128}, 16);
-    if (!getenv("SA_SMALL")) {
+    if (!sa_test_small()) {
         faults(0, (sa_shape){1, 4, 4, 1000, 130000, 128}, 64); /* 1016 blocks, partial last */
         faults(0, (sa_shape){3, 2, 2, 128, 300, 64}, 3);
     }
@@ -110,7 +108,7 @@ END_TEST
 START_TEST(test_query_lists)
 {
     faults(1, (sa_shape){1, 16, 1, 512, 4096, 128}, 16);
-    if (!getenv("SA_SMALL"))
+    if (!sa_test_small())
         faults(1, (sa_shape){2, 4, 2, 1000, 20000, 128}, 32);
 }
 END_TEST

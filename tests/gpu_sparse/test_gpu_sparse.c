@@ -12,18 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sa_test.h"
+#include "sa_test_gpu.h"
 
 static const int stage_ids[] = {15, 16};
 #define NSTAGES (int)(sizeof stage_ids / sizeof stage_ids[0])
-/* A launch that writes nothing leaves this byte pattern: NaN in BF16 and in FP32. */
-#define POISON_BYTE 0xFF
 /* Pattern beyond the generator's two: every block of the sequence, in a shuffled order. */
 #define LISTS_ALL 2
-
-#define CK_CUDA(x)                                                                                \
-    ck_assert_msg((x) == cudaSuccess, "%s failed: %s (seed %llu)", #x,                           \
-                  cudaGetErrorString(cudaGetLastError()), (unsigned long long)sa_test_seed())
 
 static const sa_stage *stage(int id)
 {
@@ -33,51 +27,10 @@ static const sa_stage *stage(int id)
     return st;
 }
 
-static int small_only(void)
-{
-    const char *e = getenv("SA_SMALL");
-    return e && e[0] == '1';
-}
-
-typedef struct dev_set {
-    uint16_t *q, *k, *v, *o;
-    float *lse;
-    int32_t *idx, *cnt;
-} dev_set;
-
-static void dev_alloc(dev_set *d, const sa_shape *s, size_t list_len, size_t rows)
-{
-    CK_CUDA(cudaMalloc((void **)&d->q, sa_q_elems(s) * 2));
-    CK_CUDA(cudaMalloc((void **)&d->k, sa_kv_elems(s) * 2));
-    CK_CUDA(cudaMalloc((void **)&d->v, sa_kv_elems(s) * 2));
-    CK_CUDA(cudaMalloc((void **)&d->o, sa_q_elems(s) * 2));
-    CK_CUDA(cudaMalloc((void **)&d->lse, sa_lse_elems(s) * 4));
-    CK_CUDA(cudaMalloc((void **)&d->idx, list_len * 4));
-    CK_CUDA(cudaMalloc((void **)&d->cnt, rows * 4));
-}
-
-static void dev_free(dev_set *d)
-{
-    CK_CUDA(cudaFree(d->q));
-    CK_CUDA(cudaFree(d->k));
-    CK_CUDA(cudaFree(d->v));
-    CK_CUDA(cudaFree(d->o));
-    CK_CUDA(cudaFree(d->lse));
-    CK_CUDA(cudaFree(d->idx));
-    CK_CUDA(cudaFree(d->cnt));
-}
-
-static sa_gpu_attn args_for(const sa_shape *s, const dev_set *d, int list_heads, int k,
+static sa_gpu_attn args_for(const sa_shape *s, const sa_test_dev *d, int list_heads, int k,
                             int with_counts)
 {
-    sa_gpu_attn a;
-    sa_gpu_attn_default(&a);
-    a.shape = *s;
-    a.q = d->q;
-    a.k = d->k;
-    a.v = d->v;
-    a.o = d->o;
-    a.lse = d->lse;
+    sa_gpu_attn a = sa_test_dev_args(s, d);
     a.lists.indices = d->idx;
     a.lists.counts = with_counts ? d->cnt : NULL;
     a.lists.list_heads = list_heads;
@@ -207,8 +160,8 @@ static void run_case(const case_spec *c, uint64_t salt)
         free(o_dense), free(lse_dense), free(of_dense);
     }
 
-    dev_set d;
-    dev_alloc(&d, &s, rows * kk, rows);
+    sa_test_dev d;
+    sa_test_dev_alloc(&d, &s, rows * kk, rows);
     CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.k, k, nkv * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.v, v, nkv * 2, cudaMemcpyHostToDevice));
@@ -216,8 +169,8 @@ static void run_case(const case_spec *c, uint64_t salt)
     CK_CUDA(cudaMemcpy(d.cnt, cnt, rows * 4, cudaMemcpyHostToDevice));
     for (int si = 0; si < NSTAGES; si++) {
         const sa_stage *st = stage(stage_ids[si]);
-        CK_CUDA(cudaMemset(d.o, POISON_BYTE, nq * 2));
-        CK_CUDA(cudaMemset(d.lse, POISON_BYTE, nl * 4));
+        CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
+        CK_CUDA(cudaMemset(d.lse, SA_POISON_BYTE, nl * 4));
         sa_gpu_attn a = args_for(&s, &d, list_heads, kk, with_counts);
         a.validate = c->validate;
         a.allow_empty_rows = 1;
@@ -258,7 +211,7 @@ static void run_case(const case_spec *c, uint64_t salt)
                     }
         }
     }
-    dev_free(&d);
+    sa_test_dev_free(&d);
     free(q), free(k), free(v), free(o_ref), free(o_gpu), free(lse_ref), free(lse_gpu);
     free(of_ref), free(of_gpu), free(idx), free(cnt);
 }
@@ -274,7 +227,7 @@ END_TEST
 
 START_TEST(independent_gqa_ratios)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     /* GQA ratios 1, 2, 4, 16 (and an odd 3), group-shared and per-head lists. */
     static const int shapes[][3] = {{1, 2, 2}, {2, 4, 2}, {1, 8, 2}, {1, 16, 1}, {1, 6, 2}};
@@ -289,7 +242,7 @@ END_TEST
 
 START_TEST(paired_lists)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     case_spec c = {2, 8, 2, 1024, 4096, 0, 16, SA_LISTS_PAIRED, 0, 0, 1, 6.0f};
     run_case(&c, 30);
@@ -301,7 +254,7 @@ END_TEST
 
 START_TEST(variable_counts)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     for (int pattern = 0; pattern < 2; pattern++)
         for (int per_head = 0; per_head < 2; per_head++) {
@@ -313,7 +266,7 @@ END_TEST
 
 START_TEST(all_blocks_equal_dense)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     case_spec c = {1, 4, 1, 512, 1024, 0, 0, LISTS_ALL, 0, 0, 1, 4.0f};
     run_case(&c, 50);
@@ -325,7 +278,7 @@ END_TEST
 
 START_TEST(partial_tiles)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     /* A partial final KV block in every row (at a random slot) and a partial last Q tile. */
     case_spec c = {1, 4, 2, 200, 1000, 0, 4, SA_LISTS_INDEPENDENT, 0, 1, 1, 4.0f};
@@ -345,7 +298,7 @@ END_TEST
 /* The benchmark's shape (8K keys), more items than SMs, validation off. */
 START_TEST(study_shape)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     case_spec c = {2, 16, 1, 4096, 8192, 0, 16, SA_LISTS_INDEPENDENT, 0, 0, 0, 2.0f};
     run_case(&c, 70);
@@ -366,8 +319,8 @@ START_TEST(bad_metadata_rejected)
     uint16_t *o = malloc(nq * 2);
     float *lse = malloc(nl * 4);
     ck_assert(idx && cnt && o && lse);
-    dev_set d;
-    dev_alloc(&d, &s, rows * k, rows);
+    sa_test_dev d;
+    sa_test_dev_alloc(&d, &s, rows * k, rows);
     CK_CUDA(cudaMemset(d.q, 0, nq * 2)); /* inputs are never read: only the lists are checked */
     CK_CUDA(cudaMemset(d.k, 0, sa_kv_elems(&s) * 2));
     CK_CUDA(cudaMemset(d.v, 0, sa_kv_elems(&s) * 2));
@@ -396,8 +349,8 @@ START_TEST(bad_metadata_rejected)
                 cnt[row] = 0;
             CK_CUDA(cudaMemcpy(d.idx, idx, rows * k * 4, cudaMemcpyHostToDevice));
             CK_CUDA(cudaMemcpy(d.cnt, cnt, rows * 4, cudaMemcpyHostToDevice));
-            CK_CUDA(cudaMemset(d.o, POISON_BYTE, nq * 2));
-            CK_CUDA(cudaMemset(d.lse, POISON_BYTE, nl * 4));
+            CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
+            CK_CUDA(cudaMemset(d.lse, SA_POISON_BYTE, nl * 4));
             sa_gpu_attn a = args_for(&s, &d, 1, k, 1);
             a.allow_empty_rows = bad == BAD_EMPTY ? 0 : 1;
             ck_assert_int_eq(st->check(&a), SA_OK); /* check() does not read device lists */
@@ -427,7 +380,7 @@ START_TEST(bad_metadata_rejected)
         CK_CUDA(cudaDeviceSynchronize());
         CK_CUDA(cudaGetLastError());
     }
-    dev_free(&d);
+    sa_test_dev_free(&d);
     free(idx), free(cnt), free(o), free(lse);
 }
 END_TEST
@@ -443,8 +396,8 @@ START_TEST(unsupported_and_null)
     uint16_t *o = malloc(nq * 2);
     ck_assert(idx && o);
     ck_assert_int_eq(sa_random_tile_lists(&s, 1, k, SA_LISTS_INDEPENDENT, 5, idx), SA_OK);
-    dev_set d;
-    dev_alloc(&d, &s, rows * k, rows);
+    sa_test_dev d;
+    sa_test_dev_alloc(&d, &s, rows * k, rows);
     CK_CUDA(cudaMemcpy(d.idx, idx, rows * k * 4, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemset(d.o, 0x3c, nq * 2)); /* a finite sentinel a launch would overwrite */
     for (int si = 0; si < NSTAGES; si++) {
@@ -481,7 +434,7 @@ START_TEST(unsupported_and_null)
     CK_CUDA(cudaMemcpy(o, d.o, nq * 2, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < nq; i++)
         ck_assert_msg(o[i] == 0x3c3c, "a rejected call wrote O[%zu]", i);
-    dev_free(&d);
+    sa_test_dev_free(&d);
     free(idx), free(o);
 }
 END_TEST
@@ -489,7 +442,7 @@ END_TEST
 /* A valid launch without LSE writes every O. */
 START_TEST(lse_optional)
 {
-    if (small_only())
+    if (sa_test_small())
         return;
     sa_shape s = {1, 4, 2, 512, 1024, 128};
     const int k = 3;
@@ -500,8 +453,8 @@ START_TEST(lse_optional)
     ck_assert(idx && h);
     ck_assert_int_eq(sa_random_tile_lists(&s, 2, k, SA_LISTS_INDEPENDENT, sa_test_seed(), idx),
                      SA_OK);
-    dev_set d;
-    dev_alloc(&d, &s, rows * k, rows);
+    sa_test_dev d;
+    sa_test_dev_alloc(&d, &s, rows * k, rows);
     sa_rng r;
     sa_rng_seed(&r, sa_test_seed() ^ 77);
     sa_rng_fill_bf16(&r, h, nq, 1.0f);
@@ -512,7 +465,7 @@ START_TEST(lse_optional)
     CK_CUDA(cudaMemcpy(d.idx, idx, rows * k * 4, cudaMemcpyHostToDevice));
     for (int si = 0; si < NSTAGES; si++) {
         const sa_stage *st = stage(stage_ids[si]);
-        CK_CUDA(cudaMemset(d.o, POISON_BYTE, nq * 2));
+        CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
         sa_gpu_attn a = args_for(&s, &d, 2, k, 0);
         a.lse = NULL;
         ck_assert_int_eq(st->launch(&a), SA_OK);
@@ -522,7 +475,7 @@ START_TEST(lse_optional)
             ck_assert_msg((h[i] & 0x7f80) != 0x7f80, "stage %d: O[%zu] not written (seed %llu)",
                           st->id, i, (unsigned long long)sa_test_seed());
     }
-    dev_free(&d);
+    sa_test_dev_free(&d);
     free(idx), free(h);
 }
 END_TEST
