@@ -107,6 +107,27 @@ void sel_pick_row(const float *score, int n, int k, int diag, int sink, unsigned
             out[j++] = b;
 }
 
+int sel_row_init(sel_row *w, int n, int k)
+{
+    w->n = n;
+    w->score = malloc((size_t)n * sizeof *w->score);
+    w->mark = malloc((size_t)n);
+    w->top = malloc((size_t)k * sizeof *w->top);
+    return !w->score || !w->mark || !w->top;
+}
+
+void sel_row_free(sel_row *w)
+{
+    free(w->score);
+    free(w->mark);
+    free(w->top);
+}
+
+void sel_row_pick(sel_row *w, int k, int diag, int sink, int32_t *out)
+{
+    sel_pick_row(w->score, w->n, k, diag, sink, w->mark, w->top, out);
+}
+
 void sel_fill_counts(int32_t *counts, size_t rows, int k)
 {
     if (!counts)

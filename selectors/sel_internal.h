@@ -35,6 +35,20 @@ static inline int sel_diag_of_tile(const sel_ctx *c, int t) { return c->keep_dia
 void sel_pick_row(const float *score, int n, int k, int diag, int sink, unsigned char *mark,
                   int32_t *top, int32_t *out);
 
+/* Per-thread scratch of one row's pick: the n block scores a selector fills, and what
+ * sel_pick_row needs beside them. sel_row_init returns nonzero when out of memory (the row is
+ * then still safe to free). */
+typedef struct sel_row {
+    float *score; /* n */
+    unsigned char *mark;
+    int32_t *top;
+    int n;
+} sel_row;
+int sel_row_init(sel_row *w, int n, int k);
+void sel_row_free(sel_row *w);
+/* sel_pick_row over w->score. */
+void sel_row_pick(sel_row *w, int k, int diag, int sink, int32_t *out);
+
 void sel_fill_counts(int32_t *counts, size_t rows, int k);
 
 /* Representative scoring shared by r1 and r4: group means of `span` tokens (128 or 32), a

@@ -24,10 +24,10 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 #pragma omp parallel reduction(| : oom) if (!err)
     {
         double *acc = malloc((size_t)n * sizeof *acc);
-        float *score = malloc((size_t)n * sizeof *score);
-        unsigned char *mark = malloc((size_t)n);
-        int32_t *top = malloc((size_t)kk * sizeof *top);
-        if (!acc || !score || !mark || !top)
+        sel_row w;
+        const int w_oom = sel_row_init(&w, n, kk);
+        float *score = w.score;
+        if (!acc || w_oom)
             oom = 1;
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
@@ -46,13 +46,11 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             }
             for (int blk = 0; blk < n; blk++)
                 score[blk] = (float)acc[blk];
-            sel_pick_row(score, n, kk, sel_diag_of_tile(&c, t), c.keep_sink, mark, top,
+            sel_row_pick(&w, kk, sel_diag_of_tile(&c, t), c.keep_sink,
                          indices + (size_t)r * kk);
         }
         free(acc);
-        free(score);
-        free(mark);
-        free(top);
+        sel_row_free(&w);
     }
     free(mass);
     if (err)

@@ -22,10 +22,10 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     {
         /* A random score per block, picked like any other selector's scores: forced blocks and
          * the sorted output come from the shared top-k. */
-        float *score = malloc((size_t)n * sizeof *score);
-        unsigned char *mark = malloc((size_t)n);
-        int32_t *top = malloc((size_t)kk * sizeof *top);
-        if (!score || !mark || !top)
+        sel_row w;
+        const int w_oom = sel_row_init(&w, n, kk);
+        float *score = w.score;
+        if (w_oom)
             oom = 1;
 #pragma omp for schedule(static)
         for (int r = 0; r < rows; r++) {
@@ -35,12 +35,10 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             sa_rng_seed(&rng, seed + (uint64_t)r * ROW_STRIDE);
             for (int blk = 0; blk < n; blk++)
                 score[blk] = (float)sa_rng_uniform(&rng);
-            sel_pick_row(score, n, kk, sel_diag_of_tile(&c, r % c.q_tiles), c.keep_sink, mark,
-                         top, indices + (size_t)r * kk);
+            sel_row_pick(&w, kk, sel_diag_of_tile(&c, r % c.q_tiles), c.keep_sink,
+                         indices + (size_t)r * kk);
         }
-        free(score);
-        free(mark);
-        free(top);
+        sel_row_free(&w);
     }
     if (oom)
         return SA_ERR_NOMEM;

@@ -59,10 +59,10 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     int oom = 0;
 #pragma omp parallel reduction(| : oom)
     {
-        float *score = malloc((size_t)n * sizeof *score);
-        unsigned char *mark = malloc((size_t)n);
-        int32_t *top = malloc((size_t)kk * sizeof *top);
-        if (!score || !mark || !top)
+        sel_row w;
+        const int w_oom = sel_row_init(&w, n, kk);
+        float *score = w.score;
+        if (w_oom)
             oom = 1;
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
@@ -85,12 +85,10 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                 }
                 score[blk] = best;
             }
-            sel_pick_row(score, n, kk, sel_diag_of_tile(&c, t), c.keep_sink, mark, top,
+            sel_row_pick(&w, kk, sel_diag_of_tile(&c, t), c.keep_sink,
                          indices + (size_t)r * kk);
         }
-        free(score);
-        free(mark);
-        free(top);
+        sel_row_free(&w);
     }
     free(qr);
     free(kr);
