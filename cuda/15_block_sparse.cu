@@ -16,8 +16,9 @@
 //   either way, and P = 0 there.) GQA by index: query head h reads KV head h / (Hq / Hkv).
 //   Lists (sa_tile_lists, device memory): query head h uses list head h / (Hq / list_heads);
 //   counts NULL means max_blocks per row. With a->validate (the default) the entry point queues
-//   the GPU list check right before the kernel, which exits without writing anything if the
-//   check failed, and returns the check's code after one synchronization (sa_validate.h);
+//   the GPU list check right before the kernel (a programmatic dependent launch, sa_pdl.cuh),
+//   which exits without writing anything if the check failed, and returns the check's code
+//   after one synchronization (sa_validate.h);
 //   with validate = 0 the kernel still clamps counts to
 //   [0, max_blocks] (no read past a row), and a block index out of range makes TMA read other
 //   rows of K/V or zero-fill past the tensor: bad lists then give wrong numbers, never an access
@@ -101,6 +102,7 @@
 
 #include "sa_cuda_internal.h"
 #include "sa_mbarrier.cuh"
+#include "sa_pdl.cuh"
 #include "sa_stage_entries.h"
 #include "sa_tma.cuh"
 #include "sa_warpgroup.cuh"
@@ -161,7 +163,7 @@ struct Params {
     int tail;  // valid keys of the last KV block, 1..128 (128: no partial block)
     int pairs; // ceil(q_tiles / 2) items per (batch, head)
     int items;
-    const int *abort; // device verdict of the list check queued before us; not 0: write nothing
+    const int *abort; // verdict of the list check queued just before us; not 0: write nothing
 };
 
 __device__ __forceinline__ float fast_exp2(float x)
@@ -440,9 +442,13 @@ __global__ void __launch_bounds__(THREADS, 1)
                         const __grid_constant__ CUtensorMap map_k,
                         const __grid_constant__ CUtensorMap map_v, const Params p)
 {
-    // The list check ran just before us on the same stream: bad lists never reach the loop.
-    if (p.abort && *p.abort)
-        return;
+    // The list check ran just before us on the same stream (we may have been scheduled during
+    // its tail: wait for it to complete): bad lists never reach the loop.
+    if (p.abort) {
+        sa_pdl_wait();
+        if (*p.abort)
+            return;
+    }
     extern __shared__ uint8_t smem_raw[];
     // The dynamic base is only 16-byte aligned; the swizzle atoms need 1024.
     const uint32_t pad = (1024 - (sa_smem_addr(smem_raw) & 1023)) & 1023;
@@ -809,7 +815,7 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
     // Bad metadata never reaches the kernel unchecked (unless the caller opts out).
     // The check is queued ahead of the kernel, which skips all work on a bad verdict; one
     // synchronization at the end returns the verdict (sa_validate.h).
-    int *verdict = nullptr;
+    const int *verdict = nullptr;
     if (a->validate &&
         (rc = sa_validate_tile_lists_enqueue(s, &a->lists, a->allow_empty_rows, a->stream,
                                              &verdict)) != SA_OK)
@@ -848,8 +854,8 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
     SA_CUDA_TRY(cudaFuncSetAttribute(block_sparse_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_BYTES));
     const int grid = p.items < sms ? p.items : sms;
-    block_sparse_kernel<<<grid, THREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(map_q, map_k,
-                                                                              map_v, p);
-    SA_CUDA_TRY(cudaGetLastError());
+    // Behind the list check, a programmatic dependent launch: no launch gap after the check.
+    SA_CUDA_TRY(sa_launch_pdl(block_sparse_kernel, verdict != nullptr, grid, THREADS, SMEM_BYTES,
+                              (cudaStream_t)a->stream, map_q, map_k, map_v, p));
     return verdict ? sa_validate_finish(verdict, a->stream) : SA_OK;
 }

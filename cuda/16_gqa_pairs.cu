@@ -55,6 +55,7 @@
 
 #include "sa_cuda_internal.h"
 #include "sa_mbarrier.cuh"
+#include "sa_pdl.cuh"
 #include "sa_stage_entries.h"
 #include "sa_tma.cuh"
 #include "sa_warpgroup.cuh"
@@ -116,7 +117,7 @@ struct Params {
     int head_pairs; // 1: an item is one Q tile of two heads (group >= 2); 0: stage 15's tiles
     int pairs;      // head pairs: ceil(group / 2) per (batch, group, tile); else ceil(q_tiles / 2)
     int items;
-    const int *abort; // device verdict of the list check queued before us; not 0: write nothing
+    const int *abort; // verdict of the list check queued just before us; not 0: write nothing
 };
 
 __device__ __forceinline__ float fast_exp2(float x)
@@ -401,9 +402,13 @@ __global__ void __launch_bounds__(THREADS, 1)
                         const __grid_constant__ CUtensorMap map_k,
                         const __grid_constant__ CUtensorMap map_v, const Params p)
 {
-    // The list check ran just before us on the same stream: bad lists never reach the loop.
-    if (p.abort && *p.abort)
-        return;
+    // The list check ran just before us on the same stream (we may have been scheduled during
+    // its tail: wait for it to complete): bad lists never reach the loop.
+    if (p.abort) {
+        sa_pdl_wait();
+        if (*p.abort)
+            return;
+    }
     extern __shared__ uint8_t smem_raw[];
     // The dynamic base is only 16-byte aligned; the swizzle atoms need 1024.
     const uint32_t pad = (1024 - (sa_smem_addr(smem_raw) & 1023)) & 1023;
@@ -770,7 +775,7 @@ extern "C" int sa_stage16_launch(const sa_gpu_attn *a)
     // Bad metadata never reaches the kernel unchecked (unless the caller opts out).
     // The check is queued ahead of the kernel, which skips all work on a bad verdict; one
     // synchronization at the end returns the verdict (sa_validate.h).
-    int *verdict = nullptr;
+    const int *verdict = nullptr;
     if (a->validate &&
         (rc = sa_validate_tile_lists_enqueue(s, &a->lists, a->allow_empty_rows, a->stream,
                                              &verdict)) != SA_OK)
@@ -812,8 +817,8 @@ extern "C" int sa_stage16_launch(const sa_gpu_attn *a)
     SA_CUDA_TRY(cudaFuncSetAttribute(gqa_pairs_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_BYTES));
     const int grid = p.items < sms ? p.items : sms;
-    gqa_pairs_kernel<<<grid, THREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(map_q, map_k,
-                                                                              map_v, p);
-    SA_CUDA_TRY(cudaGetLastError());
+    // Behind the list check, a programmatic dependent launch: no launch gap after the check.
+    SA_CUDA_TRY(sa_launch_pdl(gqa_pairs_kernel, verdict != nullptr, grid, THREADS, SMEM_BYTES,
+                              (cudaStream_t)a->stream, map_q, map_k, map_v, p));
     return verdict ? sa_validate_finish(verdict, a->stream) : SA_OK;
 }

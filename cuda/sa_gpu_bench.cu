@@ -456,8 +456,9 @@ extern "C" int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, i
         return SA_ERR_NULL;
     if (nsets <= 0 || reps <= 0 || warmup < 0)
         return SA_ERR_ARG;
+    const int sync_each = validate == SA_GB_SYNC_ONLY;
     for (int i = 0; i < nsets; i++) {
-        sets[i].a.validate = validate;
+        sets[i].a.validate = sync_each ? 0 : validate;
         sets[i].a.stream = g->stream;
     }
     Events ev;
@@ -475,6 +476,8 @@ extern "C" int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, i
             cudaStreamSynchronize(g->stream);
             return rc;
         }
+        if (sync_each)
+            CK(cudaStreamSynchronize(g->stream));
         CK(cudaEventRecord(ev.ev[2 * (size_t)r + 1], g->stream));
     }
     CK(cudaStreamSynchronize(g->stream));

@@ -90,7 +90,9 @@ typedef struct sa_gb_timing {
  * `warmup` untimed launches first (at least one per set), then `reps` launches each bracketed by
  * its own pair of events, with no host synchronisation between reps. Every launch's return code
  * is checked, and a CUDA error after the run is reported. Overrides each set's validate with
- * `validate`. */
+ * `validate`; SA_GB_SYNC_ONLY instead runs without validation but synchronizes the stream after
+ * every launch, as a validated call does, to tell the round trip from the check's own cost. */
+#define SA_GB_SYNC_ONLY 2
 int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, int nsets, int validate,
                      int warmup, int reps, sa_gb_timing *t);
 

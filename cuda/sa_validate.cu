@@ -8,9 +8,16 @@
 // kv_blocks bits in shared memory: each lane sets its entries' bits with atomicOr, and a bit
 // that was already set is a duplicate. The error of the whole launch is the minimum of the codes
 // found (atomicMin), so a list with one fault reports the same code as the host validator.
+//
+// The verdict leaves the GPU without extra stream operations: the last CTA to finish (a done
+// counter) publishes the minimum to the device verdict word that the dependent kernel reads and
+// to a mapped host word that sa_validate_finish reads after its one synchronization, then
+// zeroes the error word and the counter for the next check. (A memset before and a copy back
+// after cost a stream operation each on every validated call.)
 #include <cuda_runtime.h>
 
 #include "sa_internal.h"
+#include "sa_pdl.cuh"
 #include "sa_validate.h"
 
 namespace {
@@ -21,8 +28,12 @@ constexpr int kWarp = 32;
 __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
                                      const int32_t *__restrict__ counts, long long rows,
                                      int max_blocks, int kv_blocks, int allow_empty,
-                                     int *__restrict__ error)
+                                     int *error, unsigned int *done, int *verdict,
+                                     volatile int *host_verdict)
 {
+    // The dependent kernel only waits for our completion before it reads the verdict, so it may
+    // be scheduled as soon as every CTA of ours is running.
+    sa_pdl_trigger();
     extern __shared__ unsigned int bitmaps[];
     const int words = (kv_blocks + 31) / 32;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -63,27 +74,51 @@ __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
         if (err)
             atomicMin(error, err);
     }
+    __threadfence(); // our atomicMin is visible before our CTA counts as done
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(done, 1u) == gridDim.x - 1) {
+        __threadfence(); // every other CTA's atomicMin is visible to the last one
+        const int v = atomicExch(error, 0);
+        *done = 0u;
+        *verdict = v;
+        *host_verdict = v;
+        __threadfence_system();
+    }
 }
 
-// The verdict's home: a device word the kernel writes and a pinned host word it is copied to.
-// One pair per host thread, made on first use and kept: allocating per call (and copying into
-// pageable memory) cost more than the check itself.
+// The verdict's home, one set per host thread, made on first use and kept: the error word and
+// done counter rest at zero between checks (the last CTA resets them), `dev` is what the
+// dependent kernel reads, `host` a mapped pinned word the kernel writes directly.
+constexpr int kPending = 1; // not an sa_status: the check has not published yet
 struct Verdict {
+    int *error = nullptr; // [0] error word, [1] done counter, [2] verdict
     int *dev = nullptr;
-    int *host = nullptr;
+    volatile int *host = nullptr;
+    int *host_dev = nullptr; // the device's address of *host
 };
 
 int verdict_for_this_thread(Verdict **out)
 {
     static thread_local Verdict v;
-    if (!v.dev) {
-        if (cudaMalloc(&v.dev, sizeof(int)) != cudaSuccess)
-            return SA_ERR_NOMEM;
-        if (cudaMallocHost(&v.host, sizeof(int)) != cudaSuccess) {
-            cudaFree(v.dev);
-            v.dev = nullptr;
+    if (!v.error) {
+        int *words = nullptr, *h = nullptr, *hd = nullptr;
+        if (cudaMalloc(&words, 3 * sizeof(int)) != cudaSuccess) {
+            (void)cudaGetLastError();
             return SA_ERR_NOMEM;
         }
+        if (cudaMemset(words, 0, 3 * sizeof(int)) != cudaSuccess ||
+            cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped) != cudaSuccess ||
+            cudaHostGetDevicePointer(&hd, h, 0) != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (h)
+                cudaFreeHost(h);
+            cudaFree(words);
+            return SA_ERR_NOMEM;
+        }
+        v.error = words;
+        v.dev = words + 2;
+        v.host = h;
+        v.host_dev = hd;
     }
     *out = &v;
     return SA_OK;
@@ -91,7 +126,7 @@ int verdict_for_this_thread(Verdict **out)
 
 // Enqueues the check of `rows` rows on `stream`; the verdict lands in *flag (0 = valid).
 int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, int max_blocks,
-                 int kv_blocks, int allow_empty, cudaStream_t stream, int **flag)
+                 int kv_blocks, int allow_empty, cudaStream_t stream, const int **flag)
 {
     const size_t smem = (size_t)kWarpsPerBlock * ((kv_blocks + 31) / 32) * sizeof(unsigned int);
     if (smem > 48 * 1024)
@@ -102,10 +137,10 @@ int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, 
         return rc;
     const long long blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const int grid = (int)(blocks < 4096 ? blocks : 4096);
-    if (cudaMemsetAsync(v->dev, 0, sizeof(int), stream) != cudaSuccess)
-        return SA_ERR_CUDA;
+    *v->host = kPending; // the previous check on this thread has been finished (synchronized)
     validate_rows_kernel<<<grid, kWarpsPerBlock * kWarp, smem, stream>>>(
-        indices, counts, rows, max_blocks, kv_blocks, allow_empty, v->dev);
+        indices, counts, rows, max_blocks, kv_blocks, allow_empty, v->error,
+        reinterpret_cast<unsigned int *>(v->error + 1), v->dev, v->host_dev);
     if (cudaGetLastError() != cudaSuccess)
         return SA_ERR_CUDA;
     *flag = v->dev;
@@ -116,7 +151,7 @@ int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, 
 } // namespace
 
 extern "C" int sa_validate_tile_lists_enqueue(const sa_shape *s, const sa_tile_lists *l,
-                                              int allow_empty, void *stream, int **flag)
+                                              int allow_empty, void *stream, const int **flag)
 {
     int err = sa_tile_lists_check_args(s, l);
     if (err)
@@ -133,17 +168,18 @@ extern "C" int sa_validate_finish(const int *flag, void *stream)
         return rc;
     if (flag != v->dev)
         return SA_ERR_ARG;
-    if (cudaMemcpyAsync(v->host, v->dev, sizeof(int), cudaMemcpyDeviceToHost,
-                        (cudaStream_t)stream) != cudaSuccess ||
-        cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+    if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess) {
+        (void)cudaGetLastError();
         return SA_ERR_CUDA;
-    return *v->host;
+    }
+    const int verdict = *v->host;
+    return verdict == kPending ? SA_ERR_CUDA : verdict;
 }
 
 extern "C" int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty,
                                        void *stream)
 {
-    int *flag;
+    const int *flag;
     int err = sa_validate_tile_lists_enqueue(s, l, allow_empty, stream, &flag);
     return err ? err : sa_validate_finish(flag, stream);
 }
@@ -154,7 +190,7 @@ extern "C" int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists 
     int err = sa_query_lists_check_args(s, l);
     if (err)
         return err;
-    int *flag;
+    const int *flag;
     err = enqueue_rows(l->indices, l->counts, (long long)sa_query_rows(s), l->max_blocks,
                        sa_kv_blocks(s), allow_empty, (cudaStream_t)stream, &flag);
     return err ? err : sa_validate_finish(flag, (cudaStream_t)stream);
