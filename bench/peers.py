@@ -17,7 +17,8 @@ BF16 BHSD inputs with PyTorch and measures, in this order:
             blocks as a BlockMask of full blocks, in useful TFLOP/s, and against the dense
             stage at the same len_kv.
 Timing: CUDA events around each call, warm-up, median; input sets rotated so that at least twice
-the L2 passes between two uses of one set. The sparse part runs first (so --budget-s keeps it);
+the L2 passes between two uses of one set. The contenders of one shape are timed in interleaved
+rounds (--rounds), so a drift of the card's clock during the run falls on all of them alike. The sparse part runs first (so --budget-s keeps it);
 a short summary table is printed last.
 """
 import argparse
@@ -143,6 +144,47 @@ def time_calls(torch, calls, warmup, reps):
         ev[r][1].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in ev)
+
+
+def time_interleaved(torch, named_calls, warmup, reps, rounds):
+    """{name: (median ms, spread)} for each name's calls, timed in `rounds` interleaved rounds.
+
+    Round r times every name in turn (the order rotated by r), reps / rounds calls each after a
+    short warm-up, so slow drifts of the card (clock and temperature) fall on every name alike
+    instead of on whichever ran last. The median is over all of a name's calls; the spread is
+    (max - min) / median of its per-round medians, the run's own noise figure."""
+    names = list(named_calls)
+    per_round = max(1, -(-reps // max(1, rounds)))
+    samples = {n: [] for n in names}
+    round_medians = {n: [] for n in names}
+    for r in range(max(1, rounds)):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for n in order:
+            calls = named_calls[n]
+            ms = time_samples(torch, calls, warmup if r == 0 else min(2, warmup), per_round)
+            samples[n] += ms
+            round_medians[n].append(statistics.median(ms))
+    out = {}
+    for n in names:
+        med = statistics.median(samples[n])
+        rm = round_medians[n]
+        out[n] = (med, (max(rm) - min(rm)) / med if med > 0 else 0.0)
+    return out
+
+
+def time_samples(torch, calls, warmup, reps):
+    """Per-call ms of calls[i % len(calls)]() over reps, each between its own CUDA events."""
+    for i in range(max(warmup, 1)):
+        calls[i % len(calls)]()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(reps)]
+    for r in range(reps):
+        ev[r][0].record()
+        calls[r % len(calls)]()
+        ev[r][1].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in ev]
 
 
 def sets_needed(torch, set_bytes):
@@ -317,21 +359,21 @@ def run_dense(torch, F, lib, args, gemm, copy, summary):
             floor_ms(flops, nbytes, gemm, copy) * 1e9), "ours": {}, "peer": {}, "check": {}}
         q0, k0, v0 = sets[0]
         ref_o = {}
+        timers = {}  # name -> calls; timed together below, interleaved
         for key, fn in peers.items():
             try:
                 ref_o[key] = fn(q0, k0, v0)
                 torch.cuda.synchronize()
-                ms = time_calls(torch, [lambda s=s, fn=fn: fn(*s) for s in sets], args.warmup,
-                                args.reps)
-                row["peer"][key] = flops / (ms * 1e9)
-                log("  %-28s %8.3f ms %7.1f TFLOP/s" % (key, ms, row["peer"][key]))
+                timers[("peer", key)] = [lambda s=s, fn=fn: fn(*s) for s in sets]
             except Exception as e:  # noqa: BLE001
                 row["peer"][key] = None
                 log("  %-28s n/a: %s" % (key, str(e).splitlines()[0][:200]))
         slices = [(0, 0, 0, 256, None), (B - 1, H - 1, S - 256, S, None)]
+        outs_keep = []
         for st in stages:
             outs = [(torch.empty_like(q), torch.empty(B, H, S, device="cuda",
                                                       dtype=torch.float32)) for q, _, _ in sets]
+            outs_keep.append(outs)
             attns = [st.attn(q, k, v, o, l) for (q, k, v), (o, l) in zip(sets, outs)]
             why = st.check(attns[0])
             if why:
@@ -354,14 +396,23 @@ def run_dense(torch, F, lib, args, gemm, copy, summary):
                 notes.append("slices vs FP32: O %.2e, LSE %.2e %s" % (
                     eo, el, "ok" if eo <= REL_L2_TOL and el <= LSE_TOL else "FAIL"))
                 row["check"][st.label] = "; ".join(notes)
-                ms = time_calls(torch, [st.call(a) for a in attns], args.warmup, args.reps)
-                tf = flops / (ms * 1e9)
-                row["ours"][st.label] = tf
-                log("  %-28s %8.3f ms %7.1f TFLOP/s | %s" % (st.label, ms, tf,
-                                                             row["check"][st.label]))
+                timers[("ours", st.label)] = [st.call(a) for a in attns]
             except Exception as e:  # noqa: BLE001
                 row["ours"][st.label] = None
                 log("  %-28s failed: %s" % (st.label, e))
+        try:
+            times = time_interleaved(torch, timers, args.warmup, args.reps, args.rounds)
+        except Exception as e:  # noqa: BLE001
+            times = {}
+            log("  timing failed: %s" % e)
+        for (side, key), (ms, spread) in times.items():
+            tf = flops / (ms * 1e9)
+            row[side][key] = tf
+            log("  %-28s %8.3f ms %7.1f TFLOP/s (round spread %.1f%%)%s"
+                % (key, ms, tf, 100 * spread,
+                   " | " + row["check"][key] if side == "ours" else ""))
+        for side, key in timers:
+            row[side].setdefault(key, None)
         summary["dense"].append(row)
         del sets, ref_o
         torch.cuda.empty_cache()
@@ -413,16 +464,17 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
         nsets = sets_needed(torch, set_bytes)
         sets = make_inputs(torch, (B, Hq, Sq, D), Hkv, skv, args.seed + skv, nsets)
         log("sparse len_kv=%d: %d input sets" % (skv, nsets))
-        # Dense stage(s) at the same len_kv: Hkv = 1 if the stage takes it, else Hkv = Hq.
-        dense_tf = {}
+        # Dense stage(s) at the same len_kv: Hkv = 1 if the stage takes it, else Hkv = Hq. They
+        # are timed with each pattern's contenders, interleaved.
+        dense_timers, dense_outs = {}, []
         for st in dense:
             try:
                 use = sets
                 outs = [(torch.empty_like(q), torch.empty(B, Hq, Sq, device="cuda",
                                                           dtype=torch.float32)) for q, _, _ in use]
+                dense_outs.append(outs)
                 attns = [st.attn(q, k, v, o, l) for (q, k, v), (o, l) in zip(use, outs)]
                 why = st.check(attns[0])
-                note = ""
                 if why:
                     use = [(q, k.repeat_interleave(Hq // Hkv, 1).contiguous(),
                             v.repeat_interleave(Hq // Hkv, 1).contiguous()) for q, k, v in sets]
@@ -431,14 +483,11 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
                     if why2:
                         log("  dense %-22s skipped: Hkv=1: %s; Hkv=Hq: %s" % (st.label, why, why2))
                         continue
-                    note = " (Hkv=Hq: the stage rejects Hkv=1)"
-                ms = time_calls(torch, [st.call(a) for a in attns], args.warmup, args.reps)
-                dense_tf[st.label] = 4.0 * B * Hq * Sq * skv * D / (ms * 1e9)
-                log("  dense %-22s %8.3f ms %7.1f TFLOP/s%s" % (st.label, ms, dense_tf[st.label],
-                                                              note))
+                    log("  dense %-22s runs with Hkv=Hq: the stage rejects Hkv=1" % st.label)
+                    dense_outs.append(use)
+                dense_timers[("dense", st.label)] = [st.call(a) for a in attns]
             except Exception as e:  # noqa: BLE001
                 log("  dense %-22s failed: %s" % (st.label, e))
-        best_dense = max(dense_tf.items(), key=lambda kv: kv[1]) if dense_tf else None
         for pat_id, pat in PATTERNS:
             shape = SaShape(B, Hq, Hkv, Sq, skv, D)
             lists = []
@@ -452,27 +501,28 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
                            for l in lists for b in range(B)) / nsets
             nbytes = 2 * B * Hq * Sq * D * 2 + B * Hq * Sq * 4 + kv_bytes + lists[0].numel() * 4
             row = {"skv": skv, "pattern": pat, "ours": {}, "flex": None, "check": {},
-                   "dense": best_dense, "floor_tf": useful / (
+                   "dense": None, "floor_tf": useful / (
                        floor_ms(useful, nbytes, gemm, copy) * 1e9)}
             q0, k0, v0 = sets[0]
             flex_o = None
+            timers = dict(dense_timers)
+            keep = []  # output buffers of the timed calls
             if flex is not None:
                 try:
                     masks = [block_mask_from_lists(torch, l, skv) for l in lists]
                     flex_o = flex(q0, k0, v0, block_mask=masks[0], enable_gqa=True)
                     torch.cuda.synchronize()
-                    calls = [lambda s=s, m=m: flex(*s, block_mask=m, enable_gqa=True)
-                             for s, m in zip(sets, masks)]
-                    ms = time_calls(torch, calls, args.warmup, args.reps)
-                    row["flex"] = useful / (ms * 1e9)
+                    timers[("flex", "flex")] = [
+                        lambda s=s, m=m: flex(*s, block_mask=m, enable_gqa=True)
+                        for s, m in zip(sets, masks)]
                     # Flex itself against FP32 on one Q tile of two heads: is the mask right?
                     t = tiles // 2
                     sl = [(b, h, t * TILE, t * TILE + TILE,
                            selected_keys(torch, lists[0][b, h // (Hq // Hkv), t], skv))
                           for b, h in ((0, 0), (B - 1, Hq - 1))]
                     eo, _ = check_slices(torch, flex_o, None, q0, k0, v0, sl)
-                    log("  %-11s flex %8.3f ms useful %7.1f TFLOP/s (Flex vs FP32 slice %.2e %s)"
-                        % (pat, ms, row["flex"], eo, "ok" if eo <= REL_L2_TOL else "FAIL"))
+                    log("  %-11s flex: vs FP32 slice %.2e %s"
+                        % (pat, eo, "ok" if eo <= REL_L2_TOL else "FAIL"))
                 except Exception as e:  # noqa: BLE001
                     flex_o = None
                     log("  %-11s flex n/a: %s" % (pat, str(e).splitlines()[0][:200]))
@@ -506,22 +556,43 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
                     eo, el = check_slices(torch, o, l, q0, k0, v0, sl)
                     notes.append("slice vs FP32: O %.2e, LSE %.2e %s" % (
                         eo, el, "ok" if eo <= REL_L2_TOL and el <= LSE_TOL else "FAIL"))
-                    ms_v = time_calls(torch, [st.call(a) for a in attns[1]], args.warmup,
-                                      args.reps)
-                    ms_n = time_calls(torch, [st.call(a) for a in attns[0]], args.warmup,
-                                      args.reps)
-                    tf_v, tf_n = useful / (ms_v * 1e9), useful / (ms_n * 1e9)
-                    row["ours"][st.label] = (tf_v, tf_n)
                     row["check"][st.label] = "; ".join(notes)
-                    log("  %-11s %-22s %8.3f ms useful %7.1f TFLOP/s (no validation %.3f ms, "
-                        "%.1f) | vs Flex %s | vs dense %s | %s"
-                        % (pat, st.label, ms_v, tf_v, ms_n, tf_n, fmt(ratio(tf_v, row["flex"]),
-                                                                      ".2f"),
-                           fmt(ratio(tf_v, best_dense[1] if best_dense else None), ".2f"),
-                           row["check"][st.label]))
+                    keep.append(outs)
+                    timers[("val", st.label)] = [st.call(a) for a in attns[1]]
+                    timers[("noval", st.label)] = [st.call(a) for a in attns[0]]
                 except Exception as e:  # noqa: BLE001
                     row["ours"][st.label] = None
                     log("  %-11s %-22s failed: %s" % (pat, st.label, e))
+            try:
+                times = time_interleaved(torch, timers, args.warmup, args.reps, args.rounds)
+            except Exception as e:  # noqa: BLE001
+                times = {}
+                log("  %-11s timing failed: %s" % (pat, e))
+            dense_tf = {}
+            for (side, key), (ms, spread) in times.items():
+                if side == "dense":
+                    dense_tf[key] = 4.0 * B * Hq * Sq * skv * D / (ms * 1e9)
+                    log("  %-11s dense %-22s %8.3f ms %7.1f TFLOP/s (round spread %.1f%%)"
+                        % (pat, key, ms, dense_tf[key], 100 * spread))
+                elif side == "flex":
+                    row["flex"] = useful / (ms * 1e9)
+                    log("  %-11s flex %8.3f ms useful %7.1f TFLOP/s (round spread %.1f%%)"
+                        % (pat, ms, row["flex"], 100 * spread))
+            best_dense = max(dense_tf.items(), key=lambda kv: kv[1]) if dense_tf else None
+            row["dense"] = best_dense
+            for st in sparse:
+                if ("val", st.label) not in times or ("noval", st.label) not in times:
+                    row["ours"].setdefault(st.label, None)
+                    continue
+                (ms_v, sp_v), (ms_n, _) = times[("val", st.label)], times[("noval", st.label)]
+                tf_v, tf_n = useful / (ms_v * 1e9), useful / (ms_n * 1e9)
+                row["ours"][st.label] = (tf_v, tf_n)
+                log("  %-11s %-22s %8.3f ms useful %7.1f TFLOP/s (no validation %.3f ms, "
+                    "%.1f; round spread %.1f%%) | vs Flex %s | vs dense %s | %s"
+                    % (pat, st.label, ms_v, tf_v, ms_n, tf_n, 100 * sp_v,
+                       fmt(ratio(tf_v, row["flex"]), ".2f"),
+                       fmt(ratio(tf_v, best_dense[1] if best_dense else None), ".2f"),
+                       row["check"][st.label]))
             summary["sparse"].append(row)
         del sets
         torch.cuda.empty_cache()
@@ -581,6 +652,8 @@ def main():
                     help="where FlexAttention runs (each shape costs a torch.compile)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="interleaved timing rounds: each round times every contender in turn")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--budget-s", type=float, default=0,
                     help="skip the shapes not started after this many seconds (0: no limit)")
@@ -615,9 +688,9 @@ def main():
     except OSError as e:
         log("peers: cannot load %s (%s): ours n/a" % (args.lib, e))
     device = torch.cuda.get_device_name(0)
-    log("device %s, torch %s, cuDNN %s, seed %d, reps %d (median), warm-up %d"
-        % (device, torch.__version__, torch.backends.cudnn.version(), args.seed, args.reps,
-           args.warmup))
+    log("device %s, torch %s, cuDNN %s, seed %d, reps %d (median) in %d interleaved rounds, "
+        "warm-up %d" % (device, torch.__version__, torch.backends.cudnn.version(), args.seed,
+                        args.reps, args.rounds, args.warmup))
     summary = {"dense": [], "sparse": []}
     gemm = copy = None
     try:
