@@ -1,18 +1,32 @@
-// r1 and r4 on the GPU: the representative scoring of sel_reps.c in three launches.
+// r1 and r4 on the GPU: the representative scoring of sel_reps.c.
 //
+// Normally one cooperative launch, rep_fused (below), does everything: the means of Q and K, the
+// scores and the top-k, so the score arithmetic and the ranking overlap the memory pass instead
+// of following it. Rows of more than kFTopkMax blocks add a second launch, sel_cuda_topk
+// (sel_topk.cu), as a programmatic dependent launch.
+//
+// Where a cooperative launch is not possible (or SA_SEL_SPLIT is set, for comparisons), three
+// launches do the same work:
 // 1. group_means: the mean of every group of `span` tokens (128 for r1, 32 for r4), for Q and K
 //    in one launch. A CTA copies 128 tokens x 128 dims into shared memory (cp.async, all in
 //    flight at once), then a thread per dim adds each group's tokens in order and divides by the
 //    group's valid token count: the same FP32 operations in the same order as the CPU, so the
-//    means are bit-identical.
+//    means are bit-identical. rep_fused computes its means the same way.
 // 2. rep_scores: per (batch, KV head, Q tile) row and a chunk of KV blocks, the dot products of
 //    the row's query means (P = 128/span per head, every head of the GQA group) with the chunk's
 //    key means, as a small FP32 SGEMM through shared memory (4 x 4 outputs per thread); a block's
 //    score is the max over its P key means and all query means, NaN kept as on the CPU. The FMA
-//    order differs from the CPU's, so scores agree to rounding, not bit for bit.
+//    order differs from the CPU's, so scores agree to rounding, not bit for bit (also in
+//    rep_fused, whose score items are the same SGEMM).
 // 3. sel_cuda_topk (sel_topk.cu).
 // Launches 2 and 3 are programmatic dependent launches (sel_cuda.cuh): each may be scheduled
 // while the one before it finishes, and waits (griddepcontrol.wait) before reading its output.
+#include <cooperative_groups.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <mutex>
+
 #include "sel_cuda.cuh"
 
 namespace {
@@ -207,6 +221,501 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
         keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
 }
 
+// ------------------------------------------------------------------ one-launch path (rep_fused)
+//
+// A persistent cooperative grid works through one list of items, claimed in list order from an
+// atomic ticket:
+//   [K mean items] then, per step s: [Q mean items of row s] [score items of row s - lag]
+// A mean item is one 128-token x 128-dim tile of Q or K (the group_means work above); a score
+// item is one row's scores against a chunk of blocks (the rep_scores work above), and the CTA
+// that finishes a row's last score item also ranks that row (top-k), so scores and lists come out
+// of the same launch as the means. Why this shape:
+//   - The separate launches each waited for the whole previous grid, so the score FMAs (r4: 268 M
+//     at 16K keys) and the top-k ran after the memory pass instead of beside it. Here a row is
+//     scored while later rows still stream in; `lag` rows of distance in the list keep a score
+//     item from being claimed long before its row's means exist.
+//   - Claims in list order make every wait safe: a score item waits only for items earlier in
+//     the list, which CTAs already running have claimed. The cooperative launch guarantees that
+//     all CTAs are resident, so spinning on a counter cannot starve the CTA it waits for.
+//   - Each CTA double-buffers: the next item's cp.async copies are in flight while it reduces or
+//     scores the current one, so the memory pass never waits on arithmetic.
+// Counters (claim ticket, K items done, per-row Q items done, per-row score items done) live in
+// the call's scratch; CTA 0 zeroes them while the first loads are in flight, and one grid barrier
+// publishes that before anyone claims.
+
+constexpr int kFThreads = 256;
+constexpr int kFBufBytes = kMeanTok * kMeanDims * 2; // one staging buffer (32 KB)
+constexpr int kFTopkMax = 512; // rows of up to this many blocks are ranked inside the kernel
+
+// Score tiles per score item: (4 * TY) query means x (4 * TX) key means, dims in chunks of DC,
+// each thread owning 4 x 4 dot products. r1's rows have few query means (one per head of the
+// group) and r4's have 4 per head, so r1 takes a short, wide tile and r4 a square one.
+template <int P> struct FTile;
+template <> struct FTile<1> {
+    static constexpr int TY = 4, TX = 64, DC = 16;
+};
+template <> struct FTile<4> {
+    static constexpr int TY = 16, TX = 16, DC = 32;
+};
+
+struct FusedArgs {
+    const uint16_t *q, *k;
+    float *qr, *kr;
+    uint32_t *keys;
+    int32_t *indices, *counts;
+    unsigned *ctr; // [0] ticket, [1] K items done, [2, 2 + rows) Q items done, then score items done
+    int heads_q, heads_kv, group, len_q, len_kv, dim, slices, q_tiles, kv_blocks, qg, kg;
+    int rows, k_sel, keep_diag, keep_sink, topk_here;
+    int q_per_row, s_per_row, lag;
+    long long n_k, n_items;
+};
+
+struct FItem {
+    int kind; // 0 none, 1 mean (Q or K), 2 score
+    int row, chunk, nt, nd;
+    const uint16_t *src;
+    float *dst;
+    unsigned *done;
+};
+
+template <int P> __device__ FItem fused_item(const FusedArgs &a, long long p)
+{
+    FItem it = {};
+    if (p >= a.n_items)
+        return it;
+    const int S = a.slices;
+    if (p < a.n_k) {
+        const int s = (int)(p % S);
+        const long long rest = p / S;
+        const int blk = (int)(rest % a.kv_blocks);
+        const long long bh = rest / a.kv_blocks;
+        it.kind = 1;
+        it.src = a.k + ((size_t)bh * a.len_kv + (size_t)blk * kMeanTok) * a.dim + s * kMeanDims;
+        it.dst = a.kr + ((size_t)bh * a.kg + (size_t)blk * P) * a.dim + s * kMeanDims;
+        it.nt = min(kMeanTok, a.len_kv - blk * kMeanTok);
+        it.nd = min(kMeanDims, a.dim - s * kMeanDims);
+        it.done = a.ctr + 1;
+        return it;
+    }
+    const long long u = p - a.n_k;
+    const int step_len = a.q_per_row + a.s_per_row;
+    const long long step = u / step_len;
+    const int off = (int)(u % step_len);
+    if (off < a.q_per_row) {
+        if (step >= a.rows)
+            return it;
+        const int r = (int)step, j = off / S, s = off % S;
+        const int t = r % a.q_tiles, bh = r / a.q_tiles;
+        const int b = bh / a.heads_kv, hkv = bh % a.heads_kv;
+        const size_t hq = (size_t)b * a.heads_q + hkv * a.group + j;
+        it.kind = 1;
+        it.src = a.q + (hq * a.len_q + (size_t)t * kMeanTok) * a.dim + s * kMeanDims;
+        it.dst = a.qr + (hq * a.qg + (size_t)t * P) * a.dim + s * kMeanDims;
+        it.nt = min(kMeanTok, a.len_q - t * kMeanTok);
+        it.nd = min(kMeanDims, a.dim - s * kMeanDims);
+        it.done = a.ctr + 2 + r;
+        return it;
+    }
+    if (step < a.lag)
+        return it;
+    it.kind = 2;
+    it.row = (int)(step - a.lag);
+    it.chunk = off - a.q_per_row;
+    return it;
+}
+
+// Queues the 16-byte copies of a mean item's tile into `tile` (no wait).
+__device__ __forceinline__ void fused_load(const FItem &it, int dim, uint16_t (*tile)[kMeanDims])
+{
+    if (it.kind != 1)
+        return;
+    const int cpr = it.nd / 8; // nd is a multiple of 16
+    for (int i = threadIdx.x; i < it.nt * cpr; i += kFThreads) {
+        const int r = i / cpr, cc = i % cpr;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+                     ::"r"(smem_addr(&tile[r][cc * 8])), "l"(it.src + (size_t)r * dim + cc * 8));
+    }
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The means of a staged tile: thread d adds column d of each group in token order and divides by
+// the group's valid count, as the CPU does (bit-identical). r4's four groups are split over the
+// two halves of the CTA.
+template <int P>
+__device__ __forceinline__ void fused_means(const FItem &it, int dim,
+                                            const uint16_t (*tile)[kMeanDims])
+{
+    constexpr int span = kMeanTok / P, GP = P == 1 ? 1 : P / 2; // groups per thread
+    const int d = threadIdx.x % kMeanDims, half = threadIdx.x / kMeanDims;
+    if (d >= it.nd || (P == 1 && half))
+        return;
+    const int g0 = P == 1 ? 0 : half * GP;
+    float acc[GP];
+#pragma unroll
+    for (int g = 0; g < GP; g++)
+        acc[g] = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < span; i++)
+#pragma unroll
+        for (int g = 0; g < GP; g++)
+            if ((g0 + g) * span + i < it.nt)
+                acc[g] = __fadd_rn(acc[g],
+                                   __uint_as_float((uint32_t)tile[(g0 + g) * span + i][d] << 16));
+#pragma unroll
+    for (int g = 0; g < GP; g++) {
+        const int n = min(span, it.nt - (g0 + g) * span);
+        if (n > 0)
+            it.dst[(size_t)(g0 + g) * dim + d] = __fdiv_rn(acc[g], (float)n);
+    }
+}
+
+// One score item: row `row` against key blocks [chunk * NB, chunk * NB + NB). Writes the blocks'
+// keys. `sm` is a free staging buffer used as scratch.
+template <int P>
+__device__ void fused_scores(const FusedArgs &a, int row, int chunk, unsigned char *sm)
+{
+    using T = FTile<P>;
+    constexpr int TY = T::TY, TX = T::TX, DC = T::DC, MT = 4 * TY, NT = 4 * TX, NB = NT / P;
+    constexpr int QPC = (MT * DC / 8 + kFThreads - 1) / kFThreads; // 8-float pieces per thread
+    constexpr int KPC = (NT * DC / 8 + kFThreads - 1) / kFThreads;
+    float(*qs)[MT + kPad] = reinterpret_cast<float(*)[MT + kPad]>(sm);
+    float(*ks)[NT + kPad] = reinterpret_cast<float(*)[NT + kPad]>(sm + sizeof(float) * DC * (MT + kPad));
+    float(*red)[NT] = reinterpret_cast<float(*)[NT]>(sm + sizeof(float) * DC * (MT + NT + 2 * kPad));
+    float *best = reinterpret_cast<float *>(sm + sizeof(float) * (DC * (MT + NT + 2 * kPad) + TY * NT));
+    static_assert(sizeof(float) * (DC * (MT + NT + 2 * kPad) + TY * NT + NB) <= 24 * 1024,
+                  "score scratch must leave room for the top-k's keys in the buffer");
+
+    const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
+    const int t = row % a.q_tiles, bh = row / a.q_tiles;
+    const int b = bh / a.heads_kv, hkv = bh % a.heads_kv;
+    const int blk0 = chunk * NB, mq_total = a.group * P;
+    const float *kbase = a.kr + (size_t)bh * a.kg * a.dim;
+    if (tid < NB)
+        best[tid] = -INFINITY;
+
+    for (int m0 = 0; m0 < mq_total; m0 += MT) {
+        float acc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = 0.0f;
+        // Piece f of a chunk: vector f % V, dims (f / V) * 8 .. + 8, so a warp's transposed
+        // stores hit consecutive vectors (no bank conflicts) and each thread reads whole 32-byte
+        // sectors. The means were written by other CTAs in this launch: read them from L2.
+        const float *qsrc[QPC], *ksrc[KPC];
+        int qv[QPC], qd[QPC], kv[KPC], kd[KPC];
+#pragma unroll
+        for (int i = 0; i < QPC; i++) {
+            const int f = tid + i * kFThreads, v = f % MT, m = m0 + v;
+            qv[i] = v, qd[i] = (f / MT) * 8;
+            qsrc[i] = f < MT * DC / 8 && m < mq_total && t * P + m % P < a.qg
+                          ? a.qr + (((size_t)b * a.heads_q + hkv * a.group + m / P) * a.qg +
+                                    t * P + m % P) * a.dim + qd[i]
+                          : nullptr;
+        }
+#pragma unroll
+        for (int i = 0; i < KPC; i++) {
+            const int f = tid + i * kFThreads, v = f % NT, e = blk0 * P + v;
+            kv[i] = v, kd[i] = (f / NT) * 8;
+            ksrc[i] = f < NT * DC / 8 && e < a.kg ? kbase + (size_t)e * a.dim + kd[i] : nullptr;
+        }
+        float4 pq[QPC][2], pk[KPC][2];
+        auto fetch = [&](int d0) {
+            const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int i = 0; i < QPC; i++) {
+                const bool in = qsrc[i] && d0 + qd[i] < a.dim;
+                pq[i][0] = in ? __ldcg(reinterpret_cast<const float4 *>(qsrc[i] + d0)) : z;
+                pq[i][1] = in ? __ldcg(reinterpret_cast<const float4 *>(qsrc[i] + d0) + 1) : z;
+            }
+#pragma unroll
+            for (int i = 0; i < KPC; i++) {
+                const bool in = ksrc[i] && d0 + kd[i] < a.dim;
+                pk[i][0] = in ? __ldcg(reinterpret_cast<const float4 *>(ksrc[i] + d0)) : z;
+                pk[i][1] = in ? __ldcg(reinterpret_cast<const float4 *>(ksrc[i] + d0) + 1) : z;
+            }
+        };
+        // Threads whose 4 x 4 outputs are all padding (past the group's query means or the
+        // row's key means: r1 at 4K keys fills a quarter of its tile) skip the FMAs.
+        const bool live = m0 + ty * 4 < mq_total && blk0 * P + tx * 4 < a.kg;
+        fetch(0);
+        for (int d0 = 0; d0 < a.dim; d0 += DC) {
+#pragma unroll
+            for (int i = 0; i < QPC; i++)
+                if (tid + i * kFThreads < MT * DC / 8) {
+                    const float *x0 = &pq[i][0].x, *x1 = &pq[i][1].x;
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        qs[qd[i] + c][qv[i]] = x0[c], qs[qd[i] + 4 + c][qv[i]] = x1[c];
+                }
+#pragma unroll
+            for (int i = 0; i < KPC; i++)
+                if (tid + i * kFThreads < NT * DC / 8) {
+                    const float *x0 = &pk[i][0].x, *x1 = &pk[i][1].x;
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        ks[kd[i] + c][kv[i]] = x0[c], ks[kd[i] + 4 + c][kv[i]] = x1[c];
+                }
+            __syncthreads();
+            if (d0 + DC < a.dim)
+                fetch(d0 + DC);
+#pragma unroll 8
+            for (int d = 0; d < DC && live; d++) {
+                const float4 qq = *reinterpret_cast<const float4 *>(&qs[d][ty * 4]);
+                const float4 kk = *reinterpret_cast<const float4 *>(&ks[d][tx * 4]);
+                const float qa[4] = {qq.x, qq.y, qq.z, qq.w}, kb[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        acc[i][j] = fmaf(qa[i], kb[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int mi = m0 + ty * 4 + i;
+                if (mi < mq_total && t * P + mi % P < a.qg)
+                    mx = sel_nanmax(mx, acc[i][j]);
+            }
+            red[ty][tx * 4 + j] = mx;
+        }
+        __syncthreads();
+        if (tid < NB) {
+            float mx = best[tid];
+            for (int n = tid * P; n < tid * P + P; n++) {
+                if (blk0 * P + n >= a.kg) // a partial final block has fewer key means
+                    break;
+                for (int y = 0; y < TY; y++)
+                    mx = sel_nanmax(mx, red[y][n]);
+            }
+            best[tid] = mx;
+        }
+        __syncthreads();
+    }
+    if (tid < NB && blk0 + tid < a.kv_blocks) {
+        a.keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
+        __threadfence(); // before the row's completion count
+    }
+}
+
+// Top-k of one row of at most kFTopkMax keys, by rank: block i is chosen when fewer than k blocks
+// beat it (a larger key, or the same key at a lower index), which is the order of sel_topk.cu and
+// of the CPU; its slot is the number of chosen blocks below it, so the row comes out sorted.
+__device__ void fused_topk(const FusedArgs &a, int row, unsigned char *sm)
+{
+    uint32_t *sk = reinterpret_cast<uint32_t *>(sm + 24 * 1024);
+    int *chosen = reinterpret_cast<int *>(sm + 24 * 1024 + kFTopkMax * 4);
+    const int n = a.kv_blocks, t = row % a.q_tiles;
+    const int diag = a.keep_diag ? t : -1;
+    const uint32_t *src = a.keys + (size_t)row * n;
+    for (int i = threadIdx.x; i < n; i += kFThreads) {
+        uint32_t v = __ldcg(src + i);
+        if (i == diag || (a.keep_sink && i == 0))
+            v = SEL_KEY_FORCED;
+        sk[i] = v;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += kFThreads) {
+        const uint32_t v = sk[i];
+        int rank = 0;
+        for (int j = 0; j < n; j++) {
+            const uint32_t w = sk[j];
+            rank += w > v || (w == v && j < i);
+        }
+        chosen[i] = rank < a.k_sel;
+    }
+    __syncthreads();
+    int32_t *out = a.indices + (size_t)row * a.k_sel;
+    for (int i = threadIdx.x; i < n; i += kFThreads)
+        if (chosen[i]) {
+            int pos = 0;
+            for (int j = 0; j < i; j++)
+                pos += chosen[j];
+            out[pos] = i;
+        }
+    if (a.counts && threadIdx.x == 0)
+        a.counts[row] = a.k_sel;
+}
+
+template <int P>
+__global__ void __launch_bounds__(kFThreads, 2) rep_fused(FusedArgs a)
+{
+    extern __shared__ __align__(16) unsigned char fsm[]; // two staging buffers
+    __shared__ long long s_next;
+    __shared__ int s_last;
+    auto buffer = [&](int i) { return fsm + (size_t)i * kFBufBytes; };
+    auto tile = [&](int i) { return reinterpret_cast<uint16_t(*)[kMeanDims]>(buffer(i)); };
+    const int tid = threadIdx.x;
+
+    sel_pdl_trigger(); // a separate top-k launch (long rows) may wait resident
+    long long cur = blockIdx.x;
+    FItem it = fused_item<P>(a, cur);
+    fused_load(it, a.dim, tile(0));
+    asm volatile("cp.async.commit_group;\n" ::);
+    if (blockIdx.x == 0)
+        for (int i = tid; i < 2 + 2 * a.rows; i += kFThreads)
+            a.ctr[i] = 0;
+    cooperative_groups::this_grid().sync();
+
+    int buf = 0;
+    while (cur < a.n_items) {
+        if (tid == 0)
+            s_next = (long long)gridDim.x + atomicAdd(a.ctr, 1u);
+        __syncthreads();
+        const long long nxt = s_next;
+        const FItem nit = fused_item<P>(a, nxt);
+        fused_load(nit, a.dim, tile(buf ^ 1));
+        asm volatile("cp.async.commit_group;\n" ::);
+        if (it.kind == 1) {
+            asm volatile("cp.async.wait_group 1;\n" ::);
+            __syncthreads();
+            fused_means<P>(it, a.dim, tile(buf));
+            __threadfence(); // the means before the count that publishes them
+            __syncthreads();
+            if (tid == 0)
+                atomicAdd(it.done, 1u);
+        } else if (it.kind == 2) {
+            if (tid == 0) {
+                while (ld_acquire(a.ctr + 1) < (unsigned)a.n_k)
+                    __nanosleep(100);
+                while (ld_acquire(a.ctr + 2 + it.row) < (unsigned)a.q_per_row)
+                    __nanosleep(100);
+            }
+            __syncthreads();
+            fused_scores<P>(a, it.row, it.chunk, buffer(buf));
+            __syncthreads();
+            if (tid == 0)
+                s_last = atomicAdd(a.ctr + 2 + a.rows + it.row, 1u) == (unsigned)a.s_per_row - 1;
+            __syncthreads();
+            if (s_last && a.topk_here) {
+                __threadfence(); // every score item's keys of this row are visible
+                fused_topk(a, it.row, buffer(buf));
+            }
+        }
+        __syncthreads(); // buffer(buf) and s_next are free again
+        cur = nxt, it = nit, buf ^= 1;
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+}
+
+// Grid size of rep_fused<P> on the current device (resident CTAs: the cooperative launch needs
+// them all at once), 0 where it cannot run. Queried once per device.
+template <int P> int fused_grid_size()
+{
+    static std::mutex mu;
+    static int cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (!cache[dev]) {
+        int sms = 0, coop = 0, per_sm = 0;
+        const int smem = 2 * kFBufBytes;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
+            cudaFuncSetAttribute(rep_fused<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 smem) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rep_fused<P>, kFThreads,
+                                                          smem) != cudaSuccess)
+            (void)cudaGetLastError(), coop = 0;
+        cache[dev] = coop && per_sm > 0 ? sms * per_sm : -1;
+    }
+    return cache[dev] > 0 ? cache[dev] : 0;
+}
+
+// Distance, in CTAs' worth of items, between a row's Q items and its score items in the list:
+// the claim front runs about two items per CTA (current and prefetched) ahead of what has
+// finished, so a lag of that much keeps most score items from waiting on their row.
+// SA_SEL_LAG (percent of the grid) overrides it, for tuning on the device.
+static int fused_lag_pct()
+{
+    static const int pct = [] {
+        const char *e = getenv("SA_SEL_LAG");
+        const int v = e ? atoi(e) : 0;
+        return v > 0 && v <= 1000 ? v : 150;
+    }();
+    return pct;
+}
+
+// The whole of r1/r4 in one cooperative launch (plus the separate top-k for rows of more than
+// kFTopkMax blocks). Returns SA_ERR_UNSUPPORTED, with nothing queued, where it cannot run; the
+// caller then takes the three-launch path.
+template <int P>
+int rep_select_fused(const sa_shape *s, const sel_ctx &c, cudaStream_t st, int32_t *indices,
+                     int32_t *counts)
+{
+    const int G0 = fused_grid_size<P>();
+    if (!G0 || getenv("SA_SEL_SPLIT"))
+        return SA_ERR_UNSUPPORTED;
+    constexpr int NB = 4 * FTile<P>::TX / P;
+    const int span = SA_TILE / P;
+    const int qg = (s->len_q + span - 1) / span, kg = (s->len_kv + span - 1) / span;
+    const int rows = s->batch * s->heads_kv * c.q_tiles;
+    FusedArgs a;
+    a.q = c.q, a.k = c.k;
+    a.heads_q = s->heads_q, a.heads_kv = s->heads_kv, a.group = c.group;
+    a.len_q = s->len_q, a.len_kv = s->len_kv, a.dim = c.dim;
+    a.slices = (c.dim + kMeanDims - 1) / kMeanDims;
+    a.q_tiles = c.q_tiles, a.kv_blocks = c.kv_blocks, a.qg = qg, a.kg = kg;
+    a.rows = rows, a.k_sel = c.k_sel, a.keep_diag = c.keep_diagonal, a.keep_sink = c.keep_sink;
+    a.topk_here = c.kv_blocks <= kFTopkMax;
+    a.q_per_row = c.group * a.slices;
+    a.s_per_row = (c.kv_blocks + NB - 1) / NB;
+    const long long step = (long long)a.q_per_row + a.s_per_row;
+    a.lag = (int)std::min<long long>(rows, ((long long)G0 * fused_lag_pct() / 100 + step - 1) / step);
+    a.n_k = (long long)s->batch * s->heads_kv * c.kv_blocks * a.slices;
+    a.n_items = a.n_k + ((long long)rows + a.lag) * step;
+    // The ticket and counters are 32-bit.
+    if (a.n_items + G0 >= 0x7fffffffLL || 2LL + 2LL * rows >= 0x7fffffffLL)
+        return SA_ERR_UNSUPPORTED;
+    const int G = (int)std::min<long long>(G0, a.n_items);
+
+    const size_t nq = (size_t)s->batch * s->heads_q * qg, nk = (size_t)s->batch * s->heads_kv * kg;
+    SelScratch scr(st);
+    const size_t o_qr = scr.add(nq * c.dim * sizeof(float));
+    const size_t o_kr = scr.add(nk * c.dim * sizeof(float));
+    const size_t o_keys = scr.add((size_t)rows * c.kv_blocks * sizeof(uint32_t));
+    const size_t o_ctr = scr.add((2 + 2 * (size_t)rows) * sizeof(unsigned));
+    int err = scr.commit();
+    if (err)
+        return err;
+    a.qr = scr.at<float>(o_qr), a.kr = scr.at<float>(o_kr);
+    a.keys = scr.at<uint32_t>(o_keys), a.ctr = scr.at<unsigned>(o_ctr);
+    a.indices = indices, a.counts = a.topk_here ? counts : nullptr;
+
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)G);
+    cfg.blockDim = dim3(kFThreads);
+    cfg.dynamicSmemBytes = 2 * kFBufBytes;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, rep_fused<P>, a) != cudaSuccess) {
+        (void)cudaGetLastError(); // e.g. no cooperative launch here: take the three launches
+        return SA_ERR_UNSUPPORTED;
+    }
+    if (a.topk_here)
+        return SA_OK;
+    return sel_cuda_topk(a.keys, rows, c.kv_blocks, c.q_tiles, 0, c.k_sel, c.keep_diagonal,
+                         c.keep_sink, indices, counts, st);
+}
+
 int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                     const sa_select_params *p, int span, int32_t *indices, int32_t *counts)
 {
@@ -218,6 +727,10 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;
     cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
+    err = span == SA_TILE ? rep_select_fused<1>(s, c, st, indices, counts)
+                          : rep_select_fused<4>(s, c, st, indices, counts);
+    if (err != SA_ERR_UNSUPPORTED)
+        return err;
     const int P = SA_TILE / span;
     const int qg = (s->len_q + span - 1) / span, kg = (s->len_kv + span - 1) / span;
     const size_t nq = (size_t)s->batch * s->heads_q * qg, nk = (size_t)s->batch * s->heads_kv * kg;
