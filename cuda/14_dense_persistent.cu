@@ -277,6 +277,27 @@ __device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[6
     }
 }
 
+// 4 x 4 transpose of 32-bit values within each quad (introduced by stage 14, for the epilogue):
+// afterwards lane q of a quad holds in a[k] what lane k held in a[q]. Two butterfly rounds; the
+// register indices stay compile-time constants (the lane only picks which one to send).
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int lane)
+{
+#pragma unroll
+    for (int m = 1; m <= 2; m <<= 1) {
+        const bool upper = lane & m;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (j & m)
+                continue;
+            const uint32_t recv = __shfl_xor_sync(0xffffffffu, upper ? a[j] : a[j | m], m);
+            if (upper)
+                a[j] = recv;
+            else
+                a[j | m] = recv;
+        }
+    }
+}
+
 __global__ void __launch_bounds__(THREADS, 1)
     dense_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
                             const __grid_constant__ CUtensorMap map_k,
@@ -490,10 +511,20 @@ __global__ void __launch_bounds__(THREADS, 1)
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
                 const float inv = 1.f / sum;
                 const size_t row = row0 + h * 64 + warp * 16 + lane / 4 + 8 * i;
-                uint32_t *dst = reinterpret_cast<uint32_t *>(p.o + row * HEAD_DIM) + (lane % 4);
+                uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
 #pragma unroll
-                for (int jj = 0; jj < 16; jj++)
-                    dst[4 * jj] = pack_bf16(o[h][4 * jj + 2 * i] * inv, o[h][4 * jj + 2 * i + 1] * inv);
+                for (int g = 0; g < 4; g++) {
+                    // Columns 32g..32g+31 of the row, 8 per lane after the transpose: one 16-byte
+                    // store per lane, 64 contiguous bytes per quad (4-byte stores from the
+                    // accumulator layout touch eight 32-byte sectors per instruction, half-full).
+                    uint32_t a[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        a[k] = pack_bf16(o[h][4 * (4 * g + k) + 2 * i] * inv,
+                                         o[h][4 * (4 * g + k) + 2 * i + 1] * inv);
+                    quad_transpose(a, lane);
+                    dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
+                }
                 if (p.lse && lane % 4 == 0)
                     p.lse[row] = (row_max[h][i] + __log2f(sum)) * LN2;
             }
@@ -523,7 +554,7 @@ extern "C" int sa_stage14_check(const sa_gpu_attn *a)
     if ((long long)s->batch * s->heads_q * s->len_q > INT32_MAX ||
         (long long)s->batch * s->heads_kv * s->len_kv > INT32_MAX)
         return SA_ERR_UNSUPPORTED;
-    // TMA needs 16-byte aligned bases; O is stored as 4-byte pairs, LSE as floats.
+    // TMA needs 16-byte aligned bases, and O is stored 16 bytes a lane; LSE as floats.
     if (((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v | (uintptr_t)a->o) & 15 ||
         ((uintptr_t)a->lse & 3))
         return SA_ERR_UNSUPPORTED;

@@ -364,7 +364,7 @@ __device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[6
     }
 }
 
-// 4 x 4 transpose of 32-bit values within each quad (introduced by stage 15, for the epilogue):
+// 4 x 4 transpose of 32-bit values within each quad (introduced by stage 14, for the epilogue):
 // afterwards lane q of a quad holds in a[k] what lane k held in a[q]. Two butterfly rounds; the
 // register indices stay compile-time constants (the lane only picks which one to send).
 __device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int lane)
