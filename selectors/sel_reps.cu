@@ -265,7 +265,7 @@ struct FusedArgs {
     int32_t *indices, *counts;
     unsigned *ctr; // [0] ticket, [1] K items done, [2, 2 + rows) Q items done, then score items done
     int heads_q, heads_kv, group, len_q, len_kv, dim, slices, q_tiles, kv_blocks, qg, kg;
-    int rows, k_sel, keep_diag, keep_sink, topk_here;
+    int rows, k_sel, keep_diag, keep_sink, topk_here, probe; // PROBE
     int q_per_row, s_per_row, lag;
     long long n_k, n_items;
 };
@@ -324,24 +324,50 @@ template <int P> __device__ FItem fused_item(const FusedArgs &a, long long p)
     return it;
 }
 
-// Queues the 16-byte copies of a mean item's tile into `tile` (no wait).
+// Queues the 16-byte copies of a mean item's tile into `tile` (no wait). The last warp issues
+// none: it is the CTA's control warp (claims, counters, waits), and a fence in a warp with
+// copies in flight would wait for them, serialising the double buffer.
+constexpr int kFLoaders = kFThreads - 32;
 __device__ __forceinline__ void fused_load(const FItem &it, int dim, uint16_t (*tile)[kMeanDims])
 {
-    if (it.kind != 1)
+    if (it.kind != 1 || threadIdx.x >= kFLoaders)
         return;
     const int cpr = it.nd / 8; // nd is a multiple of 16
-    for (int i = threadIdx.x; i < it.nt * cpr; i += kFThreads) {
+    for (int i = threadIdx.x; i < it.nt * cpr; i += kFLoaders) {
         const int r = i / cpr, cc = i % cpr;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
                      ::"r"(smem_addr(&tile[r][cc * 8])), "l"(it.src + (size_t)r * dim + cc * 8));
     }
 }
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
+// Counters between CTAs, used by one thread of the control warp after a __syncthreads() (the
+// CTA's writes are then cumulative in its release, as in CUTLASS's barriers). A release is
+// fence.acq_rel + relaxed add: cheaper than __threadfence() (fence.sc) in every thread. Waits
+// poll with relaxed loads and fence once: ld.acquire would invalidate L1 at every poll.
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void count_release(unsigned *p)
+{
+    fence_acq_rel();
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+}
+__device__ __forceinline__ unsigned count_acq_rel(unsigned *p) // returns the old count
 {
     unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    fence_acq_rel();
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(v) : "l"(p) : "memory");
+    fence_acq_rel();
     return v;
+}
+__device__ __forceinline__ void wait_count(const unsigned *p, unsigned n)
+{
+    for (;;) {
+        unsigned v;
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+        if (v >= n)
+            break;
+        __nanosleep(64);
+    }
+    fence_acq_rel();
 }
 
 // The means of a staged tile: thread d adds column d of each group in token order and divides by
@@ -503,10 +529,8 @@ __device__ void fused_scores(const FusedArgs &a, int row, int chunk, unsigned ch
         }
         __syncthreads();
     }
-    if (tid < NB && blk0 + tid < a.kv_blocks) {
+    if (tid < NB && blk0 + tid < a.kv_blocks)
         a.keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
-        __threadfence(); // before the row's completion count
-    }
 }
 
 // Top-k of one row of at most kFTopkMax keys, by rank: block i is chosen when fewer than k blocks
@@ -552,14 +576,18 @@ template <int P>
 __global__ void __launch_bounds__(kFThreads, 2) rep_fused(FusedArgs a)
 {
     extern __shared__ __align__(16) unsigned char fsm[]; // two staging buffers
-    __shared__ long long s_next;
+    __shared__ long long s_claim[2]; // by iteration parity: written before the last reader is done
     __shared__ int s_last;
     auto buffer = [&](int i) { return fsm + (size_t)i * kFBufBytes; };
     auto tile = [&](int i) { return reinterpret_cast<uint16_t(*)[kMeanDims]>(buffer(i)); };
     const int tid = threadIdx.x;
+    const bool ctl = tid == kFThreads - 32; // the control warp's first lane
 
     sel_pdl_trigger(); // a separate top-k launch (long rows) may wait resident
-    long long cur = blockIdx.x;
+    // Items blockIdx.x and gridDim.x + blockIdx.x are this CTA's first two; later ones come from
+    // the ticket, claimed one item ahead so that the atomic's round trip hides behind the work.
+    const long long G = gridDim.x;
+    long long cur = blockIdx.x, nxt = G + blockIdx.x;
     FItem it = fused_item<P>(a, cur);
     fused_load(it, a.dim, tile(0));
     asm volatile("cp.async.commit_group;\n" ::);
@@ -570,41 +598,34 @@ __global__ void __launch_bounds__(kFThreads, 2) rep_fused(FusedArgs a)
 
     int buf = 0;
     while (cur < a.n_items) {
-        if (tid == 0)
-            s_next = (long long)gridDim.x + atomicAdd(a.ctr, 1u);
-        __syncthreads();
-        const long long nxt = s_next;
         const FItem nit = fused_item<P>(a, nxt);
         fused_load(nit, a.dim, tile(buf ^ 1));
         asm volatile("cp.async.commit_group;\n" ::);
+        if (ctl)
+            s_claim[buf] = 2 * G + atomicAdd(a.ctr, 1u); // read after the closing barrier
         if (it.kind == 1) {
             asm volatile("cp.async.wait_group 1;\n" ::);
             __syncthreads();
             fused_means<P>(it, a.dim, tile(buf));
-            __threadfence(); // the means before the count that publishes them
             __syncthreads();
-            if (tid == 0)
-                atomicAdd(it.done, 1u);
-        } else if (it.kind == 2) {
-            if (tid == 0) {
-                while (ld_acquire(a.ctr + 1) < (unsigned)a.n_k)
-                    __nanosleep(100);
-                while (ld_acquire(a.ctr + 2 + it.row) < (unsigned)a.q_per_row)
-                    __nanosleep(100);
+            if (ctl)
+                count_release(it.done);
+        } else if (it.kind == 2 && !a.probe) { // PROBE
+            if (ctl) {
+                wait_count(a.ctr + 1, (unsigned)a.n_k);
+                wait_count(a.ctr + 2 + it.row, (unsigned)a.q_per_row);
             }
             __syncthreads();
             fused_scores<P>(a, it.row, it.chunk, buffer(buf));
             __syncthreads();
-            if (tid == 0)
-                s_last = atomicAdd(a.ctr + 2 + a.rows + it.row, 1u) == (unsigned)a.s_per_row - 1;
+            if (ctl)
+                s_last = count_acq_rel(a.ctr + 2 + a.rows + it.row) == (unsigned)a.s_per_row - 1;
             __syncthreads();
-            if (s_last && a.topk_here) {
-                __threadfence(); // every score item's keys of this row are visible
+            if (s_last && a.topk_here)
                 fused_topk(a, it.row, buffer(buf));
-            }
         }
-        __syncthreads(); // buffer(buf) and s_next are free again
-        cur = nxt, it = nit, buf ^= 1;
+        __syncthreads(); // buffer(buf) is free again, s_claim is written
+        cur = nxt, nxt = s_claim[buf], it = nit, buf ^= 1;
     }
     asm volatile("cp.async.wait_all;\n" ::);
 }
@@ -637,15 +658,16 @@ template <int P> int fused_grid_size()
 }
 
 // Distance, in CTAs' worth of items, between a row's Q items and its score items in the list:
-// the claim front runs about two items per CTA (current and prefetched) ahead of what has
-// finished, so a lag of that much keeps most score items from waiting on their row.
+// the claim front runs two to three items per CTA (current, prefetched, claimed) ahead of what
+// has finished, so a lag of two keeps most score items from waiting on their row (the device
+// run with the first version: lag 0.75 G was slower than 1.5 G, which was slower than 3 G).
 // SA_SEL_LAG (percent of the grid) overrides it, for tuning on the device.
 static int fused_lag_pct()
 {
     static const int pct = [] {
         const char *e = getenv("SA_SEL_LAG");
         const int v = e ? atoi(e) : 0;
-        return v > 0 && v <= 1000 ? v : 150;
+        return v > 0 && v <= 1000 ? v : 200;
     }();
     return pct;
 }
@@ -672,6 +694,7 @@ int rep_select_fused(const sa_shape *s, const sel_ctx &c, cudaStream_t st, int32
     a.q_tiles = c.q_tiles, a.kv_blocks = c.kv_blocks, a.qg = qg, a.kg = kg;
     a.rows = rows, a.k_sel = c.k_sel, a.keep_diag = c.keep_diagonal, a.keep_sink = c.keep_sink;
     a.topk_here = c.kv_blocks <= kFTopkMax;
+    a.probe = getenv("SA_SEL_PROBE") != nullptr; // PROBE
     a.q_per_row = c.group * a.slices;
     a.s_per_row = (c.kv_blocks + NB - 1) / NB;
     const long long step = (long long)a.q_per_row + a.s_per_row;
@@ -679,7 +702,7 @@ int rep_select_fused(const sa_shape *s, const sel_ctx &c, cudaStream_t st, int32
     a.n_k = (long long)s->batch * s->heads_kv * c.kv_blocks * a.slices;
     a.n_items = a.n_k + ((long long)rows + a.lag) * step;
     // The ticket and counters are 32-bit.
-    if (a.n_items + G0 >= 0x7fffffffLL || 2LL + 2LL * rows >= 0x7fffffffLL)
+    if (a.n_items + 2LL * G0 >= 0x7fffffffLL || 2LL + 2LL * rows >= 0x7fffffffLL)
         return SA_ERR_UNSUPPORTED;
     const int G = (int)std::min<long long>(G0, a.n_items);
 
