@@ -146,7 +146,7 @@ def time_calls(torch, calls, warmup, reps):
     return statistics.median(s.elapsed_time(e) for s, e in ev)
 
 
-def time_interleaved(torch, named_calls, warmup, reps, rounds):
+def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0):
     """{name: (median ms, spread)} for each name's calls, timed in `rounds` interleaved rounds.
 
     Round r times every name in turn (the order rotated by r), reps / rounds calls each after a
@@ -154,6 +154,14 @@ def time_interleaved(torch, named_calls, warmup, reps, rounds):
     instead of on whichever ran last. The median is over all of a name's calls; the spread is
     (max - min) / median of its per-round medians, the run's own noise figure."""
     names = list(named_calls)
+    # The card idles at a low clock between shapes; run the contenders in turn for warmup_s
+    # seconds first so that the first round is not timed while the clock ramps up.
+    t_end = time.time() + warmup_s
+    while names and time.time() < t_end:
+        for n in names:
+            for f in named_calls[n]:
+                f()
+        torch.cuda.synchronize()
     per_round = max(1, -(-reps // max(1, rounds)))
     samples = {n: [] for n in names}
     round_medians = {n: [] for n in names}
@@ -401,7 +409,8 @@ def run_dense(torch, F, lib, args, gemm, copy, summary):
                 row["ours"][st.label] = None
                 log("  %-28s failed: %s" % (st.label, e))
         try:
-            times = time_interleaved(torch, timers, args.warmup, args.reps, args.rounds)
+            times = time_interleaved(torch, timers, args.warmup, args.reps, args.rounds,
+                                     args.warmup_s)
         except Exception as e:  # noqa: BLE001
             times = {}
             log("  timing failed: %s" % e)
@@ -564,7 +573,8 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
                     row["ours"][st.label] = None
                     log("  %-11s %-22s failed: %s" % (pat, st.label, e))
             try:
-                times = time_interleaved(torch, timers, args.warmup, args.reps, args.rounds)
+                times = time_interleaved(torch, timers, args.warmup, args.reps, args.rounds,
+                                         args.warmup_s)
             except Exception as e:  # noqa: BLE001
                 times = {}
                 log("  %-11s timing failed: %s" % (pat, e))
@@ -652,6 +662,8 @@ def main():
                     help="where FlexAttention runs (each shape costs a torch.compile)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup-s", type=float, default=0.5,
+                    help="seconds of untimed calls (all contenders in turn) before each shape")
     ap.add_argument("--rounds", type=int, default=4,
                     help="interleaved timing rounds: each round times every contender in turn")
     ap.add_argument("--seed", type=int, default=2026)
