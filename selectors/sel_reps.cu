@@ -223,8 +223,8 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
 
 // ------------------------------------------------------------------ one-launch path (rep_fused)
 //
-// A persistent cooperative grid works through one list of items, claimed in list order from an
-// atomic ticket:
+// A persistent cooperative grid of G CTAs works through one list of items, CTA b taking items
+// b, b + G, b + 2G, ... in order:
 //   [K mean items] then, per step s: [Q mean items of row s] [score items of row s - lag]
 // A mean item is one 128-token x 128-dim tile of Q or K (the group_means work above); a score
 // item is one row's scores against a chunk of blocks (the rep_scores work above), and the CTA
@@ -232,27 +232,35 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
 // of the same launch as the means. Why this shape:
 //   - The separate launches each waited for the whole previous grid, so the score FMAs (r4: 268 M
 //     at 16K keys) and the top-k ran after the memory pass instead of beside it. Here a row is
-//     scored while later rows still stream in; `lag` rows of distance in the list keep a score
-//     item from being claimed long before its row's means exist.
-//   - Claims in list order make every wait safe: a score item waits only for items earlier in
-//     the list, which CTAs already running have claimed. The cooperative launch guarantees that
-//     all CTAs are resident, so spinning on a counter cannot starve the CTA it waits for.
+//     scored while later rows still stream in; `lag` rows of distance in the list (about two
+//     rounds of the grid) keep a score item from reaching its CTA before its row's means exist.
+//   - A score item waits (spinning on counters) only for items earlier in the list. Every CTA
+//     works through its items in list order and the cooperative launch keeps all CTAs resident,
+//     so the earliest unfinished item never waits and the grid cannot deadlock.
 //   - Each CTA double-buffers: the next item's cp.async copies are in flight while it reduces or
-//     scores the current one, so the memory pass never waits on arithmetic.
-// Counters (claim ticket, K items done, per-row Q items done, per-row score items done) live in
-// the call's scratch; CTA 0 zeroes them while the first loads are in flight, and one grid barrier
-// publishes that before anyone claims.
+//     scores the current one. The last warp issues no copies: it publishes counts and waits on
+//     them, and a fence in a warp with copies in flight would wait for those copies too.
+//   - No atomic ticket: a first version claimed items dynamically, and the claim's round trip
+//     plus a fence per item sat on every item's critical path (on the H200 its means pass alone
+//     took 23-25 us, against 14-15 us for the separate group_means kernel at 16K keys).
+// Counters (K items done, per-row Q items done, per-row score items done) live in the call's
+// scratch; CTA 0 zeroes them while the first loads are in flight, and one grid barrier publishes
+// that before any count.
 
 constexpr int kFThreads = 256;
 constexpr int kFBufBytes = kMeanTok * kMeanDims * 2; // one staging buffer (32 KB)
 constexpr int kFTopkMax = 512; // rows of up to this many blocks are ranked inside the kernel
+// The top-k's keys and flags sit at the end of a staging buffer, past the score scratch.
+constexpr int kFTopkOff = kFBufBytes - 2 * kFTopkMax * 4;
 
 // Score tiles per score item: (4 * TY) query means x (4 * TX) key means, dims in chunks of DC,
 // each thread owning 4 x 4 dot products. r1's rows have few query means (one per head of the
-// group) and r4's have 4 per head, so r1 takes a short, wide tile and r4 a square one.
+// group) and r4's have 4 per head, so r1 takes a short, wide tile and r4 a square one. Every
+// chunk costs an L2 round trip, which the memory pass makes slow: chunks of 32 dims, as wide as
+// the 32 KB buffer allows.
 template <int P> struct FTile;
 template <> struct FTile<1> {
-    static constexpr int TY = 4, TX = 64, DC = 16;
+    static constexpr int TY = 8, TX = 32, DC = 32;
 };
 template <> struct FTile<4> {
     static constexpr int TY = 16, TX = 16, DC = 32;
@@ -263,7 +271,7 @@ struct FusedArgs {
     float *qr, *kr;
     uint32_t *keys;
     int32_t *indices, *counts;
-    unsigned *ctr; // [0] ticket, [1] K items done, [2, 2 + rows) Q items done, then score items done
+    unsigned *ctr; // [0] K items done, [1, 1 + rows) Q items done per row, then score items done
     int heads_q, heads_kv, group, len_q, len_kv, dim, slices, q_tiles, kv_blocks, qg, kg;
     int rows, k_sel, keep_diag, keep_sink, topk_here, probe; // PROBE
     int q_per_row, s_per_row, lag;
@@ -294,7 +302,7 @@ template <int P> __device__ FItem fused_item(const FusedArgs &a, long long p)
         it.dst = a.kr + ((size_t)bh * a.kg + (size_t)blk * P) * a.dim + s * kMeanDims;
         it.nt = min(kMeanTok, a.len_kv - blk * kMeanTok);
         it.nd = min(kMeanDims, a.dim - s * kMeanDims);
-        it.done = a.ctr + 1;
+        it.done = a.ctr;
         return it;
     }
     const long long u = p - a.n_k;
@@ -313,7 +321,7 @@ template <int P> __device__ FItem fused_item(const FusedArgs &a, long long p)
         it.dst = a.qr + (hq * a.qg + (size_t)t * P) * a.dim + s * kMeanDims;
         it.nt = min(kMeanTok, a.len_q - t * kMeanTok);
         it.nd = min(kMeanDims, a.dim - s * kMeanDims);
-        it.done = a.ctr + 2 + r;
+        it.done = a.ctr + 1 + r;
         return it;
     }
     if (step < a.lag)
@@ -325,7 +333,7 @@ template <int P> __device__ FItem fused_item(const FusedArgs &a, long long p)
 }
 
 // Queues the 16-byte copies of a mean item's tile into `tile` (no wait). The last warp issues
-// none: it is the CTA's control warp (claims, counters, waits), and a fence in a warp with
+// none: it is the CTA's control warp (counts and waits), and a fence in a warp with
 // copies in flight would wait for them, serialising the double buffer.
 constexpr int kFLoaders = kFThreads - 32;
 __device__ __forceinline__ void fused_load(const FItem &it, int dim, uint16_t (*tile)[kMeanDims])
@@ -414,7 +422,7 @@ __device__ void fused_scores(const FusedArgs &a, int row, int chunk, unsigned ch
     float(*ks)[NT + kPad] = reinterpret_cast<float(*)[NT + kPad]>(sm + sizeof(float) * DC * (MT + kPad));
     float(*red)[NT] = reinterpret_cast<float(*)[NT]>(sm + sizeof(float) * DC * (MT + NT + 2 * kPad));
     float *best = reinterpret_cast<float *>(sm + sizeof(float) * (DC * (MT + NT + 2 * kPad) + TY * NT));
-    static_assert(sizeof(float) * (DC * (MT + NT + 2 * kPad) + TY * NT + NB) <= 24 * 1024,
+    static_assert(sizeof(float) * (DC * (MT + NT + 2 * kPad) + TY * NT + NB) <= kFTopkOff,
                   "score scratch must leave room for the top-k's keys in the buffer");
 
     const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
@@ -538,8 +546,8 @@ __device__ void fused_scores(const FusedArgs &a, int row, int chunk, unsigned ch
 // of the CPU; its slot is the number of chosen blocks below it, so the row comes out sorted.
 __device__ void fused_topk(const FusedArgs &a, int row, unsigned char *sm)
 {
-    uint32_t *sk = reinterpret_cast<uint32_t *>(sm + 24 * 1024);
-    int *chosen = reinterpret_cast<int *>(sm + 24 * 1024 + kFTopkMax * 4);
+    uint32_t *sk = reinterpret_cast<uint32_t *>(sm + kFTopkOff);
+    int *chosen = reinterpret_cast<int *>(sm + kFTopkOff + kFTopkMax * 4);
     const int n = a.kv_blocks, t = row % a.q_tiles;
     const int diag = a.keep_diag ? t : -1;
     const uint32_t *src = a.keys + (size_t)row * n;
@@ -576,7 +584,6 @@ template <int P>
 __global__ void __launch_bounds__(kFThreads, 2) rep_fused(FusedArgs a)
 {
     extern __shared__ __align__(16) unsigned char fsm[]; // two staging buffers
-    __shared__ long long s_claim[2]; // by iteration parity: written before the last reader is done
     __shared__ int s_last;
     auto buffer = [&](int i) { return fsm + (size_t)i * kFBufBytes; };
     auto tile = [&](int i) { return reinterpret_cast<uint16_t(*)[kMeanDims]>(buffer(i)); };
@@ -584,49 +591,54 @@ __global__ void __launch_bounds__(kFThreads, 2) rep_fused(FusedArgs a)
     const bool ctl = tid == kFThreads - 32; // the control warp's first lane
 
     sel_pdl_trigger(); // a separate top-k launch (long rows) may wait resident
-    // Items blockIdx.x and gridDim.x + blockIdx.x are this CTA's first two; later ones come from
-    // the ticket, claimed one item ahead so that the atomic's round trip hides behind the work.
     const long long G = gridDim.x;
-    long long cur = blockIdx.x, nxt = G + blockIdx.x;
+    long long cur = blockIdx.x;
     FItem it = fused_item<P>(a, cur);
     fused_load(it, a.dim, tile(0));
     asm volatile("cp.async.commit_group;\n" ::);
     if (blockIdx.x == 0)
-        for (int i = tid; i < 2 + 2 * a.rows; i += kFThreads)
+        for (int i = tid; i < 1 + 2 * a.rows; i += kFThreads)
             a.ctr[i] = 0;
     cooperative_groups::this_grid().sync();
 
+    // A mean item's count is published at the top of the next iteration, after the barrier that
+    // closes the item: the release fence then overlaps the wait for the next tile's data instead
+    // of holding up the whole CTA.
+    unsigned *pending = nullptr;
     int buf = 0;
     while (cur < a.n_items) {
+        const long long nxt = cur + G;
         const FItem nit = fused_item<P>(a, nxt);
         fused_load(nit, a.dim, tile(buf ^ 1));
         asm volatile("cp.async.commit_group;\n" ::);
-        if (ctl)
-            s_claim[buf] = 2 * G + atomicAdd(a.ctr, 1u); // read after the closing barrier
+        if (ctl && pending) {
+            count_release(pending);
+            pending = nullptr;
+        }
         if (it.kind == 1) {
             asm volatile("cp.async.wait_group 1;\n" ::);
             __syncthreads();
             fused_means<P>(it, a.dim, tile(buf));
-            __syncthreads();
-            if (ctl)
-                count_release(it.done);
+            pending = it.done;
         } else if (it.kind == 2 && !a.probe) { // PROBE
             if (ctl) {
-                wait_count(a.ctr + 1, (unsigned)a.n_k);
-                wait_count(a.ctr + 2 + it.row, (unsigned)a.q_per_row);
+                wait_count(a.ctr, (unsigned)a.n_k);
+                wait_count(a.ctr + 1 + it.row, (unsigned)a.q_per_row);
             }
             __syncthreads();
             fused_scores<P>(a, it.row, it.chunk, buffer(buf));
             __syncthreads();
             if (ctl)
-                s_last = count_acq_rel(a.ctr + 2 + a.rows + it.row) == (unsigned)a.s_per_row - 1;
+                s_last = count_acq_rel(a.ctr + 1 + a.rows + it.row) == (unsigned)a.s_per_row - 1;
             __syncthreads();
             if (s_last && a.topk_here)
                 fused_topk(a, it.row, buffer(buf));
         }
-        __syncthreads(); // buffer(buf) is free again, s_claim is written
-        cur = nxt, nxt = s_claim[buf], it = nit, buf ^= 1;
+        __syncthreads(); // closes the item: buffer(buf) is free, its means are written
+        cur = nxt, it = nit, buf ^= 1;
     }
+    if (ctl && pending)
+        count_release(pending);
     asm volatile("cp.async.wait_all;\n" ::);
 }
 
@@ -658,9 +670,10 @@ template <int P> int fused_grid_size()
 }
 
 // Distance, in CTAs' worth of items, between a row's Q items and its score items in the list:
-// the claim front runs two to three items per CTA (current, prefetched, claimed) ahead of what
-// has finished, so a lag of two keeps most score items from waiting on their row (the device
-// run with the first version: lag 0.75 G was slower than 1.5 G, which was slower than 3 G).
+// an item finishes about one round of the grid after its CTA reaches it (its copies were queued
+// a round earlier) and its count is published at the start of the next round, so a lag of two
+// rounds keeps most score items from waiting on their row. (On the H200, with the first version
+// of this kernel, a lag of 0.75 rounds was slower than 1.5, which was slower than 3.)
 // SA_SEL_LAG (percent of the grid) overrides it, for tuning on the device.
 static int fused_lag_pct()
 {
@@ -701,8 +714,8 @@ int rep_select_fused(const sa_shape *s, const sel_ctx &c, cudaStream_t st, int32
     a.lag = (int)std::min<long long>(rows, ((long long)G0 * fused_lag_pct() / 100 + step - 1) / step);
     a.n_k = (long long)s->batch * s->heads_kv * c.kv_blocks * a.slices;
     a.n_items = a.n_k + ((long long)rows + a.lag) * step;
-    // The ticket and counters are 32-bit.
-    if (a.n_items + 2LL * G0 >= 0x7fffffffLL || 2LL + 2LL * rows >= 0x7fffffffLL)
+    // The counters are 32-bit.
+    if (a.n_items + G0 >= 0x7fffffffLL || 1LL + 2LL * rows >= 0x7fffffffLL)
         return SA_ERR_UNSUPPORTED;
     const int G = (int)std::min<long long>(G0, a.n_items);
 
@@ -711,7 +724,7 @@ int rep_select_fused(const sa_shape *s, const sel_ctx &c, cudaStream_t st, int32
     const size_t o_qr = scr.add(nq * c.dim * sizeof(float));
     const size_t o_kr = scr.add(nk * c.dim * sizeof(float));
     const size_t o_keys = scr.add((size_t)rows * c.kv_blocks * sizeof(uint32_t));
-    const size_t o_ctr = scr.add((2 + 2 * (size_t)rows) * sizeof(unsigned));
+    const size_t o_ctr = scr.add((1 + 2 * (size_t)rows) * sizeof(unsigned));
     int err = scr.commit();
     if (err)
         return err;
