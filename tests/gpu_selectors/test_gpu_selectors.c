@@ -299,26 +299,12 @@ START_TEST(test_many_blocks)
         {{1, 4, 2, 128, 60000, 64}, 16, 0, 0, 0, -1},      /* 469 blocks: 16 keys per lane */
         {{1, 4, 1, 128, 140000, 64}, 20, 0, 1, 0, -1},     /* 1094 blocks: one CTA per row */
         {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7},         /* a NaN block, never chosen */
-        {{2, 16, 1, 4096, 8192, 128}, 16, 0, 1, 0, -1},    /* the benchmark's rows: many
-                                                               score items in flight */
+        {{2, 16, 1, 4096, 8192, 128}, 16, 0, 1, 0, -1},    /* the benchmark's shape */
     };
     for (int ci = 0; ci < (int)(sizeof big / sizeof big[0]); ci++) {
         check_case("r1", &big[ci]);
         check_case("r4", &big[ci]);
     }
-}
-END_TEST
-
-/* r1 and r4 through their three-launch fallback (SA_SEL_SPLIT), which runs where a
- * cooperative launch cannot. */
-START_TEST(test_split_path)
-{
-    ck_assert_int_eq(setenv("SA_SEL_SPLIT", "1", 1), 0);
-    for (int ci = 0; ci < (small() ? 1 : NCASES); ci++) {
-        check_case("r1", &cases[ci]);
-        check_case("r4", &cases[ci]);
-    }
-    ck_assert_int_eq(unsetenv("SA_SEL_SPLIT"), 0);
 }
 END_TEST
 
@@ -611,7 +597,6 @@ int main(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_vs_cpu);
     tcase_add_test(tc, test_many_blocks);
-    tcase_add_test(tc, test_split_path);
     tcase_add_test(tc, test_host_wrapper);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
