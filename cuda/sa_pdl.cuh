@@ -17,7 +17,8 @@ __device__ __forceinline__ void sa_pdl_trigger()
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), allowed to overlap the previous kernel's tail
-// when `pdl` is set. Returns the launch's cudaError_t.
+// when `pdl` is set; where the runtime refuses the attribute, a plain launch instead (the waits
+// are then no-ops). Returns the launch's cudaError_t. The GPU selectors use it too.
 template <typename... KArgs, typename... Args>
 cudaError_t sa_launch_pdl(void (*kernel)(KArgs...), int pdl, dim3 grid, dim3 block, size_t smem,
                           cudaStream_t stream, Args &&...args)
@@ -32,5 +33,10 @@ cudaError_t sa_launch_pdl(void (*kernel)(KArgs...), int pdl, dim3 grid, dim3 blo
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+    if (e == cudaSuccess || !pdl)
+        return e;
+    (void)cudaGetLastError();
+    cfg.numAttrs = 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }

@@ -13,27 +13,19 @@
 #pragma once
 #include <stdint.h>
 
-// Shared-memory matrix descriptor with the 128-byte swizzle (layout type 1, bits 62-63).
+// Shared-memory matrix descriptors with the 128-byte swizzle (layout type 1, bits 62-63).
 //   K-major operands (Q, K): rows of 64 bf16 = 128 B, 8-row atoms of 1024 B; sbo = 1024 is the
 //   step between atoms and lbo is unused. A k16 step inside the 128 B row advances the start
 //   address by 32 B: the hardware applies the swizzle to the final address, as TMA did.
 //   MN-major operands (V as B of P V): lbo = step between 64-element column blocks, sbo = step
 //   between groups of 8 rows along K.
-// Addresses and offsets are stored divided by 16 in 14-bit fields.
-__device__ __forceinline__ uint64_t sa_desc_sw128(uint32_t smem_addr, uint32_t lbo, uint32_t sbo)
-{
-    uint64_t d = 0;
-    d |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
-    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
-    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
-    d |= (uint64_t)1 << 62;
-    return d;
-}
-
-// The same descriptor as two 32-bit words. Offsetting a descriptor (a k-step, another buffer)
-// only changes the low word (address and lbo) and, for addresses below 256 KB, never carries into
-// the high word (sbo and swizzle), which is a compile-time constant. Kernels short of registers
-// keep only the low word in a register and join the halves at the wgmma.
+// Addresses and offsets are stored divided by 16 in 14-bit fields: the low word holds the
+// address (bits 0-13) and lbo (16-29), the high word sbo (32-45) and the swizzle mode.
+//
+// The descriptor travels as its two 32-bit words. Offsetting a descriptor (a k-step, another
+// buffer) only changes the low word and, for addresses below 256 KB, never carries into the high
+// word, which is a compile-time constant. Kernels short of registers keep only the low word in a
+// register and join the halves at the wgmma.
 __device__ __forceinline__ uint32_t sa_desc_lo(uint32_t smem_addr, uint32_t lbo)
 {
     return ((smem_addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);

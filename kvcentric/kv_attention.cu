@@ -400,14 +400,14 @@ __global__ void __launch_bounds__(kThreads, 2) kv_attention(const attn_args a)
 template <bool kF32>
 int launch(const attn_args &a, int sms, size_t max_tasks, cudaStream_t stream)
 {
-    KV_CUDA(cudaFuncSetAttribute(kv_attention<kF32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    SA_CUDA_TRY(cudaFuncSetAttribute(kv_attention<kF32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  kSmem));
     // All of the SM's 228 KB to shared memory, so the 112 KB CTAs fit twice.
-    KV_CUDA(cudaFuncSetAttribute(kv_attention<kF32>,
+    SA_CUDA_TRY(cudaFuncSetAttribute(kv_attention<kF32>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared));
     int per_sm = 0;
-    KV_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kv_attention<kF32>, kThreads,
+    SA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kv_attention<kF32>, kThreads,
                                                           kSmem));
     if (per_sm < 1)
         return SA_ERR_CUDA;
@@ -415,7 +415,7 @@ int launch(const attn_args &a, int sms, size_t max_tasks, cudaStream_t stream)
     if (grid > max_tasks)
         grid = max_tasks;
     kv_attention<kF32><<<(unsigned)grid, kThreads, kSmem, stream>>>(a);
-    KV_LAUNCHED();
+    SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }
 
@@ -431,8 +431,8 @@ extern "C" int sa_kv_attend(const sa_kv_params *p)
         return err;
     const sa_shape *s = &p->shape;
     int dev = 0, sms = 0;
-    KV_CUDA(cudaGetDevice(&dev));
-    KV_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    SA_CUDA_TRY(cudaGetDevice(&dev));
+    SA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     attn_args a;
     a.q = p->q;
     a.k = p->k;

@@ -130,6 +130,6 @@ extern "C" int sa_kv_combine(const sa_kv_params *p)
         kv_combine<float><<<grid, kThreads, 0, kv_stream(p)>>>(a);
     else
         kv_combine<__nv_bfloat16><<<grid, kThreads, 0, kv_stream(p)>>>(a);
-    KV_LAUNCHED();
+    SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }

@@ -294,35 +294,35 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
     long long ne = (long long)w.max_entries, nt = (long long)w.max_tasks;
     size_t tmp;
 
-    KV_CUDA(cudaMemsetAsync(w.err, 0xff, sizeof *w.err, st));
+    SA_CUDA_TRY(cudaMemsetAsync(w.err, 0xff, sizeof *w.err, st));
     kv_keys<<<grid_for(ne), kThreads, 0, st>>>(p->lists.indices, p->lists.counts, m, s->len_q,
                                                blocks, ne, (uint32_t)nb, p->allow_empty_rows,
                                                w.keys_in, w.vals_in, w.err);
-    KV_LAUNCHED();
+    SA_CUDA_TRY(cudaGetLastError());
     tmp = w.tmp_bytes;
-    KV_CUDA(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.keys_in, w.keys_out, w.vals_in,
+    SA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.keys_in, w.keys_out, w.vals_in,
                                             w.entries, (int)ne, 0, w.entry_bits, st));
     kv_offsets<<<grid_for(w.buckets + 1), kThreads, 0, st>>>(w.keys_out, ne, nb, w.task_queries,
                                                              w.offsets, w.task_n);
-    KV_LAUNCHED();
+    SA_CUDA_TRY(cudaGetLastError());
     tmp = w.tmp_bytes;
-    KV_CUDA(cub::DeviceScan::ExclusiveSum(w.tmp, tmp, w.task_n, w.task_off, nb + 1, st));
+    SA_CUDA_TRY(cub::DeviceScan::ExclusiveSum(w.tmp, tmp, w.task_n, w.task_off, nb + 1, st));
     kv_tasks<<<grid_for(w.max_tasks), kThreads, 0, st>>>(w.offsets, w.task_off, nb,
                                                          w.task_queries, nt, w.tasks_unsorted,
                                                          w.tkeys_in, w.tvals_in, w.info);
-    KV_LAUNCHED();
+    SA_CUDA_TRY(cudaGetLastError());
     tmp = w.tmp_bytes;
-    KV_CUDA(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.tkeys_in, w.tkeys_out, w.tvals_in,
+    SA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.tkeys_in, w.tkeys_out, w.tvals_in,
                                             w.tvals_out, (int)nt, 0, w.task_bits, st));
     kv_gather_tasks<<<grid_for(w.max_tasks), kThreads, 0, st>>>(w.tasks_unsorted, w.tvals_out, nt,
                                                                 w.tasks);
-    KV_LAUNCHED();
+    SA_CUDA_TRY(cudaGetLastError());
     if (!p->validate)
         return SA_OK;
     kv_duplicates<<<grid_for(ne), kThreads, 0, st>>>(w.keys_out, w.entries, w.info, m, w.err);
-    KV_LAUNCHED();
+    SA_CUDA_TRY(cudaGetLastError());
     unsigned long long first = 0;
-    KV_CUDA(cudaMemcpyAsync(&first, w.err, sizeof first, cudaMemcpyDeviceToHost, st));
-    KV_CUDA(cudaStreamSynchronize(st));
+    SA_CUDA_TRY(cudaMemcpyAsync(&first, w.err, sizeof first, cudaMemcpyDeviceToHost, st));
+    SA_CUDA_TRY(cudaStreamSynchronize(st));
     return first == KV_NO_ERROR ? SA_OK : -(int)(first & 0xff);
 }

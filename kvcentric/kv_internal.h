@@ -5,19 +5,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "sa_cuda_internal.h" // SA_CUDA_TRY: return SA_ERR_CUDA when a CUDA call fails
 #include "sparseattn.h"
 
 #define KV_D 128          // the kernels are written for head_dim 128
 #define KV_ALIGN 256      // every workspace array starts on a 256-byte boundary
-
-// Return SA_ERR_CUDA from the enclosing function when a CUDA call fails.
-#define KV_CUDA(call)                                                                              \
-    do {                                                                                           \
-        if ((call) != cudaSuccess)                                                                 \
-            return SA_ERR_CUDA;                                                                    \
-    } while (0)
-// After a launch: a bad configuration shows in cudaGetLastError.
-#define KV_LAUNCHED() KV_CUDA(cudaGetLastError())
 
 // The first list error found on the GPU is kept as the minimum of (row << 32 | pos << 8 | -code),
 // pos = 0 for the row's count, slot + 1 for an entry: the same error the host validator reports

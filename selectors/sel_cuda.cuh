@@ -10,6 +10,7 @@ extern "C" {
 #include "sel_internal.h"
 }
 #include "sa_cuda_internal.h" // SA_CUDA_TRY
+#include "sa_pdl.cuh"
 #include "sel_cuda.h"
 
 
@@ -79,42 +80,17 @@ struct SelScratch {
     template <class T> T *at(size_t off) const { return reinterpret_cast<T *>(base + off); }
 };
 
-// Programmatic dependent launch (sm_90): a kernel launched with sel_launch_pdl may be scheduled
-// while the kernel before it on the stream still runs, which hides the launch gap between the
-// short kernels of r1 and r4. It must call sel_pdl_wait() before it reads anything the earlier
-// kernel writes (the wait returns once that kernel has completed and its writes are visible); a
-// kernel calls sel_pdl_trigger() to let its dependent be scheduled early. Both are no-ops for a
-// plain launch.
-__device__ __forceinline__ void sel_pdl_wait()
-{
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-__device__ __forceinline__ void sel_pdl_trigger()
-{
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
-// Launches kernel<<<grid, block, smem, st>>>(args...) with programmatic stream serialisation;
-// where the runtime refuses the attribute, a plain launch instead (the waits are then no-ops).
+// Programmatic dependent launch (cuda/sa_pdl.cuh): the short kernels of r1 and r4 are chained
+// with sa_launch_pdl, which hides the launch gap between them; each calls sa_pdl_wait() before
+// it reads what the previous one wrote and sa_pdl_trigger() to let its dependent be scheduled.
 template <typename... KArgs, typename... Args>
 int sel_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                    Args... args)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...) == cudaSuccess)
+    if (sa_launch_pdl(kernel, 1, grid, block, smem, st, args...) == cudaSuccess)
         return SA_OK;
     (void)cudaGetLastError();
-    kernel<<<grid, block, smem, st>>>(static_cast<KArgs>(args)...);
-    return cudaGetLastError() == cudaSuccess ? SA_OK : SA_ERR_CUDA;
+    return SA_ERR_CUDA;
 }
 
 static inline bool sel_aligned16(const void *p)

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
                      ::"r"(smem_addr(&tile[r][cc * 8])), "l"(src + (size_t)r * a.dim + cc * 8));
     }
     asm volatile("cp.async.commit_group;\n" ::);
-    sel_pdl_trigger(); // every CTA has started: the scores kernel may be scheduled
+    sa_pdl_trigger(); // every CTA has started: the scores kernel may be scheduled
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
 
@@ -119,10 +119,10 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     const int mq_total = a.group * P;
 
-    sel_pdl_trigger(); // the top-k's CTAs are small: let them wait resident
+    sa_pdl_trigger(); // the top-k's CTAs are small: let them wait resident
     if (tid < kNB)
         best[tid] = -INFINITY;
-    sel_pdl_wait(); // the means come from the previous launch
+    sa_pdl_wait(); // the means come from the previous launch
     // The key means of this chunk: vector n is key group blk0 * P + n.
     const float *kbase = kr + (size_t)bh * a.kg * a.dim;
 

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
 {
     extern __shared__ uint32_t sk[];
     __shared__ int red[kWarps];
-    sel_pdl_wait(); // the keys come from the previous launch
+    sa_pdl_wait(); // the keys come from the previous launch
     const size_t row = blockIdx.x;
     const uint32_t *src = keys + row * n;
     const int x = (int)(row % per_bh);
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
                    int k, int keep_diag, int keep_sink, int32_t *__restrict__ indices,
                    int32_t *__restrict__ counts)
 {
-    sel_pdl_wait(); // the keys come from the previous launch
+    sa_pdl_wait(); // the keys come from the previous launch
     const size_t row = (size_t)blockIdx.x * kWarpRowsPerCta + threadIdx.x / 32;
     if (row >= (size_t)rows) // whole warps leave together
         return;
