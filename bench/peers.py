@@ -133,17 +133,7 @@ def ratio(a, b):
 # ---------------------------------------------------------------- timing and checks (need torch)
 def time_calls(torch, calls, warmup, reps):
     """Median ms of calls[i % len(calls)]() over reps, each between its own CUDA events."""
-    for i in range(max(warmup, len(calls))):
-        calls[i % len(calls)]()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(reps)]
-    for r in range(reps):
-        ev[r][0].record()
-        calls[r % len(calls)]()
-        ev[r][1].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in ev)
+    return statistics.median(time_samples(torch, calls, max(warmup, len(calls)), reps))
 
 
 def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0):
