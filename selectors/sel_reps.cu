@@ -7,9 +7,10 @@
 //    means are bit-identical.
 // 2. rep_scores: per (batch, KV head, Q tile) row and a chunk of KV blocks, the dot products of
 //    the row's query means (P = 128/span per head, every head of the GQA group) with the chunk's
-//    key means, as a small FP32 SGEMM through shared memory (4 x 4 outputs per thread); a block's
-//    score is the max over its P key means and all query means, NaN kept as on the CPU. The FMA
-//    order differs from the CPU's, so scores agree to rounding, not bit for bit.
+//    key means, as a small FP32 SGEMM through shared memory on a tile sized to each selector
+//    and length (ScoreTile: 16 x 128 for r1, 64 x 64 or 64 x 128 for r4); a block's score is the
+//    max over its P key means and all query means, NaN kept as on the CPU. The FMA order differs
+//    from the CPU's, so scores agree to rounding, not bit for bit.
 // 3. sel_cuda_topk (sel_topk.cu).
 // Launches 2 and 3 are programmatic dependent launches (sel_cuda.cuh): each may be scheduled
 // while the one before it finishes, and waits (griddepcontrol.wait) before reading its output.
@@ -91,32 +92,52 @@ __global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
     }
 }
 
-// Score tiling: 64 query means x 64 key means per pass, dims in chunks of 32, 16 x 16 threads
-// each owning 4 x 4 dot products. Shared memory holds both operands transposed ([dim][vector],
-// padded by 4 floats) so a thread reads its 4 vectors' values at one dim as one float4.
-constexpr int kMQ = 64, kNK = 64, kDC = 32, kScoreThreads = 256, kPad = 4;
+// Score tiling. A pass covers MQ query means x NK key means (NK / P blocks), dims in chunks of
+// kDC; the 256 threads form a TX x TY grid (TX = NK / 4), each owning TM x 4 dot products. r1
+// has only `group` query means per row (16 on the study's shape), so its tile is 16 deep where
+// r4's is 64: a 64-deep r1 tile computed three dummy rows for every real one. A wider tile (NK
+// 128) reads fewer shared-memory bytes per FMA but makes half as many CTAs: r4 takes it only
+// when the narrow tile would fill more than one wave of the GPU (long sequences). Shared memory
+// holds both operands transposed ([dim][vector], padded by 4 floats), so a thread reads its
+// vectors' values at one dim as float2s / float4s. A warp is 8 TX x 4 TY threads: per dim it
+// reads 8 distinct key float4s and 4 distinct query pieces, one wavefront each.
+constexpr int kDC = 32, kScoreThreads = 256, kPad = 4;
+template <int P, int NK> struct ScoreTile {
+    static constexpr int MQ = P == 1 ? 16 : 64, TN = 4, TX = NK / TN, TY = kScoreThreads / TX,
+                         TM = MQ / TY;
+};
 
 struct ScoreArgs {
     int heads_q, heads_kv, group, q_tiles, kv_blocks, dim;
     int qg, kg; // groups per (batch, head) on each side
 };
 
-template <int P> // representatives per tile / block: 1 (r1) or 4 (r4)
-__global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
+// P: representatives per tile / block, 1 (r1) or 4 (r4); NK: key means per CTA (ScoreTile).
+template <int P, int NK>
+__global__ void __launch_bounds__(kScoreThreads, 2)
     rep_scores(const float *__restrict__ qr, const float *__restrict__ kr, ScoreArgs a,
                uint32_t *__restrict__ keys)
 {
-    constexpr int kNB = kNK / P; // blocks per chunk
-    __shared__ __align__(16) float qs[kDC][kMQ + kPad];
-    __shared__ __align__(16) float ks[kDC][kNK + kPad];
-    __shared__ float red[kScoreThreads / 16][kNK];
+    using T = ScoreTile<P, NK>;
+    constexpr int MQ = T::MQ, TM = T::TM, TN = T::TN, TX = T::TX, TY = T::TY;
+    static_assert(TX * TY == kScoreThreads && TM * TY == MQ && TX % 8 == 0 && TY % 4 == 0,
+                  "a 256-thread grid of 8 x 4 warps covering the tile");
+    static_assert(TN == 4 && TM % 2 == 0, "float4 key reads, float2 or float4 query reads");
+    constexpr int kNB = NK / P;             // blocks per chunk
+    constexpr int V = MQ + NK;              // vectors staged per dim chunk
+    constexpr int SLOTS = V * (kDC / 8);    // (vector, 8 dims) pieces per dim chunk
+    constexpr int PER = (SLOTS + kScoreThreads - 1) / kScoreThreads;
+    __shared__ __align__(16) float qs[kDC][MQ + kPad];
+    __shared__ __align__(16) float ks[kDC][NK + kPad];
+    __shared__ float red[TY][NK];
     __shared__ float best[kNB];
 
     const int row = blockIdx.x; // (b * Hkv + hkv) * q_tiles + t
     const int t = row % a.q_tiles, bh = row / a.q_tiles;
     const int b = bh / a.heads_kv, hkv = bh % a.heads_kv;
     const int blk0 = blockIdx.y * kNB;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int tx = (warp % (TX / 8)) * 8 + lane % 8, ty = (warp / (TX / 8)) * 4 + lane / 8;
     const int mq_total = a.group * P;
 
     sa_pdl_trigger(); // the top-k's CTAs are small: let them wait resident
@@ -126,69 +147,102 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
     // The key means of this chunk: vector n is key group blk0 * P + n.
     const float *kbase = kr + (size_t)bh * a.kg * a.dim;
 
-    for (int m0 = 0; m0 < mq_total; m0 += kMQ) {
-        float acc[4][4];
+    for (int m0 = 0; m0 < mq_total; m0 += MQ) {
+        float acc[TM][TN];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < TM; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < TN; j++)
                 acc[i][j] = 0.0f;
-        // 64 vectors x 32 dims per operand and chunk: thread -> (vector tid % 64, 8 dims at
-        // (tid / 64) * 8), so a warp's transposed stores hit 32 consecutive floats (no bank
-        // conflicts). dim is a multiple of 16, so a slice is wholly inside or wholly past it;
-        // zeros past it add exact zeros. The next chunk's loads are issued into registers before
-        // this chunk's FMAs, so their latency hides behind the arithmetic.
-        const int v = tid % 64, dd = (tid / 64) * 8;
-        const int m = m0 + v, e = blk0 * P + v;
-        const float *qsrc = m < mq_total && t * P + m % P < a.qg
-                                ? qr + (((size_t)b * a.heads_q + hkv * a.group + m / P) * a.qg +
-                                        t * P + m % P) * a.dim + dd
-                                : nullptr;
-        const float *ksrc = e < a.kg ? kbase + (size_t)e * a.dim + dd : nullptr;
-        float4 pq0, pq1, pk0, pk1;
+        // Staging: slot s is 8 dims (group s / V) of vector s % V (query means first, then key
+        // means), so consecutive lanes store consecutive floats of one transposed row (no bank
+        // conflicts). dim is a multiple of 16, so an 8-dim piece is wholly inside or wholly past
+        // it; zeros past it add exact zeros. The next chunk's loads are issued into registers
+        // before this chunk's FMAs, so their latency hides behind the arithmetic.
+        const float *src[PER];
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int sl = tid + i * kScoreThreads, v = sl % V, g8 = (sl / V) * 8;
+            src[i] = nullptr;
+            if (sl < SLOTS && v < MQ) {
+                const int m = m0 + v;
+                if (m < mq_total && t * P + m % P < a.qg)
+                    src[i] = qr + (((size_t)b * a.heads_q + hkv * a.group + m / P) * a.qg +
+                                   t * P + m % P) * a.dim + g8;
+            } else if (sl < SLOTS) {
+                const int e = blk0 * P + v - MQ;
+                if (e < a.kg)
+                    src[i] = kbase + (size_t)e * a.dim + g8;
+            }
+        }
+        float4 pre[PER][2];
         auto fetch = [&](int d0) {
-            const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-            const bool in = d0 + dd < a.dim;
-            pq0 = qsrc && in ? __ldg(reinterpret_cast<const float4 *>(qsrc + d0)) : z;
-            pq1 = qsrc && in ? __ldg(reinterpret_cast<const float4 *>(qsrc + d0) + 1) : z;
-            pk0 = ksrc && in ? __ldg(reinterpret_cast<const float4 *>(ksrc + d0)) : z;
-            pk1 = ksrc && in ? __ldg(reinterpret_cast<const float4 *>(ksrc + d0) + 1) : z;
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                const int g8 = ((tid + i * kScoreThreads) / V) * 8;
+                const bool in = src[i] && d0 + g8 < a.dim;
+                const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+                pre[i][0] = in ? __ldg(reinterpret_cast<const float4 *>(src[i] + d0)) : z;
+                pre[i][1] = in ? __ldg(reinterpret_cast<const float4 *>(src[i] + d0) + 1) : z;
+            }
         };
         fetch(0);
         for (int d0 = 0; d0 < a.dim; d0 += kDC) {
-            qs[dd + 0][v] = pq0.x, qs[dd + 1][v] = pq0.y, qs[dd + 2][v] = pq0.z;
-            qs[dd + 3][v] = pq0.w, qs[dd + 4][v] = pq1.x, qs[dd + 5][v] = pq1.y;
-            qs[dd + 6][v] = pq1.z, qs[dd + 7][v] = pq1.w;
-            ks[dd + 0][v] = pk0.x, ks[dd + 1][v] = pk0.y, ks[dd + 2][v] = pk0.z;
-            ks[dd + 3][v] = pk0.w, ks[dd + 4][v] = pk1.x, ks[dd + 5][v] = pk1.y;
-            ks[dd + 6][v] = pk1.z, ks[dd + 7][v] = pk1.w;
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                const int sl = tid + i * kScoreThreads, v = sl % V, g8 = (sl / V) * 8;
+                if (sl >= SLOTS)
+                    continue;
+                const float f[8] = {pre[i][0].x, pre[i][0].y, pre[i][0].z, pre[i][0].w,
+                                    pre[i][1].x, pre[i][1].y, pre[i][1].z, pre[i][1].w};
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    if (v < MQ)
+                        qs[g8 + e][v] = f[e];
+                    else
+                        ks[g8 + e][v - MQ] = f[e];
+                }
+            }
             __syncthreads();
             if (d0 + kDC < a.dim)
                 fetch(d0 + kDC);
-#pragma unroll 8
+#pragma unroll 4
             for (int d = 0; d < kDC; d++) {
-                const float4 qv = *reinterpret_cast<const float4 *>(&qs[d][ty * 4]);
-                const float4 kv = *reinterpret_cast<const float4 *>(&ks[d][tx * 4]);
-                const float qa[4] = {qv.x, qv.y, qv.z, qv.w}, kb[4] = {kv.x, kv.y, kv.z, kv.w};
+                float qa[TM];
+                if constexpr (TM % 4 == 0) {
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+                    for (int i = 0; i < TM; i += 4) {
+                        const float4 q4 = *reinterpret_cast<const float4 *>(&qs[d][ty * TM + i]);
+                        qa[i] = q4.x, qa[i + 1] = q4.y, qa[i + 2] = q4.z, qa[i + 3] = q4.w;
+                    }
+                } else {
 #pragma unroll
-                    for (int j = 0; j < 4; j++)
+                    for (int i = 0; i < TM; i += 2) {
+                        const float2 q2 = *reinterpret_cast<const float2 *>(&qs[d][ty * TM + i]);
+                        qa[i] = q2.x, qa[i + 1] = q2.y;
+                    }
+                }
+                const float4 kv = *reinterpret_cast<const float4 *>(&ks[d][tx * TN]);
+                const float kb[TN] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+                for (int i = 0; i < TM; i++)
+#pragma unroll
+                    for (int j = 0; j < TN; j++)
                         acc[i][j] = fmaf(qa[i], kb[j], acc[i][j]);
             }
             __syncthreads();
         }
         // Max over this thread's valid query means, per key mean.
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < TN; j++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int mi = m0 + ty * 4 + i;
+            for (int i = 0; i < TM; i++) {
+                const int mi = m0 + ty * TM + i;
                 if (mi < mq_total && t * P + mi % P < a.qg)
                     mx = sel_nanmax(mx, acc[i][j]);
             }
-            red[ty][tx * 4 + j] = mx;
+            red[ty][tx * TN + j] = mx;
         }
         __syncthreads();
         if (tid < kNB) {
@@ -196,7 +250,7 @@ __global__ void __launch_bounds__(kScoreThreads, 2) // 3 per SM would spill
             for (int n = tid * P; n < tid * P + P; n++) {
                 if ((blk0 * P + n) >= a.kg) // a partial final block has fewer key means
                     break;
-                for (int y = 0; y < kScoreThreads / 16; y++)
+                for (int y = 0; y < TY; y++)
                     mx = sel_nanmax(mx, red[y][n]);
             }
             best[tid] = mx;
@@ -217,6 +271,9 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     if (c.kv_blocks > SEL_CUDA_MAX_BLOCKS || !sel_aligned16(c.q) ||
         !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;
+    int sms = 0, major = 0; // the score kernel's tile depends on how many CTAs fill the GPU
+    if (sa_cuda_device_info(&sms, &major) != SA_OK)
+        return SA_ERR_NO_DEVICE;
     cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
     const int P = SA_TILE / span;
     const int qg = (s->len_q + span - 1) / span, kg = (s->len_kv + span - 1) / span;
@@ -252,9 +309,14 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     SA_CUDA_TRY(cudaGetLastError());
 
     ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg};
-    dim3 grid(rows, (c.kv_blocks + kNK / P - 1) / (kNK / P));
-    if ((err = sel_launch_pdl(P == 1 ? rep_scores<1> : rep_scores<4>, grid, dim3(kScoreThreads),
-                              0, st, qr, kr, sa, keys)))
+    // r4's wide tile only where the narrow one would make more than a wave of CTAs (2 per SM).
+    const long long narrow_ctas = (long long)rows * ((c.kv_blocks + 15) / 16);
+    const bool wide = P == 1 || narrow_ctas > 2LL * sms;
+    const int nb = (wide ? 128 : 64) / P; // blocks per CTA
+    dim3 grid(rows, (c.kv_blocks + nb - 1) / nb);
+    void (*kern)(const float *, const float *, ScoreArgs, uint32_t *) =
+        P == 1 ? rep_scores<1, 128> : wide ? rep_scores<4, 128> : rep_scores<4, 64>;
+    if ((err = sel_launch_pdl(kern, grid, dim3(kScoreThreads), 0, st, qr, kr, sa, keys)))
         return err;
     return sel_cuda_topk(keys, rows, c.kv_blocks, c.q_tiles, 0, c.k_sel, c.keep_diagonal,
                          c.keep_sink, indices, counts, st);

@@ -300,6 +300,7 @@ START_TEST(test_many_blocks)
         {{1, 4, 1, 128, 140000, 64}, 20, 0, 1, 0, -1},     /* 1094 blocks: one CTA per row */
         {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7},         /* a NaN block, never chosen */
         {{2, 16, 1, 4096, 8192, 128}, 16, 0, 1, 0, -1},    /* the benchmark's shape */
+        {{2, 4, 1, 4096, 16384, 128}, 16, 0, 1, 0, -1},    /* r4's wide score tile (> 1 wave) */
     };
     for (int ci = 0; ci < (int)(sizeof big / sizeof big[0]); ci++) {
         check_case("r1", &big[ci]);
