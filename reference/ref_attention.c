@@ -14,6 +14,7 @@
  */
 #include <cblas.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "ref_internal.h"
@@ -161,6 +162,33 @@ static void tile_item(const tile_job *job, tile_scratch *sc, int b, int lh, int 
     }
 }
 
+static atomic_flag blas_lock = ATOMIC_FLAG_INIT;
+static int blas_users, blas_saved_threads;
+
+static void blas_lock_take(void)
+{
+    while (atomic_flag_test_and_set_explicit(&blas_lock, memory_order_acquire))
+        ;
+}
+
+void ref_blas_single_begin(void)
+{
+    blas_lock_take();
+    if (blas_users++ == 0) {
+        blas_saved_threads = openblas_get_num_threads();
+        openblas_set_num_threads(1);
+    }
+    atomic_flag_clear_explicit(&blas_lock, memory_order_release);
+}
+
+void ref_blas_single_end(void)
+{
+    blas_lock_take();
+    if (--blas_users == 0)
+        openblas_set_num_threads(blas_saved_threads);
+    atomic_flag_clear_explicit(&blas_lock, memory_order_release);
+}
+
 /* Runs every (b, list head, tile) item across OpenMP threads. OpenBLAS is held single-threaded
  * meanwhile: the parallelism is ours, and its own pool would oversubscribe the cores. */
 static int run_tiles(const tile_job *job)
@@ -172,8 +200,7 @@ static int run_tiles(const tile_job *job)
     if (job->max_keys > (size_t)INT_MAX / SA_TILE)
         return SA_ERR_NOMEM;
     int err = SA_OK;
-    int blas_threads = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    ref_blas_single_begin();
 #pragma omp parallel
     {
         tile_scratch sc;
@@ -192,7 +219,7 @@ static int run_tiles(const tile_job *job)
         }
         scratch_free(&sc);
     }
-    openblas_set_num_threads(blas_threads);
+    ref_blas_single_end();
     return err;
 }
 

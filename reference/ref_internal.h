@@ -134,4 +134,11 @@ int ref_resolve_opts(const sa_attn_opts *opts, sa_attn_opts *res);
 int ref_scan_rows(const sa_shape *s, const int32_t *indices, const int32_t *counts, size_t rows,
                   int max_blocks, size_t *max_keys);
 
+/* OpenBLAS held single-threaded while a reference call runs its own OpenMP loop (its pool would
+ * oversubscribe the cores). The thread count is process-wide state, so the calls count
+ * themselves: the first to begin saves the caller's setting, the last to end restores it, and
+ * two host threads calling the reference at once leave it as they found it. */
+void ref_blas_single_begin(void);
+void ref_blas_single_end(void);
+
 #endif

@@ -165,8 +165,7 @@ static int run_queries(query_job *job, size_t max_keys, int partials)
     job->kf = kf;
     job->vf = vf;
     int err = SA_OK;
-    int blas_threads = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    ref_blas_single_begin();
 #pragma omp parallel
     {
         query_scratch sc;
@@ -201,7 +200,7 @@ static int run_queries(query_job *job, size_t max_keys, int partials)
         }
         scratch_free(&sc);
     }
-    openblas_set_num_threads(blas_threads);
+    ref_blas_single_end();
     free(kf);
     free(vf);
     return err;

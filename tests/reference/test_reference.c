@@ -1,6 +1,8 @@
 /* The CPU reference against an independent double-precision loop (naive.c), on fresh random
  * inputs every run. Shapes are small so the suite stays fast under ASan. */
+#include <cblas.h>
 #include <inttypes.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -478,6 +480,38 @@ START_TEST(test_tolerance_can_fail)
 }
 END_TEST
 
+/* The reference holds OpenBLAS single-threaded while it runs (its own OpenMP loop does the
+ * parallel work) and must hand the process-wide setting back as it found it, also when two host
+ * threads call it at once. (Where OpenBLAS allows one thread only, the setting stays 1 and this
+ * checks less.) */
+START_TEST(test_blas_threads_restored)
+{
+    /* Earlier tests in this process ran the reference too: start from a setting other than the
+     * reference's own 1, so a missed restore shows. */
+    openblas_set_num_threads(2);
+    const int before = openblas_get_num_threads();
+    sa_rng r = rng_for(10, 0);
+    nv_case c;
+    nv_case_init(&c, shapes[0], &r, 1.0f);
+    nv_out out[2];
+    nv_out_alloc(&out[0], &c.s);
+    nv_out_alloc(&out[1], &c.s);
+    int rc[2] = {SA_OK, SA_OK};
+#pragma omp parallel num_threads(2)
+    {
+        const int t = omp_get_thread_num();
+        for (int rep = 0; rep < 20 && t < 2; rep++)
+            rc[t] |= sa_ref_dense(&c.s, c.q, c.k, c.v, &out[t].out);
+    }
+    ck_assert_int_eq(rc[0], SA_OK);
+    ck_assert_int_eq(rc[1], SA_OK);
+    ck_assert_int_eq(openblas_get_num_threads(), before);
+    nv_out_free(&out[0]);
+    nv_out_free(&out[1]);
+    nv_case_free(&c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("reference");
@@ -492,6 +526,7 @@ int main(void)
     tcase_add_loop_test(tc, test_combine_tile_splits, 0, NSHAPES);
     tcase_add_loop_test(tc, test_validate_off, 0, NSHAPES);
     tcase_add_loop_test(tc, test_tolerance_can_fail, 0, NSHAPES);
+    tcase_add_test(tc, test_blas_threads_restored);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
