@@ -18,8 +18,8 @@ BF16 BHSD inputs with PyTorch and measures, in this order:
             stage at the same len_kv.
 Timing: CUDA events around each call, warm-up, median; input sets rotated so that at least twice
 the L2 passes between two uses of one set. The contenders of one shape are timed in interleaved
-rounds (--rounds), so a drift of the card's clock during the run falls on all of them alike. The sparse part runs first (so --budget-s keeps it);
-a short summary table is printed last.
+rounds (--rounds), so a drift of the card's clock during the run falls on all of them alike. The
+sparse part runs first (so --budget-s keeps it); a short summary table is printed last.
 """
 import argparse
 import ctypes
@@ -245,6 +245,9 @@ class OurStage:
             a.lists = SaTileLists(lists.data_ptr(), None, lists.shape[1], lists.shape[3])
         a.validate = validate
         a.stream = self.torch.cuda.current_stream().cuda_stream
+        # The struct holds raw pointers: it keeps its tensors alive for as long as it lives (and a
+        # call made by call() keeps the struct), so callers need no lists of buffers to hold.
+        a._tensors = (q, k, v, o, lse, lists)
         return a
 
     def check(self, a):
@@ -367,11 +370,9 @@ def run_dense(torch, F, lib, args, gemm, copy, summary):
                 row["peer"][key] = None
                 log("  %-28s n/a: %s" % (key, str(e).splitlines()[0][:200]))
         slices = [(0, 0, 0, 256, None), (B - 1, H - 1, S - 256, S, None)]
-        outs_keep = []
         for st in stages:
             outs = [(torch.empty_like(q), torch.empty(B, H, S, device="cuda",
                                                       dtype=torch.float32)) for q, _, _ in sets]
-            outs_keep.append(outs)
             attns = [st.attn(q, k, v, o, l) for (q, k, v), (o, l) in zip(sets, outs)]
             why = st.check(attns[0])
             if why:
@@ -465,13 +466,12 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
         log("sparse len_kv=%d: %d input sets" % (skv, nsets))
         # Dense stage(s) at the same len_kv: Hkv = 1 if the stage takes it, else Hkv = Hq. They
         # are timed with each pattern's contenders, interleaved.
-        dense_timers, dense_outs = {}, []
+        dense_timers = {}
         for st in dense:
             try:
                 use = sets
                 outs = [(torch.empty_like(q), torch.empty(B, Hq, Sq, device="cuda",
                                                           dtype=torch.float32)) for q, _, _ in use]
-                dense_outs.append(outs)
                 attns = [st.attn(q, k, v, o, l) for (q, k, v), (o, l) in zip(use, outs)]
                 why = st.check(attns[0])
                 if why:
@@ -483,7 +483,6 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
                         log("  dense %-22s skipped: Hkv=1: %s; Hkv=Hq: %s" % (st.label, why, why2))
                         continue
                     log("  dense %-22s runs with Hkv=Hq: the stage rejects Hkv=1" % st.label)
-                    dense_outs.append(use)
                 dense_timers[("dense", st.label)] = [st.call(a) for a in attns]
             except Exception as e:  # noqa: BLE001
                 log("  dense %-22s failed: %s" % (st.label, e))
@@ -505,7 +504,6 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
             q0, k0, v0 = sets[0]
             flex_o = None
             timers = dict(dense_timers)
-            keep = []  # output buffers of the timed calls
             if flex is not None:
                 try:
                     masks = [block_mask_from_lists(torch, l, skv) for l in lists]
@@ -556,7 +554,6 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
                     notes.append("slice vs FP32: O %.2e, LSE %.2e %s" % (
                         eo, el, "ok" if eo <= REL_L2_TOL and el <= LSE_TOL else "FAIL"))
                     row["check"][st.label] = "; ".join(notes)
-                    keep.append(outs)
                     timers[("val", st.label)] = [st.call(a) for a in attns[1]]
                     timers[("noval", st.label)] = [st.call(a) for a in attns[0]]
                 except Exception as e:  # noqa: BLE001
