@@ -93,6 +93,67 @@ int sel_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
     return SA_ERR_CUDA;
 }
 
+// One warp ranks one row of n <= 32 * ITEMS keys (sel_score_key order, forced blocks already
+// SEL_KEY_FORCED): lane l holds the keys of blocks [l * ITEMS, (l + 1) * ITEMS), key 0 past n.
+// Writes the k chosen block indices to out in index order (the algorithm: sel_topk.cu).
+// Introduced for topk_warp_rows; the fused r1/r4 kernel ranks its rows with it too.
+template <int ITEMS>
+__device__ __forceinline__ void sel_warp_topk(const uint32_t (&v)[ITEMS], int n, int k,
+                                              int32_t *out)
+{
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x % 32, i0 = lane * ITEMS;
+    uint32_t T = 0; // largest T with count(key >= T) >= k; every candidate is >= 1, so the
+                    // padding (key 0, i >= n) is never counted
+    for (int bit = 31; bit >= 0; bit--) {
+        const uint32_t cand = T | (1u << bit);
+        unsigned c = 0;
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++)
+            c += v[j] >= cand;
+        if ((int)__reduce_add_sync(full, c) >= k)
+            T = cand;
+    }
+    unsigned gt = 0, eq = 0;
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) {
+        gt += v[j] > T;
+        eq += i0 + j < n && v[j] == T;
+    }
+    const int take_eq = k - (int)__reduce_add_sync(full, gt);
+    // Exclusive scans over lanes (index order): ties' ranks, then output positions.
+    unsigned inc = eq;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned y = __shfl_up_sync(full, inc, o);
+        if (lane >= o)
+            inc += y;
+    }
+    const int eq_rank = (int)(inc - eq);
+    unsigned chosen = 0, take_mask = 0; // bit j: item j chosen
+    int r = eq_rank;
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) {
+        bool take = v[j] > T;
+        if (!take && i0 + j < n && v[j] == T)
+            take = r++ < take_eq;
+        if (take) {
+            take_mask |= 1u << j;
+            chosen++;
+        }
+    }
+    inc = chosen;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned y = __shfl_up_sync(full, inc, o);
+        if (lane >= o)
+            inc += y;
+    }
+    int pos = (int)(inc - chosen);
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++)
+        if (take_mask >> j & 1u)
+            out[pos++] = i0 + j;
+}
+
 static inline bool sel_aligned16(const void *p)
 {
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;

@@ -125,70 +125,19 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
     const size_t row = (size_t)blockIdx.x * kWarpRowsPerCta + threadIdx.x / 32;
     if (row >= (size_t)rows) // whole warps leave together
         return;
-    const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x % 32;
     const uint32_t *src = keys + row * n;
     const int x = (int)(row % per_bh);
     const int diag = keep_diag ? (per_query ? x / SA_TILE : x) : -1;
-    const int i0 = lane * ITEMS;
     uint32_t v[ITEMS];
 #pragma unroll
     for (int j = 0; j < ITEMS; j++) {
-        const int i = i0 + j;
+        const int i = lane * ITEMS + j;
         v[j] = i < n ? src[i] : 0u;
         if (i < n && (i == diag || (keep_sink && i == 0)))
             v[j] = SEL_KEY_FORCED;
     }
-    uint32_t T = 0; // largest T with count(key >= T) >= k; every candidate is >= 1, so the
-                    // padding (key 0, i >= n) is never counted
-    for (int bit = 31; bit >= 0; bit--) {
-        const uint32_t cand = T | (1u << bit);
-        unsigned c = 0;
-#pragma unroll
-        for (int j = 0; j < ITEMS; j++)
-            c += v[j] >= cand;
-        if ((int)__reduce_add_sync(full, c) >= k)
-            T = cand;
-    }
-    unsigned gt = 0, eq = 0;
-#pragma unroll
-    for (int j = 0; j < ITEMS; j++) {
-        gt += v[j] > T;
-        eq += i0 + j < n && v[j] == T;
-    }
-    const int take_eq = k - (int)__reduce_add_sync(full, gt);
-    // Exclusive scans over lanes (index order): ties' ranks, then output positions.
-    unsigned inc = eq;
-    for (int o = 1; o < 32; o <<= 1) {
-        unsigned y = __shfl_up_sync(full, inc, o);
-        if (lane >= o)
-            inc += y;
-    }
-    const int eq_rank = (int)(inc - eq);
-    unsigned chosen = 0, take_mask = 0; // bit j: item j chosen
-    int r = eq_rank;
-#pragma unroll
-    for (int j = 0; j < ITEMS; j++) {
-        bool take = v[j] > T;
-        if (!take && i0 + j < n && v[j] == T)
-            take = r++ < take_eq;
-        if (take) {
-            take_mask |= 1u << j;
-            chosen++;
-        }
-    }
-    inc = chosen;
-    for (int o = 1; o < 32; o <<= 1) {
-        unsigned y = __shfl_up_sync(full, inc, o);
-        if (lane >= o)
-            inc += y;
-    }
-    int pos = (int)(inc - chosen);
-    int32_t *out = indices + row * k;
-#pragma unroll
-    for (int j = 0; j < ITEMS; j++)
-        if (take_mask >> j & 1u)
-            out[pos++] = i0 + j;
+    sel_warp_topk<ITEMS>(v, n, k, indices + row * k);
     if (counts && lane == 0)
         counts[row] = k;
 }
