@@ -1,19 +1,27 @@
 // r1 and r4 on the GPU: the representative scoring of sel_reps.c in three launches.
 //
-// 1. group_means: the mean of every group of `span` tokens (128 for r1, 32 for r4), for Q and K
-//    in one launch. A CTA copies 128 tokens x 128 dims into shared memory (cp.async, all in
-//    flight at once), then a thread per dim adds each group's tokens in order and divides by the
-//    group's valid token count: the same FP32 operations in the same order as the CPU, so the
-//    means are bit-identical.
-// 2. rep_scores: per (batch, KV head, Q tile) row and a chunk of KV blocks, the dot products of
-//    the row's query means (P = 128/span per head, every head of the GQA group) with the chunk's
-//    key means, as a small FP32 SGEMM through shared memory on a tile sized to each selector
-//    and length (ScoreTile: 16 x 128 for r1, 64 x 64 or 64 x 128 for r4); a block's score is the
-//    max over its P key means and all query means, NaN kept as on the CPU. The FMA order differs
-//    from the CPU's, so scores agree to rounding, not bit for bit.
-// 3. sel_cuda_topk (sel_topk.cu).
-// Launches 2 and 3 are programmatic dependent launches (sel_cuda.cuh): each may be scheduled
-// while the one before it finishes, and waits (griddepcontrol.wait) before reading its output.
+// 1. group_means on the keys: the mean of every group of `span` tokens (128 for r1, 32 for r4).
+//    A CTA copies 128 tokens x 128 dims into shared memory (cp.async, all in flight at once),
+//    then a thread per dim adds each group's tokens in order and divides by the group's valid
+//    token count: the same FP32 operations in the same order as the CPU, so the means are
+//    bit-identical. This launch also zeroes the scores kernel's row counters.
+// 2. group_means on the queries, a programmatic dependent launch: its CTAs start while the key
+//    launch runs (the keys are a fifth of the bytes at the study's shape, so the two share the
+//    memory system instead of queueing), and each waits for the key launch before it exits, so
+//    that the next launch may rely on both.
+// 3. rep_scores, dependent on 2: per (batch, KV head, Q tile) row and a chunk of KV blocks, the
+//    dot products of the row's query means (P = 128/span per head, every head of the GQA group)
+//    with the chunk's key means, as a small FP32 SGEMM through shared memory on a tile sized to
+//    each selector and length (ScoreTile: 16 x 32/64/128 for r1, 64 x 64 or 64 x 128 for r4;
+//    r4's 16x more dot products run on tensor cores as 3xTF32, about FP32's precision); a
+//    block's score is the max over its P key means and all query means, NaN kept as on the CPU.
+//    The summation order differs from the CPU's, so scores agree to rounding, not bit for bit.
+//    Rows of up to 1024 blocks are ranked in the same launch by the warp top-k (sel_warp_topk):
+//    from shared memory when one CTA scores the whole row, else by the CTA that scores the
+//    row's last chunk (a per-row counter). Longer rows take the separate top-k launch
+//    (sel_topk.cu).
+// Fewer, overlapped launches matter here: at the study's shape the whole selector is tens of
+// microseconds, and each launch boundary costs a few (docs/selectors.md has the measurements).
 #include "sel_cuda.cuh"
 
 namespace {
@@ -30,6 +38,8 @@ struct MeanArgs {
     int len[2], groups[2], tiles[2]; // tiles: token tiles per head
     long long ctas0;      // CTAs covering Q
     int dim, slices;      // dim slices of kMeanDims
+    uint32_t *zero;       // words to zero for the scores launch (nullptr: none)
+    long long zero_words;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p)
@@ -66,8 +76,14 @@ __global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
                      ::"r"(smem_addr(&tile[r][cc * 8])), "l"(src + (size_t)r * a.dim + cc * 8));
     }
     asm volatile("cp.async.commit_group;\n" ::);
-    sa_pdl_trigger(); // every CTA has started: the scores kernel may be scheduled
+    sa_pdl_trigger(); // every CTA has started: the next launch may be scheduled
+    for (long long i = c * kMeanThreads + threadIdx.x; i < a.zero_words;
+         i += (long long)gridDim.x * kMeanThreads)
+        a.zero[i] = 0u;
     asm volatile("cp.async.wait_all;\n" ::);
+    // The query launch depends on the key launch only so that its completion implies the keys'
+    // (the scores launch waits on the query launch alone); without a predecessor this returns.
+    sa_pdl_wait();
     __syncthreads();
 
     const int d = threadIdx.x;
@@ -92,45 +108,88 @@ __global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
     }
 }
 
-// Score tiling. A pass covers MQ query means x NK key means (NK / P blocks), dims in chunks of
-// kDC; the 256 threads form a TX x TY grid (TX = NK / 4), each owning TM x 4 dot products. r1
-// has only `group` query means per row (16 on the study's shape), so its tile is 16 deep where
-// r4's is 64: a 64-deep r1 tile computed three dummy rows for every real one. A wider tile (NK
-// 128) reads fewer shared-memory bytes per FMA but makes half as many CTAs: r4 takes it only
-// when the narrow tile would fill more than one wave of the GPU (long sequences). Shared memory
-// holds both operands transposed ([dim][vector], padded by 4 floats), so a thread reads its
-// vectors' values at one dim as float2s / float4s. A warp is 8 TX x 4 TY threads: per dim it
-// reads 8 distinct key float4s and 4 distinct query pieces, one wavefront each.
-constexpr int kDC = 32, kScoreThreads = 256, kPad = 4;
+// Score tiling. A pass covers MQ query means x NK key means (NK / P blocks) over a slice of up
+// to kDS dims. Both operands are copied whole into shared memory with cp.async, all in flight at
+// once (one L2 round trip per pass instead of one per 32-dim chunk), as rows of kDS + 4 floats:
+// the padding shifts each row by 4 banks, so 8 lanes reading 16 bytes of 8 consecutive rows hit
+// 32 distinct banks. The 256 threads form a TX x TY grid, warps of 8 TX x 4 TY; thread (tx, ty)
+// owns query means ty + i * TY (i < TM) and key means tx + j * TX (j < TN), and per 4 dims reads
+// TM + TN float4s for 4 * TM * TN FMAs. r1 has only `group` query means per row (16 on the
+// study's shape), so its tile is 16 deep where r4's is 64. A wider tile (NK 128) makes half as
+// many CTAs: r4 takes it only when the narrow one would fill more than one wave (long sequences).
+constexpr int kDS = 128, kScoreThreads = 256, kRow = kDS + 4;
 template <int P, int NK> struct ScoreTile {
-    static constexpr int MQ = P == 1 ? 16 : 64, TN = 4, TX = NK / TN, TY = kScoreThreads / TX,
-                         TM = MQ / TY;
+    static constexpr int MQ = P == 1 ? 16 : 64, TN = P == 1 ? NK / 32 : NK / 16, TX = NK / TN,
+                         TY = kScoreThreads / TX, TM = MQ / TY;
+    static constexpr size_t smem = (size_t)(MQ + NK) * kRow * sizeof(float);
 };
 
 struct ScoreArgs {
     int heads_q, heads_kv, group, q_tiles, kv_blocks, dim;
     int qg, kg; // groups per (batch, head) on each side
+    // The fused top-k (ITEMS > 0): chunk CTAs done per row (zeroed by the key launch), and
+    // the lists.
+    unsigned *row_done;
+    int32_t *indices, *counts;
+    int k, keep_diag, keep_sink;
 };
 
-// P: representatives per tile / block, 1 (r1) or 4 (r4); NK: key means per CTA (ScoreTile).
-template <int P, int NK>
+// 16 bytes from src to shared dst, or zeros when !in (cp.async with a source size of 0).
+__device__ __forceinline__ void copy16_or_zero(float *dst, const float *src, bool in)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(in ? src : nullptr), "r"(in ? 16 : 0));
+}
+
+#ifndef SEL_R4_TF32
+#define SEL_R4_TF32 1 // 0: r4's scores on FP32 FMAs, as r1's (for A/B runs)
+#endif
+
+// x = hi + lo + (|x| * 2^-22 or less), hi and lo TF32 (low 13 bits zero): "3xTF32", after
+// CUTLASS's fast-accurate FP32 GEMM. hi * hi + hi * lo + lo * hi on tensor cores then carries
+// about FP32's precision; lo * lo (2^-22 relative) is dropped. Infinities keep lo = 0, so that
+// inf * finite stays inf as in FP32; a NaN stays NaN.
+__device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo)
+{
+    hi = __float_as_uint(x) & 0xffffe000u;
+    const float h = __uint_as_float(hi);
+    lo = h == x ? 0u : __float_as_uint(x - h) & 0xffffe000u;
+}
+
+// c += a (16 x 8, row) * b (8 x 8, col), TF32 in, FP32 accumulate.
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// P: representatives per tile / block, 1 (r1) or 4 (r4); NK: key means per CTA (ScoreTile);
+// ITEMS: keys per lane of the fused top-k (kv_blocks <= 32 * ITEMS), 0 for none.
+template <int P, int NK, int ITEMS>
 __global__ void __launch_bounds__(kScoreThreads, 2)
     rep_scores(const float *__restrict__ qr, const float *__restrict__ kr, ScoreArgs a,
                uint32_t *__restrict__ keys)
 {
     using T = ScoreTile<P, NK>;
     constexpr int MQ = T::MQ, TM = T::TM, TN = T::TN, TX = T::TX, TY = T::TY;
-    static_assert(TX * TY == kScoreThreads && TM * TY == MQ && TX % 8 == 0 && TY % 4 == 0,
+    static_assert(TX * TY == kScoreThreads && TM * TY == MQ && TN * TX == NK && TX % 8 == 0 &&
+                      TY % 4 == 0,
                   "a 256-thread grid of 8 x 4 warps covering the tile");
-    static_assert(TN == 4 && TM % 2 == 0, "float4 key reads, float2 or float4 query reads");
-    constexpr int kNB = NK / P;             // blocks per chunk
-    constexpr int V = MQ + NK;              // vectors staged per dim chunk
-    constexpr int SLOTS = V * (kDC / 8);    // (vector, 8 dims) pieces per dim chunk
-    constexpr int PER = (SLOTS + kScoreThreads - 1) / kScoreThreads;
-    __shared__ __align__(16) float qs[kDC][MQ + kPad];
-    __shared__ __align__(16) float ks[kDC][NK + kPad];
-    __shared__ float red[TY][NK];
+    constexpr int kNB = NK / P; // blocks per chunk
+    // r4 on tensor cores (3xTF32, below): warp w owns m-tile w % 4 (16 query means) and half
+    // the key means, NT n-tiles of 8.
+    constexpr bool kTC = SEL_R4_TF32 && P == 4;
+    constexpr int NT = NK / 16, RY = kTC ? MQ / 16 : TY;
+    static_assert(!kTC || (MQ == 64 && kScoreThreads == 256), "4 m-tiles x 2 n-halves of warps");
+    extern __shared__ __align__(16) float smem[];
+    float(*qs)[kRow] = reinterpret_cast<float(*)[kRow]>(smem);
+    float(*ks)[kRow] = reinterpret_cast<float(*)[kRow]>(smem + MQ * kRow);
+    float(*red)[NK] = reinterpret_cast<float(*)[NK]>(smem); // after the last pass
     __shared__ float best[kNB];
+    __shared__ int last;
 
     const int row = blockIdx.x; // (b * Hkv + hkv) * q_tiles + t
     const int t = row % a.q_tiles, bh = row / a.q_tiles;
@@ -138,111 +197,122 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
     const int blk0 = blockIdx.y * kNB;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int tx = (warp % (TX / 8)) * 8 + lane % 8, ty = (warp / (TX / 8)) * 4 + lane / 8;
+    const int g = lane / 4, tg = lane % 4, mt = warp % 4, nh = warp / 4; // tensor path
     const int mq_total = a.group * P;
 
-    sa_pdl_trigger(); // the top-k's CTAs are small: let them wait resident
+    sa_pdl_trigger(); // the next launch's CTAs are small: let them wait resident
     if (tid < kNB)
         best[tid] = -INFINITY;
     sa_pdl_wait(); // the means come from the previous launch
     // The key means of this chunk: vector n is key group blk0 * P + n.
     const float *kbase = kr + (size_t)bh * a.kg * a.dim;
+    constexpr int kPieces = kDS / 4; // 16-byte pieces per row
 
     for (int m0 = 0; m0 < mq_total; m0 += MQ) {
-        float acc[TM][TN];
+        float acc[kTC ? 1 : TM][kTC ? 1 : TN];
+        float cacc[kTC ? NT : 1][4];
 #pragma unroll
-        for (int i = 0; i < TM; i++)
+        for (int i = 0; i < (kTC ? 1 : TM); i++)
 #pragma unroll
-            for (int j = 0; j < TN; j++)
+            for (int j = 0; j < (kTC ? 1 : TN); j++)
                 acc[i][j] = 0.0f;
-        // Staging: slot s is 8 dims (group s / V) of vector s % V (query means first, then key
-        // means), so consecutive lanes store consecutive floats of one transposed row (no bank
-        // conflicts). dim is a multiple of 16, so an 8-dim piece is wholly inside or wholly past
-        // it; zeros past it add exact zeros. The next chunk's loads are issued into registers
-        // before this chunk's FMAs, so their latency hides behind the arithmetic.
-        const float *src[PER];
 #pragma unroll
-        for (int i = 0; i < PER; i++) {
-            const int sl = tid + i * kScoreThreads, v = sl % V, g8 = (sl / V) * 8;
-            src[i] = nullptr;
-            if (sl < SLOTS && v < MQ) {
-                const int m = m0 + v;
-                if (m < mq_total && t * P + m % P < a.qg)
-                    src[i] = qr + (((size_t)b * a.heads_q + hkv * a.group + m / P) * a.qg +
-                                   t * P + m % P) * a.dim + g8;
-            } else if (sl < SLOTS) {
-                const int e = blk0 * P + v - MQ;
-                if (e < a.kg)
-                    src[i] = kbase + (size_t)e * a.dim + g8;
-            }
-        }
-        float4 pre[PER][2];
-        auto fetch = [&](int d0) {
-#pragma unroll
-            for (int i = 0; i < PER; i++) {
-                const int g8 = ((tid + i * kScoreThreads) / V) * 8;
-                const bool in = src[i] && d0 + g8 < a.dim;
-                const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-                pre[i][0] = in ? __ldg(reinterpret_cast<const float4 *>(src[i] + d0)) : z;
-                pre[i][1] = in ? __ldg(reinterpret_cast<const float4 *>(src[i] + d0) + 1) : z;
-            }
-        };
-        fetch(0);
-        for (int d0 = 0; d0 < a.dim; d0 += kDC) {
-#pragma unroll
-            for (int i = 0; i < PER; i++) {
-                const int sl = tid + i * kScoreThreads, v = sl % V, g8 = (sl / V) * 8;
-                if (sl >= SLOTS)
-                    continue;
-                const float f[8] = {pre[i][0].x, pre[i][0].y, pre[i][0].z, pre[i][0].w,
-                                    pre[i][1].x, pre[i][1].y, pre[i][1].z, pre[i][1].w};
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    if (v < MQ)
-                        qs[g8 + e][v] = f[e];
-                    else
-                        ks[g8 + e][v - MQ] = f[e];
-                }
-            }
-            __syncthreads();
-            if (d0 + kDC < a.dim)
-                fetch(d0 + kDC);
-#pragma unroll 4
-            for (int d = 0; d < kDC; d++) {
-                float qa[TM];
-                if constexpr (TM % 4 == 0) {
-#pragma unroll
-                    for (int i = 0; i < TM; i += 4) {
-                        const float4 q4 = *reinterpret_cast<const float4 *>(&qs[d][ty * TM + i]);
-                        qa[i] = q4.x, qa[i + 1] = q4.y, qa[i + 2] = q4.z, qa[i + 3] = q4.w;
-                    }
+        for (int i = 0; i < (kTC ? NT : 1); i++)
+            cacc[i][0] = cacc[i][1] = cacc[i][2] = cacc[i][3] = 0.0f;
+        for (int d0 = 0; d0 < a.dim; d0 += kDS) {
+            for (int i = tid; i < (MQ + NK) * kPieces; i += kScoreThreads) {
+                const int v = i / kPieces, d = d0 + (i % kPieces) * 4;
+                if (v < MQ) {
+                    const int m = m0 + v;
+                    const bool in = m < mq_total && t * P + m % P < a.qg && d < a.dim;
+                    copy16_or_zero(&qs[v][d - d0],
+                                   qr + (((size_t)b * a.heads_q + hkv * a.group + m / P) * a.qg +
+                                         t * P + m % P) * a.dim + d,
+                                   in);
                 } else {
+                    const int e = blk0 * P + v - MQ;
+                    copy16_or_zero(&ks[v - MQ][d - d0], kbase + (size_t)e * a.dim + d,
+                                   e < a.kg && d < a.dim);
+                }
+            }
+            asm volatile("cp.async.commit_group;\n" ::);
+            asm volatile("cp.async.wait_all;\n" ::);
+            __syncthreads();
+            const int dn = min(kDS, a.dim - d0);
+            if constexpr (kTC) {
+                // Per 8 dims: a's fragment (rows mt * 16 + g, g + 8; dims tg, tg + 4) and each
+                // n-tile's b fragment (key mean n0 + g; dims tg, tg + 4), split into tf32 halves.
+                for (int d = 0; d < dn; d += 8) {
+                    const float *q0 = &qs[mt * 16 + g][d + tg], *q8 = &qs[mt * 16 + g + 8][d + tg];
+                    uint32_t ah[4], al[4];
+                    tf32_split(q0[0], ah[0], al[0]);
+                    tf32_split(q8[0], ah[1], al[1]);
+                    tf32_split(q0[4], ah[2], al[2]);
+                    tf32_split(q8[4], ah[3], al[3]);
 #pragma unroll
-                    for (int i = 0; i < TM; i += 2) {
-                        const float2 q2 = *reinterpret_cast<const float2 *>(&qs[d][ty * TM + i]);
-                        qa[i] = q2.x, qa[i + 1] = q2.y;
+                    for (int nt = 0; nt < NT; nt++) {
+                        const float *k0 = &ks[nh * (NK / 2) + nt * 8 + g][d + tg];
+                        uint32_t bh[2], bl[2];
+                        tf32_split(k0[0], bh[0], bl[0]);
+                        tf32_split(k0[4], bh[1], bl[1]);
+                        mma_tf32(cacc[nt], ah, bl); // small terms first
+                        mma_tf32(cacc[nt], al, bh);
+                        mma_tf32(cacc[nt], ah, bh);
                     }
                 }
-                const float4 kv = *reinterpret_cast<const float4 *>(&ks[d][tx * TN]);
-                const float kb[TN] = {kv.x, kv.y, kv.z, kv.w};
+            } else {
+#pragma unroll 2
+            for (int d = 0; d < dn; d += 4) {
+                float4 qa[TM], kb[TN];
+#pragma unroll
+                for (int i = 0; i < TM; i++)
+                    qa[i] = *reinterpret_cast<const float4 *>(&qs[ty + i * TY][d]);
+#pragma unroll
+                for (int j = 0; j < TN; j++)
+                    kb[j] = *reinterpret_cast<const float4 *>(&ks[tx + j * TX][d]);
 #pragma unroll
                 for (int i = 0; i < TM; i++)
 #pragma unroll
-                    for (int j = 0; j < TN; j++)
-                        acc[i][j] = fmaf(qa[i], kb[j], acc[i][j]);
+                    for (int j = 0; j < TN; j++) {
+                        float s = acc[i][j];
+                        s = fmaf(qa[i].x, kb[j].x, s);
+                        s = fmaf(qa[i].y, kb[j].y, s);
+                        s = fmaf(qa[i].z, kb[j].z, s);
+                        acc[i][j] = fmaf(qa[i].w, kb[j].w, s);
+                    }
             }
-            __syncthreads();
+            }
+            __syncthreads(); // the next slice (or red) overwrites the operands
         }
-        // Max over this thread's valid query means, per key mean.
+        // Max over the valid query means, per key mean: red[y][n] holds it over the query
+        // means of thread row y (FMA path) or of m-tile y (tensor path).
+        auto valid_m = [&](int mi) { return mi < mq_total && t * P + mi % P < a.qg; };
+        if constexpr (kTC) {
+            const bool v0 = valid_m(m0 + mt * 16 + g), v8 = valid_m(m0 + mt * 16 + g + 8);
 #pragma unroll
-        for (int j = 0; j < TN; j++) {
-            float mx = -INFINITY;
+            for (int nt = 0; nt < NT; nt++) {
+                float c0 = sel_nanmax(v0 ? cacc[nt][0] : -INFINITY, v8 ? cacc[nt][2] : -INFINITY);
+                float c1 = sel_nanmax(v0 ? cacc[nt][1] : -INFINITY, v8 ? cacc[nt][3] : -INFINITY);
 #pragma unroll
-            for (int i = 0; i < TM; i++) {
-                const int mi = m0 + ty * TM + i;
-                if (mi < mq_total && t * P + mi % P < a.qg)
-                    mx = sel_nanmax(mx, acc[i][j]);
+                for (int o = 4; o < 32; o <<= 1) { // over g: lanes tg, tg + 4, ...
+                    c0 = sel_nanmax(c0, __shfl_xor_sync(0xffffffffu, c0, o));
+                    c1 = sel_nanmax(c1, __shfl_xor_sync(0xffffffffu, c1, o));
+                }
+                if (g == 0) {
+                    red[mt][nh * (NK / 2) + nt * 8 + 2 * tg] = c0;
+                    red[mt][nh * (NK / 2) + nt * 8 + 2 * tg + 1] = c1;
+                }
             }
-            red[ty][tx * TN + j] = mx;
+        } else {
+#pragma unroll
+            for (int j = 0; j < TN; j++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int i = 0; i < TM; i++)
+                    if (valid_m(m0 + ty + i * TY))
+                        mx = sel_nanmax(mx, acc[i][j]);
+                red[ty][tx + j * TX] = mx;
+            }
         }
         __syncthreads();
         if (tid < kNB) {
@@ -250,15 +320,66 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
             for (int n = tid * P; n < tid * P + P; n++) {
                 if ((blk0 * P + n) >= a.kg) // a partial final block has fewer key means
                     break;
-                for (int y = 0; y < TY; y++)
+                for (int y = 0; y < RY; y++)
                     mx = sel_nanmax(mx, red[y][n]);
             }
             best[tid] = mx;
         }
         __syncthreads();
     }
-    if (tid < kNB && blk0 + tid < a.kv_blocks)
+    if constexpr (ITEMS > 0) {
+        const int diag = a.keep_diag ? t : -1;
+        uint32_t v[ITEMS > 0 ? ITEMS : 1];
+        if (gridDim.y == 1) {
+            // The whole row is ours: rank it from shared memory.
+            if (warp != 0)
+                return;
+#pragma unroll
+            for (int j = 0; j < ITEMS; j++) {
+                const int i = lane * ITEMS + j;
+                v[j] = i < a.kv_blocks ? sel_score_key(best[i]) : 0u;
+                if (i < a.kv_blocks && (i == diag || (a.keep_sink && i == 0)))
+                    v[j] = SEL_KEY_FORCED;
+            }
+        } else {
+            // The CTA that scores the row's last chunk ranks the row.
+            if (tid < kNB && blk0 + tid < a.kv_blocks) {
+                keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
+                __threadfence(); // published before this chunk counts as done
+            }
+            __syncthreads();
+            if (tid == 0)
+                last = atomicAdd(&a.row_done[row], 1u) == gridDim.y - 1;
+            __syncthreads();
+            if (!last || warp != 0)
+                return;
+            __threadfence(); // the other chunks' keys, published before their count
+            const uint32_t *src = keys + (size_t)row * a.kv_blocks;
+#pragma unroll
+            for (int j = 0; j < ITEMS; j++) {
+                const int i = lane * ITEMS + j;
+                v[j] = i < a.kv_blocks ? __ldcg(&src[i]) : 0u;
+                if (i < a.kv_blocks && (i == diag || (a.keep_sink && i == 0)))
+                    v[j] = SEL_KEY_FORCED;
+            }
+        }
+        sel_warp_topk<ITEMS>(v, a.kv_blocks, a.k, a.indices + (size_t)row * a.k);
+        if (a.counts && lane == 0)
+            a.counts[row] = a.k;
+    } else if (tid < kNB && blk0 + tid < a.kv_blocks) {
         keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
+    }
+}
+
+// The scores kernel for P, NK, with the top-k fused where the row fits a warp.
+template <int P, int NK> static void (*score_kernel(int n))(const float *, const float *,
+                                                             ScoreArgs, uint32_t *)
+{
+    return n <= 128    ? rep_scores<P, NK, 4>
+           : n <= 256  ? rep_scores<P, NK, 8>
+           : n <= 512  ? rep_scores<P, NK, 16>
+           : n <= 1024 ? rep_scores<P, NK, 32>
+                       : rep_scores<P, NK, 0>;
 }
 
 int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
@@ -280,16 +401,20 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const size_t nq = (size_t)s->batch * s->heads_q * qg, nk = (size_t)s->batch * s->heads_kv * kg;
     const int rows = s->batch * s->heads_kv * c.q_tiles;
 
+    const bool fused_topk = c.kv_blocks <= 1024; // one warp ranks a row (sel_warp_topk)
     SelScratch scr(st);
     const size_t o_qr = scr.add(nq * c.dim * sizeof(float));
     const size_t o_kr = scr.add(nk * c.dim * sizeof(float));
     const size_t o_keys = scr.add((size_t)rows * c.kv_blocks * sizeof(uint32_t));
+    const size_t o_done = scr.add((size_t)rows * sizeof(unsigned));
     if ((err = scr.commit()))
         return err;
     float *qr = scr.at<float>(o_qr), *kr = scr.at<float>(o_kr);
     uint32_t *keys = scr.at<uint32_t>(o_keys);
+    unsigned *row_done = scr.at<unsigned>(o_done);
 
-    MeanArgs ma;
+    // 1. Key means, and the row counters zeroed; 2. query means, overlapping it.
+    MeanArgs ma = {};
     ma.x[0] = c.q, ma.x[1] = c.k;
     ma.out[0] = qr, ma.out[1] = kr;
     ma.len[0] = s->len_q, ma.len[1] = s->len_kv;
@@ -297,27 +422,54 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     ma.tiles[0] = c.q_tiles, ma.tiles[1] = c.kv_blocks;
     ma.dim = c.dim;
     ma.slices = (c.dim + kMeanDims - 1) / kMeanDims;
-    ma.ctas0 = (long long)s->batch * s->heads_q * c.q_tiles * ma.slices;
-    const long long mean_ctas =
-        ma.ctas0 + (long long)s->batch * s->heads_kv * c.kv_blocks * ma.slices;
-    if (mean_ctas > 0x7fffffffLL)
+    const long long q_ctas = (long long)s->batch * s->heads_q * c.q_tiles * ma.slices;
+    const long long k_ctas = (long long)s->batch * s->heads_kv * c.kv_blocks * ma.slices;
+    if (q_ctas > 0x7fffffffLL || k_ctas > 0x7fffffffLL)
         return SA_ERR_UNSUPPORTED;
-    if (span == SA_TILE)
-        group_means<1><<<(unsigned)mean_ctas, kMeanThreads, 0, st>>>(ma);
-    else
-        group_means<4><<<(unsigned)mean_ctas, kMeanThreads, 0, st>>>(ma);
+    void (*means)(MeanArgs) = P == 1 ? group_means<1> : group_means<4>;
+    MeanArgs mk = ma;
+    mk.ctas0 = 0; // every CTA on the key side
+    mk.zero = row_done;
+    mk.zero_words = fused_topk ? rows : 0;
+    means<<<(unsigned)k_ctas, kMeanThreads, 0, st>>>(mk);
     SA_CUDA_TRY(cudaGetLastError());
-
-    ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg};
-    // r4's wide tile only where the narrow one would make more than a wave of CTAs (2 per SM).
-    const long long narrow_ctas = (long long)rows * ((c.kv_blocks + 15) / 16);
-    const bool wide = P == 1 || narrow_ctas > 2LL * sms;
-    const int nb = (wide ? 128 : 64) / P; // blocks per CTA
-    dim3 grid(rows, (c.kv_blocks + nb - 1) / nb);
-    void (*kern)(const float *, const float *, ScoreArgs, uint32_t *) =
-        P == 1 ? rep_scores<1, 128> : wide ? rep_scores<4, 128> : rep_scores<4, 64>;
-    if ((err = sel_launch_pdl(kern, grid, dim3(kScoreThreads), 0, st, qr, kr, sa, keys)))
+    MeanArgs mq = ma;
+    mq.ctas0 = q_ctas; // every CTA on the query side
+    if ((err = sel_launch_pdl(means, dim3((unsigned)q_ctas), dim3(kMeanThreads), 0, st, mq)))
         return err;
+
+    // 3. Scores, and the top-k where a row fits a warp.
+    ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg,
+                    row_done, indices, counts, c.k_sel, c.keep_diagonal, c.keep_sink};
+    // r1: a tile as wide as the row up to 128 key means (no dummy columns on short rows). r4: the
+    // wide tile only where the narrow one would make more than a wave of CTAs (2 per SM).
+    const long long narrow_ctas = (long long)rows * ((c.kv_blocks + 15) / 16);
+    const int nkc = P == 1 ? (c.kv_blocks <= 32 ? 32 : c.kv_blocks <= 64 ? 64 : 128)
+                          : (narrow_ctas > 2LL * sms ? 128 : 64);
+    const int nb = nkc / P; // blocks per CTA
+    dim3 grid(rows, (c.kv_blocks + nb - 1) / nb);
+    void (*kern)(const float *, const float *, ScoreArgs, uint32_t *);
+    size_t smem;
+    if (P == 1 && nkc == 32)
+        kern = score_kernel<1, 32>(c.kv_blocks), smem = ScoreTile<1, 32>::smem;
+    else if (P == 1 && nkc == 64)
+        kern = score_kernel<1, 64>(c.kv_blocks), smem = ScoreTile<1, 64>::smem;
+    else if (P == 1)
+        kern = score_kernel<1, 128>(c.kv_blocks), smem = ScoreTile<1, 128>::smem;
+    else if (nkc == 128)
+        kern = score_kernel<4, 128>(c.kv_blocks), smem = ScoreTile<4, 128>::smem;
+    else
+        kern = score_kernel<4, 64>(c.kv_blocks), smem = ScoreTile<4, 64>::smem;
+    // Over the 48 KB default: each instantiation is allowed it once per process (cheap to repeat).
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return SA_ERR_CUDA;
+    }
+    if ((err = sel_launch_pdl(kern, grid, dim3(kScoreThreads), smem, st, qr, kr, sa, keys)))
+        return err;
+    if (fused_topk)
+        return SA_OK;
     return sel_cuda_topk(keys, rows, c.kv_blocks, c.q_tiles, 0, c.k_sel, c.keep_diagonal,
                          c.keep_sink, indices, counts, st);
 }
