@@ -145,15 +145,16 @@ __device__ __forceinline__ void copy16_or_zero(float *dst, const float *src, boo
 #define SEL_R4_TF32 1 // 0: r4's scores on FP32 FMAs, as r1's (for A/B runs)
 #endif
 
-// x = hi + lo + (|x| * 2^-22 or less), hi and lo TF32 (low 13 bits zero): "3xTF32", after
+// x = hi + lo + (|x| * 2^-21 or less), hi and lo TF32 (low 13 bits zero, cut): "3xTF32", after
 // CUTLASS's fast-accurate FP32 GEMM. hi * hi + hi * lo + lo * hi on tensor cores then carries
-// about FP32's precision; lo * lo (2^-22 relative) is dropped. Infinities keep lo = 0, so that
-// inf * finite stays inf as in FP32; a NaN stays NaN.
+// nearly FP32's precision; lo * lo (2^-20 relative at most) is dropped. Three integer/FP32 ops a
+// value: the splits, redone per fragment, are most of the kernel's instructions. An infinite x
+// gives lo = NaN, so a block whose score involves an infinite mean scores NaN (ranked last),
+// where the CPU's FP32 sum may give +-inf or NaN.
 __device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo)
 {
     hi = __float_as_uint(x) & 0xffffe000u;
-    const float h = __uint_as_float(hi);
-    lo = h == x ? 0u : __float_as_uint(x - h) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
 
 // c += a (16 x 8, row) * b (8 x 8, col), TF32 in, FP32 accumulate.
@@ -179,11 +180,12 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
                       TY % 4 == 0,
                   "a 256-thread grid of 8 x 4 warps covering the tile");
     constexpr int kNB = NK / P; // blocks per chunk
-    // r4 on tensor cores (3xTF32, below): warp w owns m-tile w % 4 (16 query means) and half
-    // the key means, NT n-tiles of 8.
+    // r4 on tensor cores (3xTF32, below): warp w owns query means [32 (w % 2), + 32) (two
+    // m-tiles of 16) and key means [NK / 4 * (w / 2), + NK / 4) (NT n-tiles of 8): 32 x 32 on
+    // the wide tile, so each split value feeds 4 (a) or 2 (b) MMAs.
     constexpr bool kTC = SEL_R4_TF32 && P == 4;
-    constexpr int NT = NK / 16, RY = kTC ? MQ / 16 : TY;
-    static_assert(!kTC || (MQ == 64 && kScoreThreads == 256), "4 m-tiles x 2 n-halves of warps");
+    constexpr int NT = NK / 32, RY = kTC ? 2 : TY;
+    static_assert(!kTC || (MQ == 64 && kScoreThreads == 256), "2 m-halves x 4 n-quarters");
     extern __shared__ __align__(16) float smem[];
     float(*qs)[kRow] = reinterpret_cast<float(*)[kRow]>(smem);
     float(*ks)[kRow] = reinterpret_cast<float(*)[kRow]>(smem + MQ * kRow);
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
     const int blk0 = blockIdx.y * kNB;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int tx = (warp % (TX / 8)) * 8 + lane % 8, ty = (warp / (TX / 8)) * 4 + lane / 8;
-    const int g = lane / 4, tg = lane % 4, mt = warp % 4, nh = warp / 4; // tensor path
+    const int g = lane / 4, tg = lane % 4, mh = warp % 2, nq = warp / 2; // tensor path
     const int mq_total = a.group * P;
 
     sa_pdl_trigger(); // the next launch's CTAs are small: let them wait resident
@@ -210,15 +212,17 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
 
     for (int m0 = 0; m0 < mq_total; m0 += MQ) {
         float acc[kTC ? 1 : TM][kTC ? 1 : TN];
-        float cacc[kTC ? NT : 1][4];
+        float cacc[kTC ? 2 : 1][kTC ? NT : 1][4];
 #pragma unroll
         for (int i = 0; i < (kTC ? 1 : TM); i++)
 #pragma unroll
             for (int j = 0; j < (kTC ? 1 : TN); j++)
                 acc[i][j] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < (kTC ? NT : 1); i++)
-            cacc[i][0] = cacc[i][1] = cacc[i][2] = cacc[i][3] = 0.0f;
+        for (int h = 0; h < (kTC ? 2 : 1); h++)
+#pragma unroll
+            for (int i = 0; i < (kTC ? NT : 1); i++)
+                cacc[h][i][0] = cacc[h][i][1] = cacc[h][i][2] = cacc[h][i][3] = 0.0f;
         for (int d0 = 0; d0 < a.dim; d0 += kDS) {
             for (int i = tid; i < (MQ + NK) * kPieces; i += kScoreThreads) {
                 const int v = i / kPieces, d = d0 + (i % kPieces) * 4;
@@ -240,24 +244,31 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
             __syncthreads();
             const int dn = min(kDS, a.dim - d0);
             if constexpr (kTC) {
-                // Per 8 dims: a's fragment (rows mt * 16 + g, g + 8; dims tg, tg + 4) and each
-                // n-tile's b fragment (key mean n0 + g; dims tg, tg + 4), split into tf32 halves.
+                // Per 8 dims: each m-tile's a fragment (rows g, g + 8; dims tg, tg + 4) and each
+                // n-tile's b fragment (key mean g; dims tg, tg + 4), split into tf32 halves.
                 for (int d = 0; d < dn; d += 8) {
-                    const float *q0 = &qs[mt * 16 + g][d + tg], *q8 = &qs[mt * 16 + g + 8][d + tg];
-                    uint32_t ah[4], al[4];
-                    tf32_split(q0[0], ah[0], al[0]);
-                    tf32_split(q8[0], ah[1], al[1]);
-                    tf32_split(q0[4], ah[2], al[2]);
-                    tf32_split(q8[4], ah[3], al[3]);
+                    uint32_t ah[2][4], al[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float *q0 = &qs[mh * 32 + h * 16 + g][d + tg];
+                        const float *q8 = q0 + 8 * kRow;
+                        tf32_split(q0[0], ah[h][0], al[h][0]);
+                        tf32_split(q8[0], ah[h][1], al[h][1]);
+                        tf32_split(q0[4], ah[h][2], al[h][2]);
+                        tf32_split(q8[4], ah[h][3], al[h][3]);
+                    }
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
-                        const float *k0 = &ks[nh * (NK / 2) + nt * 8 + g][d + tg];
+                        const float *k0 = &ks[nq * (NK / 4) + nt * 8 + g][d + tg];
                         uint32_t bh[2], bl[2];
                         tf32_split(k0[0], bh[0], bl[0]);
                         tf32_split(k0[4], bh[1], bl[1]);
-                        mma_tf32(cacc[nt], ah, bl); // small terms first
-                        mma_tf32(cacc[nt], al, bh);
-                        mma_tf32(cacc[nt], ah, bh);
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            mma_tf32(cacc[h][nt], ah[h], bl); // small terms first
+                            mma_tf32(cacc[h][nt], al[h], bh);
+                            mma_tf32(cacc[h][nt], ah[h], bh);
+                        }
                     }
                 }
             } else {
@@ -285,22 +296,33 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
             __syncthreads(); // the next slice (or red) overwrites the operands
         }
         // Max over the valid query means, per key mean: red[y][n] holds it over the query
-        // means of thread row y (FMA path) or of m-tile y (tensor path).
+        // means of thread row y (FMA path) or of m-half y (tensor path).
         auto valid_m = [&](int mi) { return mi < mq_total && t * P + mi % P < a.qg; };
         if constexpr (kTC) {
-            const bool v0 = valid_m(m0 + mt * 16 + g), v8 = valid_m(m0 + mt * 16 + g + 8);
+            bool v[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                v[h][0] = valid_m(m0 + mh * 32 + h * 16 + g);
+                v[h][1] = valid_m(m0 + mh * 32 + h * 16 + g + 8);
+            }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                float c0 = sel_nanmax(v0 ? cacc[nt][0] : -INFINITY, v8 ? cacc[nt][2] : -INFINITY);
-                float c1 = sel_nanmax(v0 ? cacc[nt][1] : -INFINITY, v8 ? cacc[nt][3] : -INFINITY);
+                float c0 = -INFINITY, c1 = -INFINITY;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    c0 = sel_nanmax(c0, sel_nanmax(v[h][0] ? cacc[h][nt][0] : -INFINITY,
+                                                   v[h][1] ? cacc[h][nt][2] : -INFINITY));
+                    c1 = sel_nanmax(c1, sel_nanmax(v[h][0] ? cacc[h][nt][1] : -INFINITY,
+                                                   v[h][1] ? cacc[h][nt][3] : -INFINITY));
+                }
 #pragma unroll
                 for (int o = 4; o < 32; o <<= 1) { // over g: lanes tg, tg + 4, ...
                     c0 = sel_nanmax(c0, __shfl_xor_sync(0xffffffffu, c0, o));
                     c1 = sel_nanmax(c1, __shfl_xor_sync(0xffffffffu, c1, o));
                 }
                 if (g == 0) {
-                    red[mt][nh * (NK / 2) + nt * 8 + 2 * tg] = c0;
-                    red[mt][nh * (NK / 2) + nt * 8 + 2 * tg + 1] = c1;
+                    red[mh][nq * (NK / 4) + nt * 8 + 2 * tg] = c0;
+                    red[mh][nq * (NK / 4) + nt * 8 + 2 * tg + 1] = c1;
                 }
             }
         } else {
