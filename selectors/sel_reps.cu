@@ -273,25 +273,25 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
                 }
             } else {
 #pragma unroll 2
-            for (int d = 0; d < dn; d += 4) {
-                float4 qa[TM], kb[TN];
+                for (int d = 0; d < dn; d += 4) {
+                    float4 qa[TM], kb[TN];
 #pragma unroll
-                for (int i = 0; i < TM; i++)
-                    qa[i] = *reinterpret_cast<const float4 *>(&qs[ty + i * TY][d]);
+                    for (int i = 0; i < TM; i++)
+                        qa[i] = *reinterpret_cast<const float4 *>(&qs[ty + i * TY][d]);
 #pragma unroll
-                for (int j = 0; j < TN; j++)
-                    kb[j] = *reinterpret_cast<const float4 *>(&ks[tx + j * TX][d]);
+                    for (int j = 0; j < TN; j++)
+                        kb[j] = *reinterpret_cast<const float4 *>(&ks[tx + j * TX][d]);
 #pragma unroll
-                for (int i = 0; i < TM; i++)
+                    for (int i = 0; i < TM; i++)
 #pragma unroll
-                    for (int j = 0; j < TN; j++) {
-                        float s = acc[i][j];
-                        s = fmaf(qa[i].x, kb[j].x, s);
-                        s = fmaf(qa[i].y, kb[j].y, s);
-                        s = fmaf(qa[i].z, kb[j].z, s);
-                        acc[i][j] = fmaf(qa[i].w, kb[j].w, s);
-                    }
-            }
+                        for (int j = 0; j < TN; j++) {
+                            float s = acc[i][j];
+                            s = fmaf(qa[i].x, kb[j].x, s);
+                            s = fmaf(qa[i].y, kb[j].y, s);
+                            s = fmaf(qa[i].z, kb[j].z, s);
+                            acc[i][j] = fmaf(qa[i].w, kb[j].w, s);
+                        }
+                }
             }
             __syncthreads(); // the next slice (or red) overwrites the operands
         }
