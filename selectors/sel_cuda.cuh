@@ -97,6 +97,7 @@ int sel_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
 // SEL_KEY_FORCED): lane l holds the keys of blocks [l * ITEMS, (l + 1) * ITEMS), key 0 past n.
 // Writes the k chosen block indices to out in index order (the algorithm: sel_topk.cu).
 // Introduced for topk_warp_rows; the fused r1/r4 kernel ranks its rows with it too.
+constexpr int kSelWarpTopkMax = 32 * 32; // the longest row one warp ranks (32 keys per lane)
 template <int ITEMS>
 __device__ __forceinline__ void sel_warp_topk(const uint32_t (&v)[ITEMS], int n, int k,
                                               int32_t *out)

@@ -397,11 +397,11 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
 template <int P, int NK> static void (*score_kernel(int n))(const float *, const float *,
                                                              ScoreArgs, uint32_t *)
 {
-    return n <= 128    ? rep_scores<P, NK, 4>
-           : n <= 256  ? rep_scores<P, NK, 8>
-           : n <= 512  ? rep_scores<P, NK, 16>
-           : n <= 1024 ? rep_scores<P, NK, 32>
-                       : rep_scores<P, NK, 0>;
+    return n <= 128               ? rep_scores<P, NK, 4>
+           : n <= 256             ? rep_scores<P, NK, 8>
+           : n <= 512             ? rep_scores<P, NK, 16>
+           : n <= kSelWarpTopkMax ? rep_scores<P, NK, 32>
+                                  : rep_scores<P, NK, 0>;
 }
 
 int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
@@ -423,7 +423,7 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const size_t nq = (size_t)s->batch * s->heads_q * qg, nk = (size_t)s->batch * s->heads_kv * kg;
     const int rows = s->batch * s->heads_kv * c.q_tiles;
 
-    const bool fused_topk = c.kv_blocks <= 1024; // one warp ranks a row (sel_warp_topk)
+    const bool fused_topk = c.kv_blocks <= kSelWarpTopkMax; // one warp ranks a row
     SelScratch scr(st);
     const size_t o_qr = scr.add(nq * c.dim * sizeof(float));
     const size_t o_kr = scr.add(nk * c.dim * sizeof(float));
@@ -482,7 +482,8 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         kern = score_kernel<4, 128>(c.kv_blocks), smem = ScoreTile<4, 128>::smem;
     else
         kern = score_kernel<4, 64>(c.kv_blocks), smem = ScoreTile<4, 64>::smem;
-    // Over the 48 KB default: each instantiation is allowed it once per process (cheap to repeat).
+    // Over the 48 KB default, so the kernel must be allowed it; this is set on every call (a
+    // host-side cost that docs/selectors.md lists among the things to try).
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
         cudaSuccess) {
         (void)cudaGetLastError();
