@@ -43,6 +43,10 @@ __device__ __forceinline__ float sel_nanmax(float a, float b)
 // inside every call, do not map their scratch afresh each time. nullptr if it cannot be made.
 cudaMemPool_t sel_mem_pool();
 
+// cudaFuncSetAttribute(fn, MaxDynamicSharedMemorySize, smem) once per kernel and device
+// (sel_host.cu); SA_ERR_CUDA if the runtime refuses it.
+int sel_smem_optin(const void *fn, size_t smem);
+
 // Device scratch on `stream`: every buffer of a call carved out of one cudaMallocFromPoolAsync
 // (one allocation and one free per call keep the host's share of a short selector small), freed
 // on the same stream when it goes out of scope, so no host synchronisation is needed and work

@@ -482,13 +482,9 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         kern = score_kernel<4, 128>(c.kv_blocks), smem = ScoreTile<4, 128>::smem;
     else
         kern = score_kernel<4, 64>(c.kv_blocks), smem = ScoreTile<4, 64>::smem;
-    // Over the 48 KB default, so the kernel must be allowed it; this is set on every call (a
-    // host-side cost that docs/selectors.md lists among the things to try).
-    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-        cudaSuccess) {
-        (void)cudaGetLastError();
-        return SA_ERR_CUDA;
-    }
+    // Over the 48 KB default, so the kernel must be allowed it (once per kernel and device).
+    if ((err = sel_smem_optin(reinterpret_cast<const void *>(kern), smem)))
+        return err;
     if ((err = sel_launch_pdl(kern, grid, dim3(kScoreThreads), smem, st, qr, kr, sa, keys)))
         return err;
     if (fused_topk)
