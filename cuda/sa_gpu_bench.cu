@@ -277,6 +277,30 @@ struct Events {
     }
 };
 
+// The least work that reads two buffers once: every 16-byte word with a streaming load, XORed
+// together, and nothing written unless the result is one particular value (so no load can be
+// optimised away). Eight loads per thread in flight (the unrolled grid-stride loop).
+__device__ unsigned read_once_sink;
+__global__ void __launch_bounds__(kThreads) read_once(const uint4 *a, size_t na, const uint4 *b,
+                                                      size_t nb)
+{
+    unsigned x = 0;
+    const size_t i0 = (size_t)blockIdx.x * kThreads + threadIdx.x,
+                 step = (size_t)gridDim.x * kThreads;
+#pragma unroll 8
+    for (size_t i = i0; i < na; i += step) {
+        const uint4 v = __ldcs(a + i);
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+#pragma unroll 8
+    for (size_t i = i0; i < nb; i += step) {
+        const uint4 v = __ldcs(b + i);
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9e3779b9u)
+        read_once_sink = x;
+}
+
 } // namespace
 
 extern "C" int sa_gb_copy_bandwidth(sa_gb *g, size_t bytes, int reps, double *bytes_per_s)
@@ -506,4 +530,27 @@ extern "C" int sa_gb_smoke(sa_gb *g, const sa_stage *st, sa_gb_set *set, size_t 
     if (!rc)
         *bad = bo + bl;
     return rc;
+}
+
+extern "C" int sa_gb_read_once(const void *a, size_t a_bytes, const void *b, size_t b_bytes,
+                               void *stream)
+{
+    if ((a_bytes && !a) || (b_bytes && !b))
+        return SA_ERR_NULL;
+    if ((a_bytes | b_bytes) % 16 || (uintptr_t)a % 16 || (uintptr_t)b % 16) {
+        set_err("read_once: buffers must be 16-byte aligned multiples of 16 bytes");
+        return SA_ERR_ARG;
+    }
+    // 16 CTAs of 256 threads per SM: on the H200 the fastest of 4, 8 and 16 per SM.
+    static int sms;
+    if (!sms) {
+        int dev = 0, n = 0;
+        CK(cudaGetDevice(&dev));
+        CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+        sms = n;
+    }
+    read_once<<<16 * sms, kThreads, 0, (cudaStream_t)stream>>>(
+        (const uint4 *)a, a_bytes / 16, (const uint4 *)b, b_bytes / 16);
+    CK(cudaGetLastError());
+    return SA_OK;
 }

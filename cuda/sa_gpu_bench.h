@@ -63,6 +63,12 @@ int sa_gb_count_bad(sa_gb *g, const uint16_t *bf16, size_t n_bf16, const float *
  * (2 * bytes per copy), the number a kernel's own traffic compares to. */
 int sa_gb_copy_bandwidth(sa_gb *g, size_t bytes, int reps, double *bytes_per_s);
 
+/* Queues a kernel that reads a_bytes at a and b_bytes at b once (16-byte streaming loads, both
+ * 16-byte aligned multiples of 16) and writes nothing: timed like a stage, it is the measured
+ * floor of a kernel that must read those bytes, launch and ramp-up included, next to the
+ * bytes-over-bandwidth floor. `stream` is a cudaStream_t. */
+int sa_gb_read_once(const void *a, size_t a_bytes, const void *b, size_t b_bytes, void *stream);
+
 /* One input set for a launch: Q, K, V random (seeded), O and LSE allocated, optional tile lists
  * on the device. `a` is ready to pass to a stage (stream set to the context's). */
 typedef struct sa_gb_set {
