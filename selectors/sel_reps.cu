@@ -36,7 +36,7 @@ struct MeanArgs {
     const uint16_t *x[2]; // Q, K: (heads, len, dim)
     float *out[2];        // (heads, groups, dim)
     int len[2], groups[2], tiles[2]; // tiles: token tiles per head
-    long long ctas0;      // CTAs covering Q
+    int side;             // which of them this launch covers: 0 Q, 1 K
     int dim, slices;      // dim slices of kMeanDims
     uint32_t *zero;       // words to zero for the scores launch (nullptr: none)
     long long zero_words;
@@ -52,9 +52,8 @@ __global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
 {
     constexpr int span = kMeanTok / P;
     __shared__ __align__(16) uint16_t tile[kMeanTok][kMeanDims];
-    const long long c = blockIdx.x;
-    const int side = c >= a.ctas0;
-    const long long u = side ? c - a.ctas0 : c;
+    const long long c = blockIdx.x, u = c;
+    const int side = a.side;
     // Ternaries, not a.x[side]: a runtime index into the parameter struct would copy it to
     // local memory.
     const int len = side ? a.len[1] : a.len[0], groups = side ? a.groups[1] : a.groups[0];
@@ -424,15 +423,25 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const int rows = s->batch * s->heads_kv * c.q_tiles;
 
     const bool fused_topk = c.kv_blocks <= kSelWarpTopkMax; // one warp ranks a row
+    // The scores launch's tile. r1: as wide as the row up to 128 key means (no dummy columns on
+    // short rows). r4: the wide tile only where the narrow one would make more than a wave of
+    // CTAs (2 per SM).
+    const long long narrow_ctas = (long long)rows * ((c.kv_blocks + 15) / 16);
+    const int nkc = P == 1 ? (c.kv_blocks <= 32 ? 32 : c.kv_blocks <= 64 ? 64 : 128)
+                          : (narrow_ctas > 2LL * sms ? 128 : 64);
+    const int nb = nkc / P; // blocks per CTA
+    const dim3 grid(rows, (c.kv_blocks + nb - 1) / nb);
+    // Scores pass through global memory only when a row is not ranked in shared memory.
+    const bool need_keys = !fused_topk || grid.y > 1;
     SelScratch scr(st);
     const size_t o_qr = scr.add(nq * c.dim * sizeof(float));
     const size_t o_kr = scr.add(nk * c.dim * sizeof(float));
-    const size_t o_keys = scr.add((size_t)rows * c.kv_blocks * sizeof(uint32_t));
+    const size_t o_keys = need_keys ? scr.add((size_t)rows * c.kv_blocks * sizeof(uint32_t)) : 0;
     const size_t o_done = scr.add((size_t)rows * sizeof(unsigned));
     if ((err = scr.commit()))
         return err;
     float *qr = scr.at<float>(o_qr), *kr = scr.at<float>(o_kr);
-    uint32_t *keys = scr.at<uint32_t>(o_keys);
+    uint32_t *keys = need_keys ? scr.at<uint32_t>(o_keys) : nullptr;
     unsigned *row_done = scr.at<unsigned>(o_done);
 
     // 1. Key means, and the row counters zeroed; 2. query means, overlapping it.
@@ -450,26 +459,19 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         return SA_ERR_UNSUPPORTED;
     void (*means)(MeanArgs) = P == 1 ? group_means<1> : group_means<4>;
     MeanArgs mk = ma;
-    mk.ctas0 = 0; // every CTA on the key side
+    mk.side = 1;
     mk.zero = row_done;
     mk.zero_words = fused_topk ? rows : 0;
     means<<<(unsigned)k_ctas, kMeanThreads, 0, st>>>(mk);
     SA_CUDA_TRY(cudaGetLastError());
     MeanArgs mq = ma;
-    mq.ctas0 = q_ctas; // every CTA on the query side
+    mq.side = 0;
     if ((err = sel_launch_pdl(means, dim3((unsigned)q_ctas), dim3(kMeanThreads), 0, st, mq)))
         return err;
 
     // 3. Scores, and the top-k where a row fits a warp.
     ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg,
                     row_done, indices, counts, c.k_sel, c.keep_diagonal, c.keep_sink};
-    // r1: a tile as wide as the row up to 128 key means (no dummy columns on short rows). r4: the
-    // wide tile only where the narrow one would make more than a wave of CTAs (2 per SM).
-    const long long narrow_ctas = (long long)rows * ((c.kv_blocks + 15) / 16);
-    const int nkc = P == 1 ? (c.kv_blocks <= 32 ? 32 : c.kv_blocks <= 64 ? 64 : 128)
-                          : (narrow_ctas > 2LL * sms ? 128 : 64);
-    const int nb = nkc / P; // blocks per CTA
-    dim3 grid(rows, (c.kv_blocks + nb - 1) / nb);
     void (*kern)(const float *, const float *, ScoreArgs, uint32_t *);
     size_t smem;
     if (P == 1 && nkc == 32)
