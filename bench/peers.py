@@ -18,8 +18,9 @@ BF16 BHSD inputs with PyTorch and measures, in this order:
             stage at the same len_kv.
 Timing: CUDA events around each call, warm-up, median; input sets rotated so that at least twice
 the L2 passes between two uses of one set. The contenders of one shape are timed in interleaved
-rounds (--rounds), so a drift of the card's clock during the run falls on all of them alike. The
-sparse part runs first (so --budget-s keeps it); a short summary table is printed last.
+rounds (--rounds), so a drift of the card's clock during the run falls on all of them alike;
+for the dense stages the ratio to cuDNN is also given per round (paired: both timed within the
+same round), with its median and range. The sparse part runs first (so --budget-s keeps it); a short summary table is printed last.
 """
 import argparse
 import ctypes
@@ -136,13 +137,14 @@ def time_calls(torch, calls, warmup, reps):
     return statistics.median(time_samples(torch, calls, max(warmup, len(calls)), reps))
 
 
-def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0):
+def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0, round_out=None):
     """{name: (median ms, spread)} for each name's calls, timed in `rounds` interleaved rounds.
 
     Round r times every name in turn (the order rotated by r), reps / rounds calls each after a
     short warm-up, so slow drifts of the card (clock and temperature) fall on every name alike
     instead of on whichever ran last. The median is over all of a name's calls; the spread is
-    (max - min) / median of its per-round medians, the run's own noise figure."""
+    (max - min) / median of its per-round medians, the run's own noise figure. A dict passed as
+    round_out receives each name's list of per-round medians (for paired ratios)."""
     names = list(named_calls)
     # The card idles at a low clock between shapes; run the contenders in turn for warmup_s
     # seconds first so that the first round is not timed while the clock ramps up.
@@ -162,6 +164,8 @@ def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0):
             ms = time_samples(torch, calls, warmup if r == 0 else min(2, warmup), per_round)
             samples[n] += ms
             round_medians[n].append(statistics.median(ms))
+    if round_out is not None:
+        round_out.update(round_medians)
     out = {}
     for n in names:
         med = statistics.median(samples[n])
@@ -399,9 +403,10 @@ def run_dense(torch, F, lib, args, gemm, copy, summary):
             except Exception as e:  # noqa: BLE001
                 row["ours"][st.label] = None
                 log("  %-28s failed: %s" % (st.label, e))
+        rounds = {}
         try:
             times = time_interleaved(torch, timers, args.warmup, args.reps, args.rounds,
-                                     args.warmup_s)
+                                     args.warmup_s, rounds)
         except Exception as e:  # noqa: BLE001
             times = {}
             log("  timing failed: %s" % e)
@@ -411,6 +416,18 @@ def run_dense(torch, F, lib, args, gemm, copy, summary):
             log("  %-28s %8.3f ms %7.1f TFLOP/s (round spread %.1f%%)%s"
                 % (key, ms, tf, 100 * spread,
                    " | " + row["check"][key] if side == "ours" else ""))
+        # Paired: our rate over cuDNN's within each round, where both saw the same clock.
+        peer_rounds = rounds.get(("peer", "cudnn"))
+        row["paired"] = {}
+        for (side, key), ours in rounds.items():
+            if side != "ours" or not peer_rounds or len(ours) != len(peer_rounds):
+                continue
+            rs = sorted(c / o for o, c in zip(ours, peer_rounds) if o > 0)
+            if rs:
+                row["paired"][key] = (statistics.median(rs), rs[0], rs[-1], len(rs))
+                log("  %-28s ours/cuDNN per round: median %.3f, range %.3f-%.3f, above 1 in %d "
+                    "of %d rounds" % (key, row["paired"][key][0], rs[0], rs[-1],
+                                      sum(r >= 1.0 for r in rs), len(rs)))
         for side, key in timers:
             row[side].setdefault(key, None)
         summary["dense"].append(row)
@@ -617,6 +634,10 @@ def print_summary(summary, gemm, copy, device):
                        fmt(p.get("flash")), fmt(p.get("flex")), fmt(r["floor_tf"]),
                        fmt(ratio(tf, p.get("cudnn")), ".2f"), fmt(ratio(tf, p.get("flash")), ".2f"),
                        fmt(ratio(tf, p.get("flex")), ".2f")))
+                if label in r.get("paired", {}):
+                    m, lo, hi, n = r["paired"][label]
+                    log("%-25s ours/cudnn per round: median %.3f (%.3f-%.3f, %d rounds)"
+                        % ("", m, lo, hi, n))
                 if label in r["check"]:
                     log("%-25s check: %s" % ("", r["check"][label]))
     if summary["dense"] and not summary["sparse"]:

@@ -2,7 +2,7 @@
  * run, outputs poisoned with NaN before every launch, shapes from one tile to a few thousand
  * tokens (odd tile counts, more work items than SMs, GQA and MQA, wide logit ranges); and the
  * error paths, which must return their code without launching. SA_SMALL=1 runs only the
- * smallest case (used under compute-sanitizer). */
+ * smallest case and one small case with item boundaries (used under compute-sanitizer). */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +86,20 @@ static void check_case(int batch, int hq, int hkv, int len_q, int len_kv, float 
 START_TEST(one_tile)
 {
     check_case(1, 1, 1, 128, 128, 4.0f, 0, 1);
+}
+END_TEST
+
+/* Item boundaries inside a CTA: 150 items of 9 tiles (5 pairs, the fifth with one tile) on a
+ * 132-SM grid, so the CTAs that take two items go from a present to a present, a present to an
+ * absent and an absent to a present tile. Small enough for compute-sanitizer, so it runs under
+ * SA_SMALL too. */
+START_TEST(item_boundaries)
+{
+    check_case(1, 30, 1, 1152, 256, 4.0f, 0, 10);
+    if (sa_test_small())
+        return;
+    check_case(1, 30, 1, 1152, 128, 4.0f, 0, 11); /* one KV tile per item */
+    check_case(3, 16, 16, 640, 384, 4.0f, 0, 12); /* 144 items of 5 tiles, 3 KV tiles */
 }
 END_TEST
 
@@ -212,6 +226,7 @@ int main(void)
     TCase *tc = tcase_create("dense_persistent");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, one_tile);
+    tcase_add_test(tc, item_boundaries);
     tcase_add_test(tc, odd_tiles_gqa);
     tcase_add_test(tc, rising_max);
     tcase_add_test(tc, persistent_many_items);
