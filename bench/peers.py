@@ -137,14 +137,20 @@ def time_calls(torch, calls, warmup, reps):
     return statistics.median(time_samples(torch, calls, max(warmup, len(calls)), reps))
 
 
-def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0, round_out=None):
+def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0, round_out=None,
+                     settle_s=0.0):
     """{name: (median ms, spread)} for each name's calls, timed in `rounds` interleaved rounds.
 
     Round r times every name in turn (the order rotated by r), reps / rounds calls each after a
     short warm-up, so slow drifts of the card (clock and temperature) fall on every name alike
     instead of on whichever ran last. The median is over all of a name's calls; the spread is
     (max - min) / median of its per-round medians, the run's own noise figure. A dict passed as
-    round_out receives each name's list of per-round medians (for paired ratios)."""
+    round_out receives each name's list of per-round medians (for paired ratios).
+
+    settle_s > 0 runs each name's calls untimed for that many seconds before its timed calls in
+    every round. On a card at its power limit the clock then settles to the one this kernel
+    sustains on its own, as in a long run of it; with 0 (short bursts in turn) every name is
+    timed at a clock that the mix of all of them sets."""
     names = list(named_calls)
     # The card idles at a low clock between shapes; run the contenders in turn for warmup_s
     # seconds first so that the first round is not timed while the clock ramps up.
@@ -161,6 +167,13 @@ def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0, rou
         order = names[r % len(names):] + names[:r % len(names)] if names else []
         for n in order:
             calls = named_calls[n]
+            t_end = time.time() + settle_s
+            i = 0
+            while time.time() < t_end:
+                calls[i % len(calls)]()
+                i += 1
+                if i % 8 == 0:
+                    torch.cuda.synchronize()  # keep the queue short, so the timing follows
             ms = time_samples(torch, calls, warmup if r == 0 else min(2, warmup), per_round)
             samples[n] += ms
             round_medians[n].append(statistics.median(ms))
@@ -406,7 +419,7 @@ def run_dense(torch, F, lib, args, gemm, copy, summary):
         rounds = {}
         try:
             times = time_interleaved(torch, timers, args.warmup, args.reps, args.rounds,
-                                     args.warmup_s, rounds)
+                                     args.warmup_s, rounds, args.settle_s)
         except Exception as e:  # noqa: BLE001
             times = {}
             log("  timing failed: %s" % e)
@@ -578,7 +591,7 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
                     log("  %-11s %-22s failed: %s" % (pat, st.label, e))
             try:
                 times = time_interleaved(torch, timers, args.warmup, args.reps, args.rounds,
-                                         args.warmup_s)
+                                         args.warmup_s, None, args.settle_s)
             except Exception as e:  # noqa: BLE001
                 times = {}
                 log("  %-11s timing failed: %s" % (pat, e))
@@ -674,6 +687,10 @@ def main():
                     help="seconds of untimed calls (all contenders in turn) before each shape")
     ap.add_argument("--rounds", type=int, default=4,
                     help="interleaved timing rounds: each round times every contender in turn")
+    ap.add_argument("--settle-s", type=float, default=0.0,
+                    help="seconds of untimed calls of a contender before its timed calls in each "
+                         "round, so that it is timed at the clock it sustains on its own "
+                         "(0: short bursts in turn)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--budget-s", type=float, default=0,
                     help="skip the shapes not started after this many seconds (0: no limit)")
@@ -709,8 +726,9 @@ def main():
         log("peers: cannot load %s (%s): ours n/a" % (args.lib, e))
     device = torch.cuda.get_device_name(0)
     log("device %s, torch %s, cuDNN %s, seed %d, reps %d (median) in %d interleaved rounds, "
-        "warm-up %d" % (device, torch.__version__, torch.backends.cudnn.version(), args.seed,
-                        args.reps, args.rounds, args.warmup))
+        "warm-up %d, %.1f s settling per contender and round"
+        % (device, torch.__version__, torch.backends.cudnn.version(), args.seed, args.reps,
+           args.rounds, args.warmup, args.settle_s))
     summary = {"dense": [], "sparse": []}
     gemm = copy = None
     try:

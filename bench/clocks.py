@@ -1,0 +1,88 @@
+"""Stage 14 and cuDNN each run alone for a few seconds, with the SM clock and board power sampled.
+
+Usage (on the GPU machine, after a CUDA build):
+    python3 bench/clocks.py --lib build-gpu/libsparseattn.so [--secs 2] [--alternations 2]
+
+For each dense shape of bench/peers.py, each contender runs back to back for --secs seconds
+(--alternations times, in turn), while `nvidia-smi -lms 50` samples clocks.sm and power.draw.
+It prints the sustained TFLOP/s, the mean clock and power over each run (its first 0.3 s left
+out) and the TFLOP/s per GHz: on a card at its power limit, a kernel's rate is its work per
+clock times the clock it can hold, and the two can rank kernels differently.
+"""
+import argparse
+import statistics
+import subprocess
+import threading
+import time
+
+import peers as P
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lib", required=True, help="path to libsparseattn.so (a CUDA build)")
+    ap.add_argument("--secs", type=float, default=2.0, help="seconds per contender and run")
+    ap.add_argument("--alternations", type=int, default=2)
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    lib = P.Lib(args.lib)
+    st = [P.OurStage(torch, lib, s) for s in lib.stages() if s.id == 14][0]
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
+                            "--format=csv,noheader,nounits", "-lms", "50"],
+                           stdout=subprocess.PIPE, text=True)
+    samples = []
+
+    def reader():
+        for line in smi.stdout:
+            try:
+                mhz, watt = line.strip().split(",")
+                samples.append((time.time(), float(mhz), float(watt)))
+            except ValueError:
+                pass
+    threading.Thread(target=reader, daemon=True).start()
+    time.sleep(0.5)
+
+    def sustained(fn):
+        fn()
+        torch.cuda.synchronize()
+        n, t0 = 0, time.time()
+        while time.time() - t0 < args.secs:
+            for _ in range(10):
+                fn()
+            n += 10
+            torch.cuda.synchronize()
+        return n, t0, time.time()
+
+    try:
+        for (B, H, S, D) in P.DENSE_SHAPES:
+            flops = 4.0 * B * H * S * S * D
+            q, k, v = [torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(3)]
+            o = torch.empty_like(q)
+            lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+            ours = st.call(st.attn(q, k, v, o, lse))
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(q, k, v)
+            for _ in range(args.alternations):
+                for name, fn in (("stage 14", ours), ("cudnn", cudnn)):
+                    n, t0, t1 = sustained(fn)
+                    sm = [(m, w) for (t, m, w) in samples if t0 + 0.3 < t < t1]
+                    mhz = statistics.mean(m for m, _ in sm) if sm else float("nan")
+                    watt = statistics.mean(w for _, w in sm) if sm else float("nan")
+                    tf = flops * n / (t1 - t0) / 1e12
+                    print("(%d,%d,%d,%d) %-8s %6.1f TFLOP/s %6.0f MHz %5.0f W %6.1f TFLOP/s per "
+                          "GHz (%d samples)" % (B, H, S, D, name, tf, mhz, watt,
+                                                tf / mhz * 1000, len(sm)), flush=True)
+            del q, k, v, o, lse
+            torch.cuda.empty_cache()
+    finally:
+        smi.terminate()
+
+
+if __name__ == "__main__":
+    main()
