@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
 {
     constexpr int span = kMeanTok / P;
     __shared__ __align__(16) uint16_t tile[kMeanTok][kMeanDims];
-    const long long c = blockIdx.x, u = c;
+    const long long u = blockIdx.x;
     const int side = a.side;
     // Ternaries, not a.x[side]: a runtime index into the parameter struct would copy it to
     // local memory.
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kMeanThreads) group_means(MeanArgs a)
     }
     asm volatile("cp.async.commit_group;\n" ::);
     sa_pdl_trigger(); // every CTA has started: the next launch may be scheduled
-    for (long long i = c * kMeanThreads + threadIdx.x; i < a.zero_words;
+    for (long long i = u * kMeanThreads + threadIdx.x; i < a.zero_words;
          i += (long long)gridDim.x * kMeanThreads)
         a.zero[i] = 0u;
     asm volatile("cp.async.wait_all;\n" ::);

@@ -301,8 +301,8 @@ START_TEST(test_many_blocks)
         {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7},         /* a NaN block, never chosen */
         {{2, 16, 1, 4096, 8192, 128}, 16, 0, 1, 0, -1},    /* the benchmark's shape */
         {{2, 4, 1, 4096, 16384, 128}, 16, 0, 1, 0, -1},    /* r4's wide score tile (> 1 wave) */
-        {{1, 20, 1, 256, 3000, 64}, 4, 0, 0, 0, -1},       /* group 20: r1 ranks 16 + 4 heads */
-        {{1, 4, 1, 256, 3000, 64}, 4, 0, 1, 320, -1},      /* index_dim 320: r1's 3 launches */
+        {{1, 20, 1, 256, 3000, 64}, 4, 0, 0, 0, -1},       /* group 20: r1's 16-deep tile, 2 passes */
+        {{1, 4, 1, 256, 3000, 64}, 4, 0, 1, 320, -1},      /* index_dim 320: slices of 128, 128, 64 */
     };
     for (int ci = 0; ci < (int)(sizeof big / sizeof big[0]); ci++) {
         check_case("r1", &big[ci]);
