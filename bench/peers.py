@@ -20,7 +20,8 @@ Timing: CUDA events around each call, warm-up, median; input sets rotated so tha
 the L2 passes between two uses of one set. The contenders of one shape are timed in interleaved
 rounds (--rounds), so a drift of the card's clock during the run falls on all of them alike;
 for the dense stages the ratio to cuDNN is also given per round (paired: both timed within the
-same round), with its median and range. The sparse part runs first (so --budget-s keeps it); a short summary table is printed last.
+same round), with its median and range. The sparse part runs first (so --budget-s keeps it);
+a short summary table is printed last.
 """
 import argparse
 import ctypes
