@@ -170,11 +170,28 @@ typedef struct sa_gpu_attn {
     sa_tile_lists lists;       /* device pointers; ignored by dense stages */
     uint16_t *o;               /* BF16 (B, Hq, Sq, D) */
     float *lse;                /* FP32 (B, Hq, Sq) */
-    int validate;              /* 1 (default): check the lists on the GPU before the launch */
+    int validate;              /* 1 (default): check the lists on the GPU (see verdict) */
     int allow_empty_rows;      /* 1 (default) */
     void *stream;              /* cudaStream_t; NULL is the default stream */
+    /* With validate = 1: NULL (default) makes the call wait for the check and return its code.
+     * A verdict (sa_gpu_verdict_create) instead makes a stage with the role SA_ROLE_GPU_VERDICT
+     * record the code in device memory and return SA_OK at once (no host synchronization, so
+     * the call can be captured in a CUDA graph); sa_gpu_verdict_read fetches it later. Stages
+     * without that role check synchronously and also record the code there. */
+    struct sa_gpu_verdict *verdict;
 } sa_gpu_attn;
 void sa_gpu_attn_default(sa_gpu_attn *a);
+
+/* A verdict: one word of device memory where validated GPU calls record bad metadata. It holds
+ * the most negative code recorded since it was last read (SA_OK when none), the same code the
+ * synchronous check returns for the same lists. One verdict may serve many calls and streams. */
+typedef struct sa_gpu_verdict sa_gpu_verdict;
+/* SA_OK, SA_ERR_NULL, SA_ERR_NOMEM, SA_ERR_NO_DEVICE or SA_ERR_NOT_BUILT. */
+int sa_gpu_verdict_create(sa_gpu_verdict **out);
+/* Waits for the work queued on `stream` (NULL: the default stream; the caller orders any other
+ * streams that recorded into it), returns the recorded code and resets the verdict to SA_OK. */
+int sa_gpu_verdict_read(sa_gpu_verdict *v, void *stream);
+void sa_gpu_verdict_destroy(sa_gpu_verdict *v); /* NULL is a no-op */
 
 /* Validate lists that live in device memory, with a small GPU kernel (the shape and the list
  * struct are host memory). Same codes as the host validators; synchronizes `stream`.
@@ -184,12 +201,21 @@ int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *device_lists
 int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists *device_lists,
                              int allow_empty, void *stream);
 
+/* What a stage is for, so that tests, tools and benches pick stages by role, never by id. */
+enum {
+    SA_ROLE_SPARSE = 1u << 0,        /* consumes tile lists */
+    SA_ROLE_DEFAULT_DENSE = 1u << 1, /* the dense stage that tools run by default */
+    SA_ROLE_DEFAULT_TILE = 1u << 2,  /* the tile-list stage that tools run by default */
+    SA_ROLE_GPU_VERDICT = 1u << 3,   /* validates inside its kernel and honours a->verdict */
+};
+
 /* The stage registry: written once, read by tests, the CLI, the benchmarks and the docs. */
 typedef struct sa_stage {
     int id;              /* the file number: 14, 15, 16 */
     const char *name;    /* e.g. "dense_persistent" */
     const char *summary; /* one line */
-    int sparse;          /* 1: consumes tile lists */
+    int sparse;          /* 1: consumes tile lists (the same as roles & SA_ROLE_SPARSE) */
+    unsigned roles;      /* SA_ROLE_* bits */
     int (*check)(const sa_gpu_attn *a);  /* SA_OK or why the stage cannot run it; no launch */
     int (*launch)(const sa_gpu_attn *a); /* validates (check) then launches */
 } sa_stage;
@@ -197,6 +223,8 @@ int sa_stage_count(void);
 const sa_stage *sa_stage_at(int i);
 const sa_stage *sa_stage_by_id(int id);
 const sa_stage *sa_stage_by_name(const char *name);
+/* The first stage with every bit of `roles`, or NULL. */
+const sa_stage *sa_stage_with(unsigned roles);
 
 #ifdef __cplusplus
 }

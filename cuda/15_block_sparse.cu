@@ -107,6 +107,7 @@
 #include "sa_tma.cuh"
 #include "sa_warpgroup.cuh"
 #include "sa_validate.h"
+#include "sa_verdict.h"
 #include "sa_wgmma.cuh"
 #include "sparseattn.h"
 
@@ -857,5 +858,10 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
     // Behind the list check, a programmatic dependent launch: no launch gap after the check.
     SA_CUDA_TRY(sa_launch_pdl(block_sparse_kernel, verdict != nullptr, grid, THREADS, SMEM_BYTES,
                               (cudaStream_t)a->stream, map_q, map_k, map_v, p));
-    return verdict ? sa_validate_finish(verdict, a->stream) : SA_OK;
+    if (!verdict)
+        return SA_OK;
+    // This stage learns the verdict on the host; a caller's verdict gets it too (sparseattn.h).
+    rc = sa_validate_finish(verdict, a->stream);
+    const int rec = sa_verdict_record(a->verdict, rc, a->stream);
+    return rc != SA_OK ? rc : rec;
 }

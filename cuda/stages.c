@@ -10,15 +10,15 @@
 static const sa_stage stage14 = {
     14, "dense_persistent",
     "dense BF16 forward, d=128: TMA + wgmma, 1 producer warp + 2 consumer warpgroups, persistent",
-    0, sa_stage14_check, sa_stage14_launch};
+    0, SA_ROLE_DEFAULT_DENSE, sa_stage14_check, sa_stage14_launch};
 static const sa_stage stage15 = {
     15, "block_sparse",
     "tile-list sparse forward, d=128: stage 14 with one K/V stream per Q tile through the ring",
-    1, sa_stage15_check, sa_stage15_launch};
+    1, SA_ROLE_SPARSE, sa_stage15_check, sa_stage15_launch};
 static const sa_stage stage16 = {
     16, "gqa_pairs",
     "tile-list sparse forward, d=128: a CTA takes one Q tile of two heads of a GQA group",
-    1, sa_stage16_check, sa_stage16_launch};
+    1, SA_ROLE_SPARSE | SA_ROLE_DEFAULT_TILE, sa_stage16_check, sa_stage16_launch};
 #endif
 
 static const sa_stage *const registry[] = {
@@ -50,8 +50,28 @@ const sa_stage *sa_stage_by_name(const char *name)
     return NULL;
 }
 
+const sa_stage *sa_stage_with(unsigned roles)
+{
+    for (int i = 0; i < sa_stage_count(); i++)
+        if ((registry[i]->roles & roles) == roles)
+            return registry[i];
+    return NULL;
+}
+
 #ifndef SA_HAVE_CUDA
 int sa_gpu_available(void) { return 0; }
+int sa_gpu_verdict_create(sa_gpu_verdict **out)
+{
+    if (out)
+        *out = NULL;
+    return out ? SA_ERR_NOT_BUILT : SA_ERR_NULL;
+}
+int sa_gpu_verdict_read(sa_gpu_verdict *v, void *stream)
+{
+    (void)stream;
+    return v ? SA_ERR_NOT_BUILT : SA_ERR_NULL;
+}
+void sa_gpu_verdict_destroy(sa_gpu_verdict *v) { (void)v; }
 #endif
 
 #ifndef SA_HAVE_CUDA
