@@ -41,7 +41,7 @@
 //                                 S = Q[head 2p+c, tile t] K_j^T ... (the same slots for both)
 //   Everything else (turns, softmax, PV, epilogue, ring ownership, barriers) is stage 15's.
 //
-// RING OWNERSHIP, TURNS, BARRIER PROTOCOL, SHARED MEMORY: as stage 15 (see its header); with a
+// RING OWNERSHIP, TURNS, BARRIER PROTOCOL, SHARED MEMORY: as stage 15 (its header comment); with a
 //   group-shared list every tile is owned by both consumers, so the producer waits on both free
 //   barriers of a slot and the turn padding never happens (equal counts).
 //
@@ -56,6 +56,8 @@
 #include "sa_cuda_internal.h"
 #include "sa_mbarrier.cuh"
 #include "sa_pdl.cuh"
+#include "sa_stage14.cuh" // what stage 14 introduces and the later stages keep
+#include "sa_stage15.cuh" // what stage 15 introduces and the later stages keep
 #include "sa_stage_entries.h"
 #include "sa_tma.cuh"
 #include "sa_warpgroup.cuh"
@@ -65,30 +67,6 @@
 #include "sparseattn.h"
 
 namespace {
-
-constexpr int HEAD_DIM = 128;
-constexpr int TILE = SA_TILE; // query rows per tile and keys per KV tile
-constexpr float SOFTMAX_SCALE = 0.08838834764831845f; // 1 / sqrt(HEAD_DIM)
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
-// Scores are handled in log2 units: x = s * SCORE_TO_LOG2, p = exp2(x - max).
-constexpr float SCORE_TO_LOG2 = SOFTMAX_SCALE * LOG2E;
-// Lazy rescaling: keep a stale max until the block max exceeds it by this much (log2 units), so
-// O is rescaled rarely; P then stays below 2^8.
-constexpr float RESCALE_THRESHOLD = 8.0f;
-
-// K and V tiles share one ring of 32 KB buffers: Q (64 KB) + 5 tiles fill the 227 KB.
-constexpr int KV_SLOTS = 5;
-constexpr int CONSUMERS = 2;                     // consumer warpgroups = Q tiles per item
-constexpr int THREADS = 128 * (1 + CONSUMERS);   // producer warpgroup + consumers
-constexpr int PRODUCER_REGS = 24;
-constexpr int CONSUMER_REGS = 240;
-
-constexpr int HALF_COLS = 64;                    // a 128B-swizzled box is 64 BF16 wide
-constexpr uint32_t HALF_BYTES = TILE * HALF_COLS * 2; // 16 KB: 128 rows x 64 columns
-constexpr uint32_t TILE_BYTES = 2 * HALF_BYTES;       // 32 KB: 128 x 128 BF16
-constexpr uint32_t ROW_BYTES = HALF_COLS * 2;         // 128 B per row of a half
-constexpr uint32_t ATOM_BYTES = 8 * ROW_BYTES;        // the 1024 B swizzle atom (8 rows)
 
 struct alignas(1024) Smem {
     uint8_t q[CONSUMERS][TILE_BYTES];
@@ -121,24 +99,8 @@ struct Params {
     const int *abort; // verdict of the list check queued just before us; not 0: write nothing
 };
 
-__device__ __forceinline__ float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x (low half) = lo
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
 // Where consumer c's tile of an item lives: the flattened (batch, head_q) index and the Q tile
 // (q_tiles when consumer c has nothing: an odd group's last pair, an odd tile count).
-struct Tile {
-    int bh, tile;
-};
 __device__ __forceinline__ Tile tile_of(const Params &p, int item, int c)
 {
     // Unsigned division: shorter code, fewer registers (everything here is >= 0).
@@ -150,252 +112,6 @@ __device__ __forceinline__ Tile tile_of(const Params &p, int item, int c)
     const int tile = (int)(rest % q_tiles), bg = (int)(rest / q_tiles); // bg = b * Hkv + g
     // b * Hq + g * group + h = (b * Hkv + g) * group + h
     return {bg * p.group + min(h, p.group - 1), h < p.group ? tile : p.q_tiles};
-}
-
-// The list row of a tile: (batch, list head, q tile). With list head = head_q / list_div and
-// heads_q = list_heads * list_div, batch * list_heads + list head = bh / list_div.
-__device__ __forceinline__ const int32_t *list_row(const Params &p, Tile t, int *count)
-{
-    if (t.tile >= p.q_tiles) {
-        *count = 0;
-        return p.indices;
-    }
-    const int row = (int)((unsigned)t.bh / (unsigned)p.list_div) * p.q_tiles + t.tile;
-    const int c = p.counts ? p.counts[row] : p.max_blocks;
-    *count = min(max(c, 0), p.max_blocks); // unvalidated lists never make us read past a row
-    return p.indices + (size_t)row * p.max_blocks;
-}
-
-// What both roles need to know about an item's two KV streams (computed by every warp alike).
-struct Plan {
-    const int32_t *row0, *row1;
-    int count0, count1;
-    int shared; // identical non-empty lists: one load serves both tiles
-    int m;      // blocks where the loads alternate between the tiles (0 when shared)
-};
-__device__ __forceinline__ Plan plan_item(const Params &p, int item, int lane)
-{
-    Plan pl;
-    pl.row0 = list_row(p, tile_of(p, item, 0), &pl.count0);
-    pl.row1 = list_row(p, tile_of(p, item, 1), &pl.count1);
-    pl.shared = 0;
-    if (pl.count0 == pl.count1 && pl.count0 > 0 && pl.row0 == pl.row1) {
-        pl.shared = 1; // one list row for both tiles
-    } else if (pl.count0 == pl.count1 && pl.count0 > 0) {
-        bool diff = false;
-#pragma unroll 1
-        for (int j = lane; j < pl.count0; j += 32)
-            diff |= pl.row0[j] != pl.row1[j];
-        pl.shared = !__any_sync(0xffffffffu, diff);
-    }
-    pl.m = pl.shared ? 0 : min(pl.count0, pl.count1);
-    return pl;
-}
-
-// Loads of one item in the CTA's sequence (the consumers' base advances by this).
-__device__ __forceinline__ uint32_t plan_loads(const Plan &pl)
-{
-    return pl.shared ? pl.count0 : pl.count0 + pl.count1;
-}
-
-// A warp's item record (Smem::rec): lane 0 writes, every lane reads. Reads are volatile so the
-// compiler fetches the value where it is used instead of keeping it in a register.
-__device__ __forceinline__ int rec_get(const int32_t *rec, int i)
-{
-    return *reinterpret_cast<const volatile int32_t *>(rec + i);
-}
-__device__ __forceinline__ void rec_put(int32_t *rec, int i, int v, int lane)
-{
-    if (lane == 0)
-        rec[i] = v;
-}
-__device__ __forceinline__ const int32_t *rec_get_ptr(const int32_t *rec, int i)
-{
-    const uint64_t lo = (uint32_t)rec_get(rec, i), hi = (uint32_t)rec_get(rec, i + 1);
-    return reinterpret_cast<const int32_t *>(lo | hi << 32);
-}
-__device__ __forceinline__ void rec_put_ptr(int32_t *rec, int i, const int32_t *v, int lane)
-{
-    const uint64_t u = reinterpret_cast<uint64_t>(v);
-    rec_put(rec, i, (int)(uint32_t)u, lane);
-    rec_put(rec, i + 1, (int)(uint32_t)(u >> 32), lane);
-}
-
-// Ping-pong turns: named barriers 1 and 2 (0 is __syncthreads), 256 threads = both consumer
-// warpgroups: the waiting one syncs, the other arrives.
-constexpr int TURN_BARRIER0 = 1;
-__device__ __forceinline__ void turn_wait(int c)
-{
-    if (c == 0)
-        sa_named_barrier_sync<TURN_BARRIER0>(256);
-    else
-        sa_named_barrier_sync<TURN_BARRIER0 + 1>(256);
-}
-__device__ __forceinline__ void turn_pass(int c)
-{
-    if (c == 0)
-        sa_named_barrier_arrive<TURN_BARRIER0 + 1>(256);
-    else
-        sa_named_barrier_arrive<TURN_BARRIER0>(256);
-}
-
-// One arrival per warp on a consumer -> producer barrier, after the warp's wgmma are complete.
-__device__ __forceinline__ void warp_arrive(uint64_t *bar, int lane)
-{
-    __syncwarp();
-    if (lane == 0)
-        sa_mbar_arrive(bar);
-}
-
-// Descriptors travel as their low words (sa_desc_lo); every operand here has sbo = one 1024 B
-// atom, so the high word is this constant.
-constexpr uint32_t DESC_HI = sa_desc_hi_sw128(ATOM_BYTES);
-
-// S = Q_h K^T for one m64 half: 8 k-steps over the head dim; k-step kk is half kk/4 of the tile,
-// 32 B into each 128 B row. q_lo already points at the half's first row.
-__device__ __forceinline__ void issue_qk(float (&sc)[64], uint32_t q_lo, uint32_t k_lo)
-{
-    sa_wgmma_m64n128k16_ss_zero(sc, sa_desc_join(q_lo, DESC_HI), sa_desc_join(k_lo, DESC_HI));
-#pragma unroll
-    for (int kk = 1; kk < 8; kk++) {
-        const uint32_t off = ((kk / 4) * HALF_BYTES + (kk % 4) * 32) >> 4;
-        sa_wgmma_m64n128k16_ss(sc, sa_desc_join(q_lo + off, DESC_HI),
-                               sa_desc_join(k_lo + off, DESC_HI), 1);
-    }
-}
-
-// O_h += P V: 8 k-steps over the keys; k-step kk is keys 16kk..16kk+15, i.e. A fragments
-// 4kk..4kk+3 of P and, in V (MN-major), two 8-row atoms further.
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32], uint32_t v_lo)
-{
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-        sa_wgmma_m64n128k16_rs(o, a, sa_desc_join(v_lo + ((kk * 2 * ATOM_BYTES) >> 4), DESC_HI), 1);
-    }
-}
-
-// Online softmax of one m64 half (dataflow step 4). The thread holds rows lane/4 (i = 0)
-// and lane/4 + 8 (i = 1) of its warp's 16; the 4 threads of a quad share a row, so row maxima
-// are reduced over the quad. Row sums stay per thread until the epilogue.
-__device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[64],
-                                             float (&row_max)[2], float (&row_sum)[2],
-                                             uint32_t (&pa)[32])
-{
-    float factor[2];
-    bool need_any = false;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float mx = -CUDART_INF_F;
-#pragma unroll
-        for (int jj = 0; jj < 16; jj++)
-            mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mx2 = mx * SCORE_TO_LOG2;
-        const bool need = mx2 > row_max[i] + RESCALE_THRESHOLD; // always true on the first tile
-        factor[i] = 1.f;
-        if (need) {
-            factor[i] = fast_exp2(row_max[i] - mx2); // 0 on the first tile: O and sum are 0
-            row_max[i] = mx2;
-            row_sum[i] *= factor[i];
-        }
-        need_any |= need;
-    }
-    // Skip the 64 multiplies unless a row of this warp moved (a warp-uniform branch).
-    if (__any_sync(0xffffffffu, need_any)) {
-#pragma unroll
-        for (int jj = 0; jj < 16; jj++) {
-            o[4 * jj + 0] *= factor[0];
-            o[4 * jj + 1] *= factor[0];
-            o[4 * jj + 2] *= factor[1];
-            o[4 * jj + 3] *= factor[1];
-        }
-    }
-#pragma unroll
-    for (int jj = 0; jj < 16; jj++) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float neg_max = -row_max[i];
-            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
-            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
-            row_sum[i] += p0 + p1;
-            pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(p0, p1);
-        }
-    }
-}
-
-// 4 x 4 transpose of 32-bit values within each quad (introduced by stage 14, for the epilogue):
-// afterwards lane q of a quad holds in a[k] what lane k held in a[q]. Two butterfly rounds; the
-// register indices stay compile-time constants (the lane only picks which one to send).
-__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int lane)
-{
-#pragma unroll
-    for (int m = 1; m <= 2; m <<= 1) {
-        const bool upper = lane & m;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            if (j & m)
-                continue;
-            const uint32_t recv = __shfl_xor_sync(0xffffffffu, upper ? a[j] : a[j | m], m);
-            if (upper)
-                a[j] = recv;
-            else
-                a[j | m] = recv;
-        }
-    }
-}
-
-// gridDim.x read where it is used: hoisted, it would cost the producer a register it lacks.
-__device__ __forceinline__ int grid_size()
-{
-    int g;
-    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(g));
-    return g;
-}
-
-// The partial final KV block: score columns at or past its valid keys leave the softmax. Column
-// of accumulator sc[4 jj + 2 i + e] is 8 jj + 2 (lane % 4) + e (see sa_wgmma.cuh).
-__device__ __forceinline__ void mask_tail(float (&sc)[64], int valid, int lane)
-{
-#pragma unroll
-    for (int jj = 0; jj < 16; jj++) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            if (8 * jj + 2 * (lane % 4) + e >= valid) {
-                sc[4 * jj + e] = -CUDART_INF_F;
-                sc[4 * jj + 2 + e] = -CUDART_INF_F;
-            }
-        }
-    }
-}
-
-// The producer's ring state, packed in one register (it runs on 24 registers): 2 owner bits per
-// slot (bits 2s, 2s + 1: the consumers of the tile now in slot s) and 1 parity bit per (slot,
-// consumer) (bit PAR0 + 2s + c): the parity of the free-barrier phase that completes when that
-// consumer releases the last tile it owned in the slot (its r-th ownership of a slot releases
-// phase r - 1; the bits start at 1 and flip with each ownership).
-constexpr int PAR0 = 2 * KV_SLOTS;
-constexpr uint32_t RING_STATE0 = ((1u << (2 * KV_SLOTS)) - 1) << PAR0;
-
-// One K or V tile into the ring (lane 0 of the producer warp), at position `pos` of the CTA's
-// sequence of tile loads: wait until the owners of the tile that was in slot pos % KV_SLOTS
-// have released it, record the new owners, issue the copy. One call site (a rolled loop over
-// the four loads of a block) keeps the producer inside its 24 registers.
-__device__ __forceinline__ void load_tile(Smem &sm, uint32_t &st, uint32_t pos, uint32_t owners,
-                                          const CUtensorMap *map, int row)
-{
-    const int s = pos % KV_SLOTS;
-    const uint32_t prev = (st >> (2 * s)) & 3u;
-    if (prev & 1u)
-        sa_mbar_wait(&sm.kv_free[s][0], (st >> (PAR0 + 2 * s)) & 1u);
-    if (prev & 2u)
-        sa_mbar_wait(&sm.kv_free[s][1], (st >> (PAR0 + 2 * s + 1)) & 1u);
-    st = (st & ~(3u << (2 * s))) | (owners << (2 * s));
-    st ^= owners << (PAR0 + 2 * s);
-    sa_mbar_arrive_expect_tx(&sm.kv_ready[s], TILE_BYTES);
-    sa_tma_load_2d(sm.kv[s], map, &sm.kv_ready[s], 0, row);
-    sa_tma_load_2d(sm.kv[s] + HALF_BYTES, map, &sm.kv_ready[s], HALF_COLS, row);
 }
 
 __global__ void __launch_bounds__(THREADS, 1)
