@@ -120,14 +120,14 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
     }
 }
 
-// Online softmax of one m64 half (dataflow step 4). The thread holds rows lane/4 (i = 0)
+// The row-max half of the online softmax (dataflow step 4). The thread holds rows lane/4 (i = 0)
 // and lane/4 + 8 (i = 1) of its warp's 16; the 4 threads of a quad share a row, so row maxima
-// are reduced over the quad. Row sums stay per thread until the epilogue.
-__device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[64],
-                                             float (&row_max)[2], float (&row_sum)[2],
-                                             uint32_t (&pa)[32])
+// are reduced over the quad. Lazy rescaling: a row adopts its new max only when it exceeds the
+// running one by more than RESCALE_THRESHOLD; factor[i] is then exp2(old - new) (row_sum is
+// rescaled here, O by the caller), else 1. Returns whether a row of this thread moved.
+__device__ __forceinline__ bool softmax_row_max(const float (&sc)[64], float (&row_max)[2],
+                                                float (&row_sum)[2], float (&factor)[2])
 {
-    float factor[2];
     bool need_any = false;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -147,6 +147,17 @@ __device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[6
         }
         need_any |= need;
     }
+    return need_any;
+}
+
+// Online softmax of one m64 half (dataflow step 4): softmax_row_max, O rescaled, P packed to
+// BF16 registers. Row sums stay per thread until the epilogue.
+__device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[64],
+                                             float (&row_max)[2], float (&row_sum)[2],
+                                             uint32_t (&pa)[32])
+{
+    float factor[2];
+    const bool need_any = softmax_row_max(sc, row_max, row_sum, factor);
     // Skip the 64 multiplies unless a row of this warp moved (a warp-uniform branch).
     if (__any_sync(0xffffffffu, need_any)) {
 #pragma unroll
