@@ -481,12 +481,33 @@ extern "C" int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, i
     if (nsets <= 0 || reps <= 0 || warmup < 0)
         return SA_ERR_ARG;
     const int sync_each = validate == SA_GB_SYNC_ONLY;
+    // A stage that validates inside its kernel is timed as it is meant to be called: with a
+    // verdict, read once after the run (sparseattn.h), not with a synchronization per call.
+    sa_gpu_verdict *verdict = nullptr;
+    int rc;
+    if (validate == 1 && (st->roles & SA_ROLE_GPU_VERDICT) &&
+        (rc = sa_gpu_verdict_create(&verdict)) != SA_OK) {
+        set_err("sa_gpu_verdict_create: %s", sa_strerror(rc));
+        return rc;
+    }
+    struct VerdictGuard { // on every return: the sets outlive this verdict
+        sa_gpu_verdict *v;
+        sa_gb_set *sets;
+        int n;
+        ~VerdictGuard()
+        {
+            for (int i = 0; i < n; i++)
+                sets[i].a.verdict = nullptr;
+            sa_gpu_verdict_destroy(v);
+        }
+    } guard{verdict, sets, nsets};
     for (int i = 0; i < nsets; i++) {
         sets[i].a.validate = sync_each ? 0 : validate;
         sets[i].a.stream = g->stream;
+        sets[i].a.verdict = verdict;
     }
     Events ev;
-    int rc = ev.create(reps);
+    rc = ev.create(reps);
     if (rc)
         return rc;
     const int warm = std::max(warmup, nsets);
@@ -506,6 +527,11 @@ extern "C" int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, i
     }
     CK(cudaStreamSynchronize(g->stream));
     CK(cudaGetLastError());
+    if (verdict && (rc = sa_gpu_verdict_read(verdict, g->stream)) != SA_OK) {
+        set_err("stage %d (%s): the verdict of the timed calls: %s", st->id, st->name,
+                sa_strerror(rc));
+        return rc;
+    }
     return event_stats(ev.ev, reps, t);
 }
 

@@ -15,6 +15,8 @@ int sa_stage15_check(const sa_gpu_attn *a);
 int sa_stage15_launch(const sa_gpu_attn *a);
 int sa_stage16_check(const sa_gpu_attn *a);
 int sa_stage16_launch(const sa_gpu_attn *a);
+int sa_stage17_check(const sa_gpu_attn *a);
+int sa_stage17_launch(const sa_gpu_attn *a);
 
 #ifdef __cplusplus
 }

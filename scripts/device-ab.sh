@@ -1,21 +1,35 @@
 #!/bin/bash
-# On the GPU machine: time a compile-time variant of the library against the default build.
+# On the GPU machine: time compile-time variants of the library against the default build.
 #   bash scripts/device-ab.sh "CUDA_ARGS" BENCH [BENCH...]
-# Builds build-a (default) and build-b (meson -Dcuda_args="CUDA_ARGS", e.g. "-DMY_SWITCH=0",
-# for a switch you put in the code), then runs `sparseattn bench BENCH` for each BENCH,
-# alternating a and b for $SA_AB_ROUNDS rounds (default 3), so that a drift of the card's clock
-# falls on both. Each output line is prefixed [a rN] or [b rN]; full logs go to $OUT.
-# Needs no Check: both builds leave the tests out. Extra bench flags: $SA_BENCH_ARGS.
+#   bash scripts/device-ab.sh "CUDA_ARGS_B" "CUDA_ARGS_C" ... -- BENCH [BENCH...]
+# Builds build-a (default) and build-b, build-c, ... (meson -Dcuda_args="CUDA_ARGS", e.g.
+# "-DMY_SWITCH=0", for a switch you put in the code), then runs `sparseattn bench BENCH` for each
+# BENCH, alternating the builds for $SA_AB_ROUNDS rounds (default 3), so that a drift of the
+# card's clock falls on all of them. Each output line is prefixed [a rN], [b rN], ...; full logs
+# go to $OUT. Needs no Check: the builds leave the tests out. Extra bench flags: $SA_BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { echo "usage: bash scripts/device-ab.sh \"CUDA_ARGS\" BENCH [BENCH...]"; exit 2; }
+usage='usage: bash scripts/device-ab.sh "CUDA_ARGS" [...] [--] BENCH [BENCH...]'
+[ $# -ge 2 ] || { echo "$usage"; exit 2; }
 out=${OUT:-device-logs}
 mkdir -p "$out"
-args_b=$1
-shift
-for v in a b; do
+variants=()
+if [[ " $* " == *" -- "* ]]; then
+    while [ "$1" != "--" ]; do variants+=("$1"); shift; done
+    shift
+else
+    variants=("$1")
+    shift
+fi
+[ $# -ge 1 ] || { echo "$usage"; exit 2; }
+names=(a)
+letters=(b c d e f g h)
+for i in "${!variants[@]}"; do names+=("${letters[$i]}"); done
+for i in "${!names[@]}"; do
+    v=${names[$i]}
     extra=()
-    [ $v = b ] && extra=(-Dcuda_args="$args_b")
+    [ "$i" -gt 0 ] && extra=(-Dcuda_args="${variants[$((i - 1))]}")
+    [ "$i" -gt 0 ] && echo "build-$v: ${variants[$((i - 1))]}"
     if ! { meson setup build-$v -Dcuda=enabled -Dtests=disabled "${extra[@]}" >"$out/ab-setup-$v.log" 2>&1 ||
            meson setup build-$v --reconfigure -Dcuda=enabled -Dtests=disabled "${extra[@]}" \
                >"$out/ab-setup-$v.log" 2>&1; }; then
@@ -26,7 +40,7 @@ for v in a b; do
 done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 for r in $(seq 1 "${SA_AB_ROUNDS:-3}"); do
-    for v in a b; do
+    for v in "${names[@]}"; do
         for bench in "$@"; do
             build-$v/tools/sparseattn bench "$bench" ${SA_BENCH_ARGS:-} 2>&1 |
                 tee -a "$out/ab-$bench-$v.txt" | sed "s/^/[$v r$r] /"

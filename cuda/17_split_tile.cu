@@ -1,0 +1,644 @@
+// Stage 17: block-sparse attention forward for Hopper (sm_90a), in the Hopper-native shape: one
+// Q tile per CTA split over two consumer warpgroups, softmax overlapped with the tensor core
+// inside each warpgroup, and list validation inside the kernel. Diff it against stage 15.
+//
+// FOCUS
+//   Stages 14-16 keep the B200 work unit: each consumer warpgroup owns a whole 128-row Q tile,
+//   so with independent lists each warpgroup has its own K/V stream (stage 15's ring ownership)
+//   and O alone takes 128 of its 240 registers. That leaves no room for a second score tile in
+//   flight, so a warpgroup's softmax can only hide behind the OTHER warpgroup's tensor work
+//   (ping-pong turns), and the two streams cost list walking, owner bookkeeping and padding
+//   turns on every block (docs/stage15.md: tensor pipe 64% busy against 73% for stage 14, 13%
+//   more instructions per block).
+//   Here a work item is ONE 128-row Q tile of one head. Consumer warpgroup c takes its rows
+//   64c..64c+63: both walk the same list, read the same K/V stage, and one load serves both (the
+//   dense case of stage 14's ring, for every list). O of 64 rows is 64 registers, S 64, P 32:
+//   room for the score tile of block j to be computed while the PV of block j-1 runs, so each
+//   warpgroup's softmax overlaps its own tensor work (FlashAttention-3's intra-warpgroup
+//   overlap) as well as the other warpgroup's (the ping-pong turns, kept).
+//
+// WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
+//   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
+//   independent MMA streams with no register cost. On Hopper a warpgroup issues its own wgmma
+//   and holds the accumulators: two tiles per CTA means two streams that each need a full 128-row
+//   O in registers, and independent lists make them two K/V streams through one ring. Splitting
+//   one tile over the two warpgroups turns every list, independent or not, into one stream, and
+//   buys the registers for in-warpgroup overlap. The price: a 128-row tile per CTA instead of
+//   two, so K/V is read once per tile rather than once per tile pair (more L2 traffic, not more
+//   HBM traffic: the heads of a GQA group run on neighbouring CTAs at the same time).
+//
+// ASSUMPTIONS (anything else gets SA_ERR_UNSUPPORTED from the check, never a launch)
+//   As stage 15: BF16 Q/K/V/O in BHSD layout, head_dim 128, non-causal, any len_q and len_kv (a
+//   partial last Q tile stores only its rows; the partial final KV block's padding columns are
+//   masked to -inf), GQA by index, per-head or group-shared lists, counts NULL = max_blocks.
+//
+// VALIDATION INSIDE THE KERNEL (p.check = 1)
+//   The producer warp checks each list row before it issues the row's first load: count in
+//   [0, max_blocks] (and not 0 unless empty rows are allowed), every index in [0, kv_blocks), no
+//   index twice (__match_any_sync within a 32-entry chunk, 32 broadcasts per pair of chunks).
+//   A bad row loads nothing: its rows of O and LSE are written as NaN, the code goes to the
+//   verdict word with atomicMin (the most negative code wins, as in the separate check kernel),
+//   and every other row is computed as usual. So no host synchronization is needed and the call
+//   can be captured in a CUDA graph (sa_gpu_verdict in sparseattn.h). Every list row is walked
+//   by at least one item (each row serves the heads of its list head), so every row is checked.
+//   With p.check = 0 counts are clamped to [0, max_blocks] (no read past a row) and an index out
+//   of range makes TMA read other rows of K/V or zero-fill: wrong numbers, never a bad access.
+//
+// WORK
+//   item = ((b * Hkv + g) * q_tiles + t) * group + h: Q tile t of head g * group + h. The head
+//   index is innermost, so the heads of a GQA group run on neighbouring CTAs at the same time and
+//   read the same blocks of the same KV head from L2 when their lists are shared. CTA b takes
+//   items b, b + grid, ... (grid = #SMs); its loads continue from one item into the next.
+//
+// ROLES (384 threads = 3 warpgroups)
+//   WG0  producer. setmaxnreg.dec to 24. Warp 0 walks (and checks) the lists, lane 0 issues the
+//        Q and K/V copies; warps 1-3 leave.
+//   WG1  consumer of rows 0..63 of the item's tile (c = 0). setmaxnreg.inc to 240.
+//   WG2  consumer of rows 64..127 (c = 1).
+//
+// DATAFLOW PER KV BLOCK j >= 1 (consumer c; stage s = n % KV_STAGES for the CTA's n-th block)
+//   1. wait k-ready[s] (and read the block's valid-key count the producer left beside it);
+//      wait v-ready of block j-1's stage; wait turn[c].
+//   2. S = Q_c K_j^T (8 wgmma, commit); O += P_{j-1} V_{j-1} (8 wgmma, A = P from registers,
+//      commit). pass turn.
+//   3. wait for S only (wgmma.wait_group 1); arrive k-free[s]; on the last block arrive q-free.
+//   4. mask the padding columns if block j is the partial final block; row max; lazy rescaling
+//      as stage 14 (a new max is adopted only when it exceeds the running one by more than
+//      RESCALE_THRESHOLD); P = exp2(S * scale * log2e - max) computed in place in S's
+//      registers, row sums updated. All of it while step 2's PV runs.
+//   5. wait for the PV (wait_group 0); arrive v-free of block j-1's stage; rescale O if a row
+//      of this warp adopted a new max; pack P to BF16 (the A operand of the next PV).
+//   Block 0 has a turn with S alone and its softmax; the item ends with a turn holding only the
+//   last PV. Epilogue as stage 14 for 64 rows: reduce the row sums over the quad, O /= sum, 16-byte
+//   stores after a quad transpose, LSE = (max + log2(sum)) ln 2.
+//
+// BARRIER PROTOCOL
+//   | barrier        | kind      | direction               | arrivals              | meaning
+//   | q-ready        | mbarrier  | producer -> consumers   | 1 (+ 32 KB TMA bytes) | Q landed; the item record is written
+//   | q-free         | mbarrier  | consumers -> producer   | 8 (4 warps x 2 WGs)   | last QK of the item done, record read
+//   | k-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | K in stage s landed; its valid-key count written
+//   | v-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | V in stage s landed
+//   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done
+//   | v-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' PV on V[s] done
+//   | turn[c]        | named bar | consumer 1-c -> c       | 256 (arrive + sync)   | c may issue its next batch
+//   Phase parity = use count & 1. An empty (or invalid) row gets a q-ready arrival without a copy
+//   and no K/V loads; both consumers walk the same row, so they take the same turns (none for an
+//   empty row) and the strict alternation of stage 14 holds with no padding turns.
+//   No deadlock: the producer issues K_0, V_0, K_1, V_1, ...; a consumer needs K_j then V_{j-1}
+//   and releases K_j after step 3 and V_{j-1} after step 5 of the same block, so the loads KV_STAGES
+//   blocks back are released before any turn that waits for a later load (KV_STAGES >= 2).
+//
+// SHARED MEMORY: Q 32 KB, K and V KV_STAGES x 32 KB each (2 stages: 160 KB), barriers, the item
+//   record and one valid-key count per K stage.
+//
+// B200 -> HOPPER MAPPING
+//   | B200 (original)                         | Hopper (this file)
+//   | two Q tiles per CTA, one per MMA stream | one Q tile per CTA, 64 rows per consumer warpgroup
+//   | independent lists: two K/V streams      | one stream for every list
+//   | S in TMEM, softmax beside the MMA       | S of block j in flight while PV of j-1 runs, in registers
+//   | a separate check kernel before the call | the check inside the producer warp, verdict in device memory
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "sa_cuda_internal.h"
+#include "sa_mbarrier.cuh"
+#include "sa_stage14.cuh"
+#include "sa_stage15.cuh"
+#include "sa_stage_entries.h"
+#include "sa_tma.cuh"
+#include "sa_verdict.h"
+#include "sa_warpgroup.cuh"
+#include "sa_wgmma.cuh"
+#include "sparseattn.h"
+
+#ifndef SA_STAGE17_KV_STAGES
+#define SA_STAGE17_KV_STAGES 2 // a compile-time variant for A/B runs (scripts/device-ab.sh)
+#endif
+#ifndef SA_STAGE17_PINGPONG
+#define SA_STAGE17_PINGPONG 1
+#endif
+// SA_STAGE17_CEILING=1 builds a timing variant, not attention: the softmax is replaced by a plain
+// scaling of S (no max, no exp), so the run shows what the schedule, the tensor core and the
+// loads allow without the softmax's work (docs/stage17.md). Its output is wrong by design.
+#ifndef SA_STAGE17_CEILING
+#define SA_STAGE17_CEILING 0
+#endif
+
+namespace {
+
+constexpr int KV_STAGES = SA_STAGE17_KV_STAGES;
+constexpr bool PINGPONG = SA_STAGE17_PINGPONG != 0; // turns between the consumer warpgroups
+constexpr int HALVES = 2;                           // consumer warpgroups = 64-row halves of a tile
+constexpr int NTHREADS = 128 * (1 + HALVES);
+constexpr int FREE_ARRIVALS = 4 * HALVES; // one per consumer warp
+// A row whose list fails the check gets NaN (BF16 0x7FC0, FP32 quiet NaN) in O and LSE.
+constexpr uint32_t BF16X2_NAN = 0x7FC07FC0u;
+
+struct alignas(1024) Smem {
+    uint8_t q[TILE_BYTES];
+    uint8_t k[KV_STAGES][TILE_BYTES];
+    uint8_t v[KV_STAGES][TILE_BYTES];
+    uint64_t q_ready, q_free;
+    uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], k_free[KV_STAGES], v_free[KV_STAGES];
+    int32_t k_valid[KV_STAGES]; // valid keys of the block in K stage s (128 unless partial)
+    int32_t count, error;       // the item record: blocks to walk, the row's check verdict
+};
+constexpr size_t SMEM_BYTES = sizeof(Smem) + 1024; // + room to align the dynamic base
+static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+
+struct Params {
+    uint16_t *o;
+    float *lse;
+    const int32_t *indices, *counts; // device lists; counts may be NULL (max_blocks per row)
+    int group;                       // heads_q / heads_kv
+    int list_div;                    // heads_q / list_heads
+    int max_blocks;
+    int len_q, len_kv;
+    int q_tiles, kv_blocks;
+    int tail;  // valid keys of the last KV block, 1..128
+    int items; // B * Hq * q_tiles
+    int check; // 1: check each row in the kernel (VALIDATION INSIDE THE KERNEL)
+    int allow_empty;
+    int *verdict; // where a bad row's code goes (atomicMin); non-NULL when check = 1
+};
+
+// Where an item lives: the flattened (batch, head_q) index and the Q tile.
+struct Item {
+    int bh, tile;
+};
+__device__ __forceinline__ Item item_at(const Params &p, int item)
+{
+    const unsigned it = item, group = p.group, q_tiles = p.q_tiles; // all >= 0
+    const unsigned rest = it / group;
+    // (b * Hkv + g) * group + h = b * Hq + g * group + h
+    return {(int)((rest / q_tiles) * group + it % group), (int)(rest % q_tiles)};
+}
+
+// The list row of an item and its raw count (unchecked).
+__device__ __forceinline__ const int32_t *row_of(const Params &p, Item it, int *raw_count)
+{
+    const int row = (int)((unsigned)it.bh / (unsigned)p.list_div) * p.q_tiles + it.tile;
+    *raw_count = p.counts ? p.counts[row] : p.max_blocks;
+    return p.indices + (size_t)row * p.max_blocks;
+}
+
+// The key by which duplicates are found: the block index when it is in range, else a negative
+// value unique to the slot (out-of-range entries are reported as SA_ERR_INDEX, never as twins).
+__device__ __forceinline__ int dup_key(const int32_t *row, int j, int count, int kv_blocks,
+                                       bool *bad_index)
+{
+    if (j >= count)
+        return -1 - j;
+    const int b = row[j];
+    if (b < 0 || b >= kv_blocks) {
+        *bad_index = true;
+        return -1 - j;
+    }
+    return b;
+}
+
+// The check of one row by the producer warp (every lane returns the row's code): the codes and
+// their precedence of the separate check kernel (sa_validate.cu): a bad count hides the entries;
+// a duplicate outranks an index out of range (the most negative code of the row wins).
+__device__ __forceinline__ int check_row(const Params &p, const int32_t *row, int raw, int lane)
+{
+    if (raw < 0 || raw > p.max_blocks)
+        return SA_ERR_COUNT;
+    if (raw == 0)
+        return p.allow_empty ? SA_OK : SA_ERR_EMPTY_ROW;
+    bool bad_index = false, dup = false;
+#pragma unroll 1
+    for (int j0 = 0; j0 < raw; j0 += 32) {
+        const int a = dup_key(row, j0 + lane, raw, p.kv_blocks, &bad_index);
+        dup |= __popc(__match_any_sync(0xffffffffu, a)) > 1;
+#pragma unroll 1
+        for (int j1 = j0 + 32; j1 < raw; j1 += 32) {
+            bool ignored = false; // chunk j1's range errors are counted in its own pass
+            const int b = dup_key(row, j1 + lane, raw, p.kv_blocks, &ignored);
+#pragma unroll 1
+            for (int l = 0; l < 32; l++)
+                dup |= b == __shfl_sync(0xffffffffu, a, l);
+        }
+    }
+    if (__any_sync(0xffffffffu, dup))
+        return SA_ERR_DUPLICATE;
+    return __any_sync(0xffffffffu, bad_index) ? SA_ERR_INDEX : SA_OK;
+}
+
+// Step 4 of the dataflow: row max and the lazy rescaling decision (softmax_row_max), then
+// P = exp2(S * scale * log2e - max) in place of S, with O's rescale deferred: O is still being
+// accumulated by the PV in flight. Returns whether any row of this warp adopted a new max (a
+// warp-uniform answer, so the rescale is skipped by the whole warp together).
+__device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_max)[2],
+                                                 float (&row_sum)[2], float (&factor)[2])
+{
+    if (SA_STAGE17_CEILING) {
+#pragma unroll
+        for (int r = 0; r < 64; r++)
+            sc[r] *= 1.f / 64;
+        row_max[0] = row_max[1] = 0.f;
+        row_sum[0] = row_sum[1] = 1.f;
+        factor[0] = factor[1] = 1.f;
+        return false;
+    }
+    const bool need_any = softmax_row_max(sc, row_max, row_sum, factor);
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float neg_max = -row_max[i];
+            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
+            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
+            row_sum[i] += p0 + p1;
+            sc[4 * jj + 2 * i] = p0;
+            sc[4 * jj + 2 * i + 1] = p1;
+        }
+    }
+    return __any_sync(0xffffffffu, need_any);
+}
+
+// Step 5: O *= factor per row (only when a row of the warp moved), P to BF16 A fragments.
+__device__ __forceinline__ void rescale_and_pack(bool rescale, const float (&factor)[2],
+                                                 float (&o)[64], const float (&sc)[64],
+                                                 uint32_t (&pa)[32])
+{
+    if (rescale) {
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++) {
+            o[4 * jj + 0] *= factor[0];
+            o[4 * jj + 1] *= factor[0];
+            o[4 * jj + 2] *= factor[1];
+            o[4 * jj + 3] *= factor[1];
+        }
+    }
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]);
+}
+
+// A word the producer left in shared memory, read by lane 0 alone and broadcast: the lane that
+// later releases the word (warp_arrive) is then the one that read it, so the release orders the
+// read for compute-sanitizer's racecheck as well as for the hardware.
+__device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
+{
+    int v = 0;
+    if (lane == 0)
+        v = *reinterpret_cast<const volatile int32_t *>(word);
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+
+__device__ __forceinline__ void turn_begin(int c)
+{
+    if (PINGPONG)
+        turn_wait(c);
+}
+__device__ __forceinline__ void turn_end(int c)
+{
+    if (PINGPONG)
+        turn_pass(c);
+}
+
+__global__ void __launch_bounds__(NTHREADS, 1)
+    split_tile_kernel(const __grid_constant__ CUtensorMap map_q,
+                      const __grid_constant__ CUtensorMap map_k,
+                      const __grid_constant__ CUtensorMap map_v, const Params p)
+{
+    extern __shared__ uint8_t smem_raw[];
+    // The dynamic base is only 16-byte aligned; the swizzle atoms need 1024.
+    const uint32_t pad = (1024 - (sa_smem_addr(smem_raw) & 1023)) & 1023;
+    Smem &sm = *reinterpret_cast<Smem *>(smem_raw + pad);
+
+    const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        sa_mbar_init(&sm.q_ready, 1);
+        sa_mbar_init(&sm.q_free, FREE_ARRIVALS);
+        for (int s = 0; s < KV_STAGES; s++) {
+            sa_mbar_init(&sm.k_ready[s], 1);
+            sa_mbar_init(&sm.v_ready[s], 1);
+            sa_mbar_init(&sm.k_free[s], FREE_ARRIVALS);
+            sa_mbar_init(&sm.v_free[s], FREE_ARRIVALS);
+        }
+        sa_mbar_fence_init();
+    }
+    __syncthreads(); // the last CTA-wide barrier: after this the roles never meet again
+
+    if (wg == 0) {
+        // ------------------------------------------------------------ producer
+        sa_setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x >= 32)
+            return;
+        const int lane = threadIdx.x;
+        if (lane == 0) {
+            sa_tma_prefetch_map(&map_q);
+            sa_tma_prefetch_map(&map_k);
+            sa_tma_prefetch_map(&map_v);
+        }
+        uint32_t q_uses = 0, kv_n = 0;
+        for (int item = blockIdx.x; item < p.items; item += grid_size()) {
+            const Item it = item_at(p, item);
+            int raw;
+            const int32_t *row = row_of(p, it, &raw);
+            const int err = p.check ? check_row(p, row, raw, lane) : SA_OK;
+            const int count = err ? 0 : min(max(raw, 0), p.max_blocks);
+            if (err && lane == 0)
+                atomicMin(p.verdict, err);
+            sa_mbar_wait(&sm.q_free, (q_uses & 1) ^ 1); // the record and Q are free again
+            if (lane == 0) {
+                sm.count = count;
+                sm.error = err;
+                if (count > 0) {
+                    // Q rows are numbered over the flattened (batch, head, seq) matrix.
+                    const int qrow = it.bh * p.len_q + it.tile * TILE;
+                    sa_mbar_arrive_expect_tx(&sm.q_ready, TILE_BYTES);
+                    sa_tma_load_2d(sm.q, &map_q, &sm.q_ready, 0, qrow);
+                    sa_tma_load_2d(sm.q + HALF_BYTES, &map_q, &sm.q_ready, HALF_COLS, qrow);
+                } else {
+                    sa_mbar_arrive(&sm.q_ready); // the record alone: nothing to load
+                }
+            }
+            q_uses++;
+            const int kv_row0 = (int)((unsigned)it.bh / (unsigned)p.group) * p.len_kv;
+            int idx = 0;
+#pragma unroll 1
+            for (int j = 0; j < count; j++, kv_n++) {
+                if ((j & 31) == 0) // the next 32 entries, one per lane
+                    idx = j + lane < count ? row[j + lane] : 0;
+                const int blk = __shfl_sync(0xffffffffu, idx, j & 31);
+                if (lane == 0) {
+                    const int s = kv_n % KV_STAGES;
+                    const uint32_t par = ((kv_n / KV_STAGES) & 1) ^ 1;
+                    const int krow = kv_row0 + blk * TILE;
+                    sa_mbar_wait(&sm.k_free[s], par);
+                    sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
+                    sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
+                    sa_tma_load_2d(sm.k[s], &map_k, &sm.k_ready[s], 0, krow);
+                    sa_tma_load_2d(sm.k[s] + HALF_BYTES, &map_k, &sm.k_ready[s], HALF_COLS, krow);
+                    sa_mbar_wait(&sm.v_free[s], par);
+                    sa_mbar_arrive_expect_tx(&sm.v_ready[s], TILE_BYTES);
+                    sa_tma_load_2d(sm.v[s], &map_v, &sm.v_ready[s], 0, krow);
+                    sa_tma_load_2d(sm.v[s] + HALF_BYTES, &map_v, &sm.v_ready[s], HALF_COLS, krow);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---------------------------------------------------------------- consumers
+    sa_setmaxnreg_inc<CONSUMER_REGS>();
+    const int c = wg - 1; // which 64-row half of the tile this warpgroup owns
+    const int t = threadIdx.x % 128;
+    const int warp = t / 32, lane = t % 32;
+    // Descriptors of this warpgroup's Q rows and of stage 0's K and V; a k-step or another
+    // stage only adds (byte offset >> 4) to the address field, which never carries (< 256 KB).
+    // K-major operands (Q, K): lbo unused; V (MN-major): lbo = step between 64-column halves.
+    constexpr uint32_t Q_HALF = (64 * ROW_BYTES) >> 4; // rows 64..127 of the Q tile
+    constexpr uint32_t STAGE_STEP = TILE_BYTES >> 4;
+    const uint32_t q_desc0 = sa_desc_lo(sa_smem_addr(sm.q), 16) + c * Q_HALF;
+    const uint32_t k_desc0 = sa_desc_lo(sa_smem_addr(sm.k[0]), 16);
+    const uint32_t v_desc0 = sa_desc_lo(sa_smem_addr(sm.v[0]), HALF_BYTES);
+
+    if (PINGPONG && c == 1)
+        turn_pass(c); // warpgroup 0 takes the first turn
+
+    uint32_t q_uses = 0, kv_n = 0;
+    for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
+        sa_mbar_wait(&sm.q_ready, q_uses & 1);
+        q_uses++;
+        const int count = read_lane0(&sm.count, lane);
+        if (count == 0) {
+            const int err = read_lane0(&sm.error, lane);
+            warp_arrive(&sm.q_free, lane); // the record is read
+            // An empty row selects no key: O = 0, LSE = -inf; a row that failed the check: NaN.
+            const Item it = item_at(p, item);
+            const size_t row0 = (size_t)it.bh * p.len_q + (size_t)it.tile * TILE + 64 * c;
+            const int rows = min(64, p.len_q - it.tile * TILE - 64 * c);
+            const uint32_t fill = err ? BF16X2_NAN : 0u;
+            uint4 *dst = reinterpret_cast<uint4 *>(p.o + row0 * HEAD_DIM);
+            for (int e = t; e < rows * (HEAD_DIM / 8); e += 128)
+                dst[e] = make_uint4(fill, fill, fill, fill);
+            if (p.lse)
+                for (int r = t; r < rows; r += 128)
+                    p.lse[row0 + r] = err ? CUDART_NAN_F : -CUDART_INF_F;
+            continue;
+        }
+
+        float o[64], sc[64];
+        float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F}, row_sum[2] = {0.f, 0.f};
+        float factor[2];
+        uint32_t pa[32];
+#pragma unroll
+        for (int r = 0; r < 64; r++)
+            o[r] = 0.f;
+
+        // Block 0: a turn with S alone, then its softmax (no PV in flight: rescale at once).
+        {
+            const int s = kv_n % KV_STAGES;
+            uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+            asm volatile("" : "+r"(q_desc), "+r"(k_desc));
+            sa_mbar_wait(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
+            const int valid = read_lane0(&sm.k_valid[s], lane);
+            turn_begin(c);
+            sa_wgmma_fence();
+            issue_qk(sc, q_desc, k_desc);
+            sa_wgmma_commit();
+            turn_end(c);
+            sa_wgmma_wait<0>();
+            warp_arrive(&sm.k_free[s], lane);
+            if (count == 1)
+                warp_arrive(&sm.q_free, lane);
+            if (valid < TILE)
+                mask_tail(sc, valid, lane);
+            const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
+            rescale_and_pack(moved, factor, o, sc, pa);
+        }
+#pragma unroll 1
+        for (int j = 1; j < count; j++) {
+            const uint32_t n = kv_n + j;
+            const int s = n % KV_STAGES, s_prev = (n - 1) % KV_STAGES;
+            // Opaque copies: without them the compiler hoists every per-k-step descriptor out of
+            // the loop and keeps them in registers that the accumulators need.
+            uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+            uint32_t v_desc = v_desc0 + s_prev * STAGE_STEP;
+            asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(v_desc));
+
+            // ---- steps 1-2: S of block j and PV of block j-1 in one turn
+            sa_mbar_wait(&sm.k_ready[s], (n / KV_STAGES) & 1);
+            const int valid = read_lane0(&sm.k_valid[s], lane);
+            sa_mbar_wait(&sm.v_ready[s_prev], ((n - 1) / KV_STAGES) & 1);
+            turn_begin(c);
+            sa_wgmma_fence();
+            issue_qk(sc, q_desc, k_desc);
+            sa_wgmma_commit();
+            issue_pv(o, pa, v_desc);
+            sa_wgmma_commit();
+            turn_end(c);
+            // ---- step 3: S is done (the PV may still run)
+            sa_wgmma_wait<1>();
+            warp_arrive(&sm.k_free[s], lane);
+            if (j == count - 1)
+                warp_arrive(&sm.q_free, lane);
+            // ---- step 4: softmax of block j beside the PV of block j-1
+            if (valid < TILE)
+                mask_tail(sc, valid, lane);
+            const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
+            // ---- step 5
+            sa_wgmma_wait<0>();
+            warp_arrive(&sm.v_free[s_prev], lane);
+            rescale_and_pack(moved, factor, o, sc, pa);
+        }
+        // The item's last turn: PV of its last block.
+        {
+            const uint32_t n = kv_n + count - 1;
+            const int s = n % KV_STAGES;
+            uint32_t v_desc = v_desc0 + s * STAGE_STEP;
+            asm volatile("" : "+r"(v_desc));
+            sa_mbar_wait(&sm.v_ready[s], (n / KV_STAGES) & 1);
+            turn_begin(c);
+            sa_wgmma_fence();
+            issue_pv(o, pa, v_desc);
+            sa_wgmma_commit();
+            turn_end(c);
+            sa_wgmma_wait<0>();
+            warp_arrive(&sm.v_free[s], lane);
+        }
+        kv_n += count;
+
+        // Epilogue: normalise and store this warpgroup's 64 rows. The row is recomputed from the
+        // item index rather than kept live through the KV loop, where registers are short.
+        int item_now = item;
+        asm volatile("" : "+r"(item_now));
+        const Item it = item_at(p, item_now);
+        const size_t row0 = (size_t)it.bh * p.len_q + (size_t)it.tile * TILE;
+        const int rows = min(TILE, p.len_q - it.tile * TILE); // a partial last Q tile
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float sum = row_sum[i];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float inv = 1.f / sum;
+            const int r = 64 * c + warp * 16 + lane / 4 + 8 * i;
+            const size_t row = row0 + r;
+            uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                // Columns 32g..32g+31 of the row, 8 per lane after the transpose: one 16-byte
+                // store per lane, 64 contiguous bytes per quad.
+                uint32_t a[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    a[k] = pack_bf16(o[4 * (4 * g + k) + 2 * i] * inv,
+                                     o[4 * (4 * g + k) + 2 * i + 1] * inv);
+                quad_transpose(a, lane);
+                if (r < rows) // a partial last Q tile stores only its rows
+                    dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
+            }
+            if (p.lse && lane % 4 == 0 && r < rows)
+                p.lse[row] = (row_max[i] + __log2f(sum)) * LN2;
+        }
+    }
+    // Every turn_pass found its turn_wait except the opening one of warpgroup 1: take it, so no
+    // named barrier is left half-arrived when the CTA exits.
+    if (PINGPONG && c == 0)
+        turn_wait(c);
+}
+
+} // namespace
+
+extern "C" int sa_stage17_check(const sa_gpu_attn *a)
+{
+    if (!a)
+        return SA_ERR_NULL;
+    int rc = sa_shape_check(&a->shape);
+    if (rc != SA_OK)
+        return rc;
+    if (!a->q || !a->k || !a->v || !a->o || !a->lists.indices)
+        return SA_ERR_NULL;
+    if ((a->validate != 0 && a->validate != 1) ||
+        (a->allow_empty_rows != 0 && a->allow_empty_rows != 1))
+        return SA_ERR_ARG;
+    const sa_shape *s = &a->shape;
+    if (a->lists.list_heads != s->heads_kv && a->lists.list_heads != s->heads_q)
+        return SA_ERR_LIST_HEADS;
+    if (a->lists.max_blocks <= 0)
+        return SA_ERR_MAX_BLOCKS;
+    if (s->head_dim != HEAD_DIM)
+        return SA_ERR_UNSUPPORTED;
+    // TMA coordinates and the kernel's row arithmetic are 32-bit (a partial tile reaches up to
+    // 127 rows past the end).
+    if ((long long)s->batch * s->heads_q * s->len_q + TILE > INT32_MAX ||
+        (long long)s->batch * s->heads_kv * s->len_kv + TILE > INT32_MAX)
+        return SA_ERR_UNSUPPORTED;
+    // TMA needs 16-byte aligned bases; O is stored 16 bytes a lane, LSE as floats, lists as int32.
+    if (((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v | (uintptr_t)a->o) & 15 ||
+        ((uintptr_t)a->lse & 3) || ((uintptr_t)a->lists.indices & 3) ||
+        ((uintptr_t)a->lists.counts & 3))
+        return SA_ERR_UNSUPPORTED;
+    return SA_OK;
+}
+
+extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
+{
+    int rc = sa_stage17_check(a);
+    if (rc != SA_OK)
+        return rc;
+    int sms = 0, major = 0;
+    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9)
+        return SA_ERR_NO_DEVICE;
+    const sa_shape *s = &a->shape;
+    // The verdict: the caller's (asynchronous), or this thread's own, read before we return.
+    sa_gpu_verdict *verdict = a->verdict;
+    if (a->validate && !verdict && (rc = sa_verdict_for_this_thread(&verdict)) != SA_OK)
+        return rc;
+
+    CUtensorMap map_q, map_k, map_v;
+    const uint64_t q_rows = (uint64_t)s->batch * s->heads_q * s->len_q;
+    const uint64_t kv_rows = (uint64_t)s->batch * s->heads_kv * s->len_kv;
+    if ((rc = sa_tensor_map_bf16_2d(&map_q, a->q, q_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
+        (rc = sa_tensor_map_bf16_2d(&map_k, a->k, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
+        (rc = sa_tensor_map_bf16_2d(&map_v, a->v, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK)
+        return rc;
+
+    Params p;
+    p.o = a->o;
+    p.lse = a->lse;
+    p.indices = a->lists.indices;
+    p.counts = a->lists.counts;
+    p.group = s->heads_q / s->heads_kv;
+    p.list_div = s->heads_q / a->lists.list_heads;
+    p.max_blocks = a->lists.max_blocks;
+    p.len_q = s->len_q;
+    p.len_kv = s->len_kv;
+    p.q_tiles = sa_q_tiles(s);
+    p.kv_blocks = sa_kv_blocks(s);
+    p.tail = s->len_kv - (p.kv_blocks - 1) * TILE;
+    const long long items = (long long)s->batch * s->heads_q * p.q_tiles;
+    if (items > INT32_MAX)
+        return SA_ERR_UNSUPPORTED;
+    p.items = (int)items;
+    p.check = a->validate;
+    p.allow_empty = a->allow_empty_rows;
+    p.verdict = sa_verdict_word(verdict);
+
+    // The shared-memory opt-in, once per process (every device of this build is sm_90 with the
+    // same limit; a failed attempt is retried on the next call).
+    static int smem_set;
+    if (!smem_set) {
+        SA_CUDA_TRY(cudaFuncSetAttribute(split_tile_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)SMEM_BYTES));
+        smem_set = 1;
+    }
+    const int grid = p.items < sms ? p.items : sms;
+    split_tile_kernel<<<grid, NTHREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(map_q, map_k,
+                                                                             map_v, p);
+    SA_CUDA_TRY(cudaGetLastError());
+    // Synchronous convenience: no verdict given, so wait for ours and return its code.
+    if (a->validate && !a->verdict)
+        return sa_gpu_verdict_read(verdict, a->stream);
+    return SA_OK;
+}
