@@ -1,4 +1,4 @@
-"""Stage 14 and cuDNN each run alone for a few seconds, with the SM clock and board power sampled.
+"""The default dense stage and cuDNN each run alone for a few seconds, SM clock and power sampled.
 
 Usage (on the GPU machine, after a CUDA build):
     python3 bench/clocks.py --lib build-gpu/libsparseattn.so [--secs 2] [--alternations 2]
@@ -29,7 +29,8 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     lib = P.Lib(args.lib)
-    st = [P.OurStage(torch, lib, s) for s in lib.stages() if s.id == 14][0]
+    st = [P.OurStage(torch, lib, s) for s in lib.stages()
+          if s.roles & P.SA_ROLE_DEFAULT_DENSE][0]
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
                             "--format=csv,noheader,nounits", "-lms", "50"],
                            stdout=subprocess.PIPE, text=True)
@@ -69,7 +70,7 @@ def main():
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     return F.scaled_dot_product_attention(q, k, v)
             for _ in range(args.alternations):
-                for name, fn in (("stage 14", ours), ("cudnn", cudnn)):
+                for name, fn in (("stage %d" % st.id, ours), ("cudnn", cudnn)):
                     n, t0, t1 = sustained(fn)
                     sm = [(m, w) for (t, m, w) in samples if t0 + 0.3 < t < t1]
                     mhz = statistics.mean(m for m, _ in sm) if sm else float("nan")

@@ -64,9 +64,18 @@ class SaGpuAttn(ctypes.Structure):
 STAGE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(SaGpuAttn))
 
 
+# SA_ROLE_* of sparseattn.h: stages are picked by role, never by id.
+SA_ROLE_SPARSE, SA_ROLE_DEFAULT_DENSE, SA_ROLE_DEFAULT_TILE, SA_ROLE_GPU_VERDICT = 1, 2, 4, 8
+
+
 class SaStage(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("name", ctypes.c_char_p), ("summary", ctypes.c_char_p),
-                ("sparse", ctypes.c_int), ("check", STAGE_FN), ("launch", STAGE_FN)]
+                ("roles", ctypes.c_uint), ("check", STAGE_FN), ("launch", STAGE_FN)]
+
+    @property
+    def sparse(self):
+        """True for a stage that consumes tile lists (SA_ROLE_SPARSE)."""
+        return bool(self.roles & SA_ROLE_SPARSE)
 
 
 class Lib:

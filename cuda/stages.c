@@ -8,17 +8,37 @@
 #include "sa_stage_entries.h"
 
 static const sa_stage stage14 = {
-    14, "dense_persistent",
-    "dense BF16 forward, d=128: TMA + wgmma, 1 producer warp + 2 consumer warpgroups, persistent",
-    0, SA_ROLE_DEFAULT_DENSE, sa_stage14_check, sa_stage14_launch};
+    .id = 14,
+    .name = "dense_persistent",
+    .summary = "dense BF16 forward, d=128: TMA + wgmma, 1 producer warp + 2 consumer warpgroups, "
+               "persistent",
+    .roles = SA_ROLE_DEFAULT_DENSE,
+    .check = sa_stage14_check,
+    .launch = sa_stage14_launch};
 static const sa_stage stage15 = {
-    15, "block_sparse",
-    "tile-list sparse forward, d=128: stage 14 with one K/V stream per Q tile through the ring",
-    1, SA_ROLE_SPARSE, sa_stage15_check, sa_stage15_launch};
+    .id = 15,
+    .name = "block_sparse",
+    .summary =
+        "tile-list sparse forward, d=128: stage 14 with one K/V stream per Q tile through the ring",
+    .roles = SA_ROLE_SPARSE,
+    .check = sa_stage15_check,
+    .launch = sa_stage15_launch};
 static const sa_stage stage16 = {
-    16, "gqa_pairs",
-    "tile-list sparse forward, d=128: a CTA takes one Q tile of two heads of a GQA group",
-    1, SA_ROLE_SPARSE | SA_ROLE_DEFAULT_TILE, sa_stage16_check, sa_stage16_launch};
+    .id = 16,
+    .name = "gqa_pairs",
+    .summary =
+        "tile-list sparse forward, d=128: a CTA takes one Q tile of two heads of a GQA group",
+    .roles = SA_ROLE_SPARSE,
+    .check = sa_stage16_check,
+    .launch = sa_stage16_launch};
+static const sa_stage stage17 = {
+    .id = 17,
+    .name = "split_tile",
+    .summary = "tile-list sparse forward, d=128: one Q tile per CTA split over two warpgroups, "
+               "softmax overlapped with the next block's QK, lists checked inside the kernel",
+    .roles = SA_ROLE_SPARSE | SA_ROLE_DEFAULT_TILE | SA_ROLE_GPU_VERDICT,
+    .check = sa_stage17_check,
+    .launch = sa_stage17_launch};
 #endif
 
 static const sa_stage *const registry[] = {
@@ -26,6 +46,7 @@ static const sa_stage *const registry[] = {
     &stage14,
     &stage15,
     &stage16,
+    &stage17,
 #endif
     NULL, /* end marker */
 };

@@ -1,5 +1,6 @@
-/* The selector registry: the only list of selectors. Adding a selector is one new file defining a
- * `const sa_selector` plus its line in the registry (and its name in the extern declaration). */
+/* The selector registry: the only list of selectors. Adding a selector is one new file defining
+ * `const sa_selector sa_selector_NAME` plus its line X(NAME) in SA_SELECTOR_LIST below (and the
+ * file in selectors/meson.build); tools and tests find it here, its GPU function through .cuda. */
 #include <string.h>
 
 #include "sparseattn.h"
@@ -12,17 +13,21 @@ void sa_select_params_default(sa_select_params *p)
     p->k = 16;
 }
 
-extern const sa_selector sa_selector_r1, sa_selector_r4, sa_selector_nvfp4,
-    sa_selector_nvfp4_query, sa_selector_oracle, sa_selector_random;
+/* One line per selector, in the order the tools list them: X(NAME) names the struct
+ * sa_selector_NAME, which declares it and enters it in the registry. */
+#define SA_SELECTOR_LIST(X) \
+    X(r1)                   \
+    X(r4)                   \
+    X(nvfp4)                \
+    X(nvfp4_query)          \
+    X(oracle)               \
+    X(random)
 
-static const sa_selector *const registry[] = {
-    &sa_selector_r1,
-    &sa_selector_r4,
-    &sa_selector_nvfp4,
-    &sa_selector_nvfp4_query,
-    &sa_selector_oracle,
-    &sa_selector_random,
-};
+#define SA_SELECTOR_DECLARE(n) extern const sa_selector sa_selector_##n;
+#define SA_SELECTOR_ENTRY(n) &sa_selector_##n,
+SA_SELECTOR_LIST(SA_SELECTOR_DECLARE)
+
+static const sa_selector *const registry[] = {SA_SELECTOR_LIST(SA_SELECTOR_ENTRY)};
 
 int sa_selector_count(void) { return (int)(sizeof registry / sizeof registry[0]); }
 

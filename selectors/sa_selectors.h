@@ -40,7 +40,9 @@ typedef struct sa_selector {
     const char *description; /* one line */
     int per_query;
     sa_select_fn cpu;  /* host pointers */
-    sa_select_fn cuda; /* device pointers, or NULL where no GPU kernel exists */
+    sa_select_fn cuda; /* device pointers, or NULL where no GPU kernel exists; the GPU tests,
+                        * select-eval --device cuda and bench selectors run every selector
+                        * whose .cuda is set (NULL in a build without CUDA) */
 } sa_selector;
 
 int sa_selector_count(void);

@@ -19,13 +19,8 @@ static void usage(FILE *f)
             "shapes (B, H, S, D): (8,16,4096,128) (4,16,8192,128) (2,16,16384,128)\n"
             "stages:",
             BENCH_GEMM_TFLOPS_DEFAULT);
-    int any = 0;
-    for (int i = 0; i < sa_stage_count(); i++)
-        if (!sa_stage_at(i)->sparse) {
-            fprintf(f, " %d (%s)", sa_stage_at(i)->id, sa_stage_at(i)->name);
-            any = 1;
-        }
-    fprintf(f, "%s\n", any ? "" : " none registered in this build");
+    cli_print_stages(f, 0, SA_ROLE_SPARSE);
+    fputc('\n', f);
 }
 
 #ifndef SA_HAVE_CUDA
@@ -132,7 +127,7 @@ int bench_dense(int argc, char **argv)
     bench_parse(argc, argv, "dense", 0, usage, &f);
     int ndense = 0;
     for (int i = 0; i < sa_stage_count(); i++)
-        ndense += !sa_stage_at(i)->sparse;
+        ndense += !cli_stage_sparse(sa_stage_at(i));
     if (!sa_gpu_available()) {
         fprintf(stderr, "sparseattn: bench dense: no usable CUDA device (the stages need compute "
                         "capability 9.0)\n");
@@ -156,7 +151,7 @@ int bench_dense(int argc, char **argv)
         }
         for (int i = 0; i < sa_stage_count(); i++) {
             const sa_stage *st = sa_stage_at(i);
-            if (st->sparse || (f.stage_id >= 0 && st->id != f.stage_id))
+            if (cli_stage_sparse(st) || (f.stage_id >= 0 && st->id != f.stage_id))
                 continue;
             cli_progress("stage %d on (%d,%d,%d,%d)...", st->id, s->batch, s->heads_q, s->len_q,
                          s->head_dim);

@@ -88,9 +88,9 @@ static inline void bench_parse(int argc, char **argv, const char *name, int spar
             cli_usage_error("bench %s: no stage %d in the registry; it has:%s", name, f->stage_id,
                             n ? have : " none (built without CUDA?)");
         }
-        if (!!st->sparse != sparse)
+        if (cli_stage_sparse(st) != sparse)
             cli_usage_error("bench %s: stage %d (%s) is a %s stage", name, st->id, st->name,
-                            st->sparse ? "sparse" : "dense");
+                            cli_stage_sparse(st) ? "sparse" : "dense");
     }
 }
 

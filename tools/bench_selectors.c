@@ -2,7 +2,8 @@
  *
  * Shape of the original study: batch 2, 16 query heads on 1 KV head, D 128, 4096 queries,
  * 4K / 8K / 16K keys, 16 blocks per row. Everything goes through the registries: every selector
- * with a GPU function, the sparse attention stage 15 (or --stage N, or the first sparse stage).
+ * with a GPU function, and the registry's default tile-list stage (SA_ROLE_DEFAULT_TILE) where it
+ * accepts the shape, else the first sparse stage that does, or the stage --stage N names.
  *   1. Each selector alone (gaussian inputs): median time next to its floor, the bytes it must
  *      read once (Q and K in BF16) over the copy bandwidth measured in this run (and for the
  *      nvfp4 scorers also its FLOPs over the bf16 GEMM rate), and next to a kernel that only
@@ -110,17 +111,12 @@ static int launch_quantizer_async(const sa_gpu_attn *a)
                                     (int *)(ts + 1), (unsigned *)(ts + 2), a->stream);
 }
 
-static const sa_stage *attention_stage(const bench_flags *f)
+/* The attention stage on `a` (a set with valid lists): --stage, else cli_tile_stage. */
+static const sa_stage *attention_stage(const bench_flags *f, const sa_gpu_attn *a)
 {
     if (f->stage_id >= 0)
         return sa_stage_by_id(f->stage_id); /* bench_parse checked it exists and is sparse */
-    const sa_stage *st = sa_stage_by_id(15);
-    if (st && st->sparse)
-        return st;
-    for (int i = 0; i < sa_stage_count(); i++)
-        if (sa_stage_at(i)->sparse)
-            return sa_stage_at(i);
-    return NULL;
+    return cli_tile_stage(a);
 }
 
 /* (query, selected key) pairs of tile lists (B, Hkv, q_tiles, k) on the host, every query head
@@ -162,7 +158,8 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
     const double floor_ms = bench_byte_ms(qk_bytes, e->copy_bps);
     /* First a kernel that only reads Q and K once: what the memory floor costs in practice under
      * this timing (one launch, its ramp-up and tail, the events around it). */
-    sa_stage rd = {-1, "read Q+K", "read once", 1, check_ok, launch_read};
+    sa_stage rd = {.id = -1, .name = "read Q+K", .summary = "read once", .roles = SA_ROLE_SPARSE,
+                   .check = check_ok, .launch = launch_read};
     sa_gb_timing tr;
     int rc0 = sa_gb_time_stage(e->g, &rd, sets, nsets, 0, f->warmup, f->reps, &tr);
     if (rc0) {
@@ -188,7 +185,8 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
         if (!sel->cuda)
             continue;
         bx.sel = sel;
-        sa_stage st = {-1, sel->name, "selector alone", 1, check_ok, launch_selector};
+        sa_stage st = {.id = -1, .name = sel->name, .summary = "selector alone",
+                       .roles = SA_ROLE_SPARSE, .check = check_ok, .launch = launch_selector};
         sa_gb_timing t;
         int rc = sa_gb_time_stage(e->g, &st, sets, nsets, 0, f->warmup, f->reps, &t);
         if (rc) {
@@ -224,8 +222,9 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
     const double qbytes = (double)sa_q_elems(s) * (2.0 + 0.5 + 1.0 / 16.0);
     const double qfloor = bench_byte_ms(qbytes, e->copy_bps);
     for (int async = 0; async < 2; async++) {
-        sa_stage st = {-1, "nvfp4_quantize", "quantizer alone", 1, check_ok,
-                       async ? launch_quantizer_async : launch_quantizer};
+        sa_stage st = {.id = -1, .name = "nvfp4_quantize", .summary = "quantizer alone",
+                       .roles = SA_ROLE_SPARSE, .check = check_ok,
+                       .launch = async ? launch_quantizer_async : launch_quantizer};
         const char *name = async ? "quantize(Q) kernels" : "quantize(Q)";
         sa_gb_timing t;
         int rc = sa_gb_time_stage(e->g, &st, sets, nsets, 0, f->warmup, f->reps, &t);
@@ -278,7 +277,9 @@ static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, sa_g
                 continue;
             bx.sel = sel;
             bx.attn = attn;
-            sa_stage pipe = {-1, sel->name, "selector + attention", 1, check_ok, launch_pipeline};
+            sa_stage pipe = {.id = -1, .name = sel->name, .summary = "selector + attention",
+                             .roles = SA_ROLE_SPARSE, .check = check_ok,
+                             .launch = launch_pipeline};
             size_t bad = 0;
             sa_gb_timing tp, ta;
             rc = sa_gb_smoke(e->g, &pipe, &sets[0], &bad);
@@ -348,9 +349,6 @@ int bench_selectors(int argc, char **argv)
     bench_env e;
     if (bench_open("selectors", &f, &e))
         return 1;
-    const sa_stage *attn = attention_stage(&f);
-    if (!attn)
-        printf("no sparse attention stage in the registry: the pipeline part is skipped\n");
     int status = 0;
     for (int li = 0; li < (only_len ? 1 : NLENS) && !status; li++) {
         sa_shape s = {2, 16, 1, 4096, only_len ? only_len : bench_lens[li], 128};
@@ -389,7 +387,11 @@ int bench_selectors(int argc, char **argv)
             fprintf(stderr, "sparseattn: bench selectors: %s\n", bench_why(rc));
         if (!rc)
             rc = selectors_alone(&e, &f, &s, sets, nsets);
-        if (!rc && attn && !no_pipeline)
+        const sa_stage *attn = rc || no_pipeline ? NULL : attention_stage(&f, &sets[0].a);
+        if (!rc && !no_pipeline && !attn)
+            printf("no sparse attention stage in the registry runs len_kv %d: the pipeline part "
+                   "is skipped\n", s.len_kv);
+        if (!rc && attn)
             rc = pipelines(&e, &f, &s, sets, nsets, attn);
         sa_gb_free(bx.idx), sa_gb_free(bx.cnt), sa_gb_free(bx.qv), sa_gb_free(bx.qs);
         sa_gb_free(bx.qwork);

@@ -33,7 +33,7 @@ static void usage(FILE *f)
             SPARSE_HEAD_DIM, SPARSE_LEN_Q, SPARSE_TOPK, SA_TILE);
     for (int i = 0; i < sa_stage_count(); i++)
         fprintf(f, " %d (%s, %s)", sa_stage_at(i)->id, sa_stage_at(i)->name,
-                sa_stage_at(i)->sparse ? "sparse" : "dense baseline");
+                cli_stage_sparse(sa_stage_at(i)) ? "sparse" : "dense baseline");
     fprintf(f, "%s\n", sa_stage_count() ? "" : " none registered in this build");
 }
 
@@ -312,8 +312,8 @@ int bench_sparse(int argc, char **argv)
     }
     int nsparse = 0, ndense = 0;
     for (int i = 0; i < sa_stage_count(); i++) {
-        nsparse += sa_stage_at(i)->sparse != 0;
-        ndense += !sa_stage_at(i)->sparse;
+        nsparse += cli_stage_sparse(sa_stage_at(i));
+        ndense += !cli_stage_sparse(sa_stage_at(i));
     }
     if (!nsparse && !ndense) {
         fprintf(stderr, "sparseattn: bench sparse: the stage registry is empty\n");
@@ -336,7 +336,7 @@ int bench_sparse(int argc, char **argv)
         }
         dense_ref dense = {0};
         for (int i = 0; i < sa_stage_count(); i++)
-            if (!sa_stage_at(i)->sparse) {
+            if (!cli_stage_sparse(sa_stage_at(i))) {
                 cli_progress("dense stage %d at len_kv %d...", sa_stage_at(i)->id, s.len_kv);
                 failed |= dense_baseline(&f, &e, sa_stage_at(i), sets, nsets, &dense);
                 cli_progress_done();
@@ -370,7 +370,7 @@ int bench_sparse(int argc, char **argv)
             }
             for (int i = 0; i < sa_stage_count(); i++) {
                 const sa_stage *st = sa_stage_at(i);
-                if (!st->sparse || (f.stage_id >= 0 && st->id != f.stage_id))
+                if (!cli_stage_sparse(st) || (f.stage_id >= 0 && st->id != f.stage_id))
                     continue;
                 cli_progress("stage %d, len_kv %d, %s...", st->id, s.len_kv, c.pattern);
                 failed |= sparse_one(&f, &e, st, sets, nsets, &c, &dense);

@@ -27,6 +27,43 @@ int cli_shape_flag(int argc, char **argv, int *i, sa_shape *s);
 
 double cli_now(void); /* monotonic seconds */
 
+/* GPU stages by role, never by id: the registry (cuda/stages.c) is the only list of ids. */
+static inline int cli_stage_sparse(const sa_stage *st)
+{
+    return st && (st->roles & SA_ROLE_SPARSE);
+}
+
+/* The tile-list stage the tools run on `a`: the registry's SA_ROLE_DEFAULT_TILE stage where its
+ * check accepts `a`, else the first SA_ROLE_SPARSE stage whose check does; NULL when none does.
+ * With a == NULL (no shape yet): the default tile stage, else the first sparse stage. */
+static inline const sa_stage *cli_tile_stage(const sa_gpu_attn *a)
+{
+    const sa_stage *st = sa_stage_with(SA_ROLE_SPARSE | SA_ROLE_DEFAULT_TILE);
+    if (st && (!a || st->check(a) == SA_OK))
+        return st;
+    for (int i = 0; i < sa_stage_count(); i++) {
+        st = sa_stage_at(i);
+        if (cli_stage_sparse(st) && (!a || st->check(a) == SA_OK))
+            return st;
+    }
+    return NULL;
+}
+
+/* Prints " ID (name)" for every registered stage that has all of `with` and none of `without`,
+ * or " none registered in this build". Help text names stages only through this. */
+static inline void cli_print_stages(FILE *f, unsigned with, unsigned without)
+{
+    int any = 0;
+    for (int i = 0; i < sa_stage_count(); i++) {
+        const sa_stage *st = sa_stage_at(i);
+        if ((st->roles & with) == with && !(st->roles & without)) {
+            fprintf(f, " %d (%s)", st->id, st->name);
+            any = 1;
+        }
+    }
+    fputs(any ? "" : " none registered in this build", f);
+}
+
 /* A progress line on stderr, overwritten in place; cli_progress_done ends it. Silent when stderr
  * is not a terminal unless forced. */
 void cli_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

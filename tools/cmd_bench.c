@@ -10,8 +10,8 @@ static const struct {
     const char *help;
 } benches[] = {
     {"reference", bench_reference, "CPU reference GFLOP/s against OpenBLAS sgemm"},
-    {"dense", bench_dense, "stage 14 dense attention on the GPU (TFLOP/s)"},
-    {"sparse", bench_sparse, "stages 15/16 block-sparse attention on the GPU (useful TFLOP/s)"},
+    {"dense", bench_dense, "every dense GPU stage of the registry (TFLOP/s)"},
+    {"sparse", bench_sparse, "every block-sparse GPU stage of the registry (useful TFLOP/s)"},
     {"selectors", bench_selectors, "GPU selectors and the selector -> attention pipeline"},
     {"kvcentric", bench_kvcentric, "KV-centric attention for per-query lists"},
 };

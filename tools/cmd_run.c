@@ -27,13 +27,17 @@ static void run_usage(FILE *f)
             "  --seed S          RNG seed for inputs and random lists (default 1)\n"
             "  --selector NAME   a registered selector (default: random)\n"
             "  --workload NAME   input structure (default: gaussian; see select-eval)\n"
-            "  --stage ID        GPU stage for --device cuda (default: 16 where it applies, else 15)\n"
+            "  --stage ID        GPU sparse stage for --device cuda (default: the registry's\n"
+            "                    default tile-list stage where it accepts the shape, else the\n"
+            "                    first sparse stage that does)\n"
             "  --device cpu|cuda (default cpu)\n"
-            "  --no-dense        skip the dense comparison\n"
+            "  --no-dense        skip the dense comparison (on the GPU: the default dense stage)\n"
             "  --json            one machine-readable line instead of the table\n"
             "selectors:");
     for (int i = 0; i < sa_selector_count(); i++)
         fprintf(f, " %s", sa_selector_at(i)->name);
+    fprintf(f, "\nsparse stages:");
+    cli_print_stages(f, SA_ROLE_SPARSE, 0);
     fputc('\n', f);
 }
 
@@ -132,18 +136,11 @@ static void die_status(const char *what, int err)
 #include "sa_gpu_bench.h"
 #include "sel_cuda.h"
 
-/* The GPU stage for tile lists: --stage, else 16 where its check accepts the shape, else 15. */
+/* The GPU stage for tile lists: --stage, else the registry's default tile-list stage where its
+ * check accepts the shape, else the first sparse stage whose check does (cli_tile_stage). */
 static const sa_stage *pick_stage(const run_cfg *c, const sa_gpu_attn *a)
 {
-    if (c->stage)
-        return sa_stage_by_id(c->stage);
-    const int prefer[] = {16, 15};
-    for (int i = 0; i < 2; i++) {
-        const sa_stage *st = sa_stage_by_id(prefer[i]);
-        if (st && st->check(a) == SA_OK)
-            return st;
-    }
-    return NULL;
+    return c->stage ? sa_stage_by_id(c->stage) : cli_tile_stage(a);
 }
 
 static void die_gpu(const char *what, int err)
@@ -239,6 +236,7 @@ int cmd_run(int argc, char **argv)
     double t_attn = 0, t_dense = 0, err_dense = NAN, err_ref = NAN;
     const char *stage_name = "reference";
     const char *dense_skipped = NULL; /* why the GPU dense comparison did not run */
+    const char *dense_name = NULL;    /* the GPU dense stage it was meant for */
     sa_outputs out = {o, of, lse};
 
     if (!cuda) {
@@ -280,9 +278,10 @@ int cmd_run(int argc, char **argv)
             (err = sa_gb_set_lists(&set, idx, NULL, s->heads_kv, c.topk)))
             die_gpu("upload", err);
         const sa_stage *st = pick_stage(&c, &set.a);
-        if (!st || !st->sparse || (err = st->check(&set.a))) {
+        if (!cli_stage_sparse(st) || (err = st->check(&set.a))) {
+            const int why = cli_stage_sparse(st) ? err : SA_ERR_ARG;
             fprintf(stderr, "sparseattn: run: no sparse GPU stage runs this shape%s%s\n",
-                    st ? ": " : "", st ? sa_strerror(st->sparse ? err : SA_ERR_ARG) : "");
+                    st ? ": " : "", st ? sa_strerror(why) : "");
             return 1;
         }
         stage_name = st->name;
@@ -302,7 +301,7 @@ int cmd_run(int argc, char **argv)
         free(ro);
         free(rof);
 
-        const sa_stage *dense = sa_stage_by_id(14);
+        const sa_stage *dense = sa_stage_with(SA_ROLE_DEFAULT_DENSE);
         if (!c.skip_dense && dense && dense->check(&set.a) == SA_OK) {
             cli_progress("run: dense attention on the GPU for comparison");
             t_dense = gpu_attend(g, dense, &set, dense_o, lse);
@@ -315,7 +314,8 @@ int cmd_run(int argc, char **argv)
         } else if (!c.skip_dense) {
             c.skip_dense = 1;
             dense_skipped = dense ? sa_strerror(dense->check(&set.a))
-                                  : "no dense stage in the registry";
+                                  : "no default dense stage in the registry";
+            dense_name = dense ? dense->name : "-";
         }
         sa_gb_set_destroy(&set);
         sa_gb_close(g);
@@ -350,8 +350,8 @@ int cmd_run(int argc, char **argv)
             printf("%-34s %12.3f %14.1f\n", "dense attention", t_dense * 1e3,
                    dense_flops / t_dense * 1e-9);
         else if (dense_skipped)
-            printf("dense attention: skipped, stage 14 cannot run this shape (%s)\n",
-                   dense_skipped);
+            printf("dense attention: skipped, the dense stage (%s) cannot run this shape (%s)\n",
+                   dense_name, dense_skipped);
         if (cuda)
             printf("relative L2 error of the GPU output against the CPU reference: %.3g\n",
                    err_ref);

@@ -1,8 +1,9 @@
-/* Stage 14 (dense_persistent) against the CPU reference sa_ref_dense: fresh random inputs each
- * run, outputs poisoned with NaN before every launch, shapes from one tile to a few thousand
- * tokens (odd tile counts, more work items than SMs, GQA and MQA, wide logit ranges); and the
- * error paths, which must return their code without launching. SA_SMALL=1 runs only the
- * smallest case and one small case with item boundaries (used under compute-sanitizer). */
+/* Every dense stage of the registry (no SA_ROLE_SPARSE; today dense_persistent) against the CPU
+ * reference sa_ref_dense: fresh random inputs each run, outputs poisoned with NaN before every
+ * launch, shapes from one tile to a few thousand tokens (odd tile counts, more work items than
+ * SMs, GQA and MQA, wide logit ranges); and the error paths, which must return their code
+ * without launching. SA_SMALL=1 runs only the smallest case and one small case with item
+ * boundaries (used under compute-sanitizer). Without a dense stage the test is skipped (77). */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,12 +11,16 @@
 
 #include "sa_test_gpu.h"
 
-#define STAGE_ID 14
-static const sa_stage *stage(void)
+/* The n-th registered stage without SA_ROLE_SPARSE, NULL past the last: the tests loop
+ * `for (int si = 0; (st = dense_stage(si)); si++)`. */
+static const sa_stage *dense_stage(int n)
 {
-    const sa_stage *st = sa_stage_by_id(STAGE_ID);
-    ck_assert_msg(st != NULL, "stage %d is not in the registry", STAGE_ID);
-    return st;
+    for (int i = 0; i < sa_stage_count(); i++) {
+        const sa_stage *st = sa_stage_at(i);
+        if (!(st->roles & SA_ROLE_SPARSE) && n-- == 0)
+            return st;
+    }
+    return NULL;
 }
 
 /* One comparison. q_scale widens the logits (std of a logit is about q_scale * k_scale);
@@ -58,26 +63,31 @@ static void check_case(int batch, int hq, int hkv, int len_q, int len_kv, float 
     CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.k, k, nkv * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.v, v, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
-    CK_CUDA(cudaMemset(d.lse, SA_POISON_BYTE, nl * 4));
-    sa_gpu_attn a = sa_test_dev_args(&s, &d);
-    int rc = stage()->launch(&a);
-    ck_assert_msg(rc == SA_OK, "launch: %s", sa_strerror(rc));
-    CK_CUDA(cudaDeviceSynchronize());
-    CK_CUDA(cudaGetLastError());
-    CK_CUDA(cudaMemcpy(o_gpu, d.o, nq * 2, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(lse_gpu, d.lse, nl * 4, cudaMemcpyDeviceToHost));
-    sa_test_dev_free(&d);
-
     sa_bf16_to_f32_array(of_ref, o_ref, nq);
-    sa_bf16_to_f32_array(of_gpu, o_gpu, nq);
-    sa_cmp c = sa_compare(of_gpu, of_ref, nq);
-    double lse_err = sa_lse_maxdiff(lse_gpu, lse_ref, nl);
-    ck_assert_msg(sa_cmp_ok(&c) && lse_err <= 1e-2,
-                  "B%d Hq%d Hkv%d Sq%d Skv%d qscale %.1f rising %.2f: O rel_l2 %.3g max_abs %.3g "
-                  "(ref max %.3g, %zu non-finite, first bad %zu), LSE max diff %.3g (seed %llu)",
-                  batch, hq, hkv, len_q, len_kv, q_scale, rising, c.rel_l2, c.max_abs, c.ref_max,
-                  c.nonfinite, c.first_bad, lse_err, (unsigned long long)sa_test_seed());
+    const sa_stage *st;
+    for (int si = 0; (st = dense_stage(si)); si++) {
+        CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
+        CK_CUDA(cudaMemset(d.lse, SA_POISON_BYTE, nl * 4));
+        sa_gpu_attn a = sa_test_dev_args(&s, &d);
+        int rc = st->launch(&a);
+        ck_assert_msg(rc == SA_OK, "stage %d: launch: %s", st->id, sa_strerror(rc));
+        CK_CUDA(cudaDeviceSynchronize());
+        CK_CUDA(cudaGetLastError());
+        CK_CUDA(cudaMemcpy(o_gpu, d.o, nq * 2, cudaMemcpyDeviceToHost));
+        CK_CUDA(cudaMemcpy(lse_gpu, d.lse, nl * 4, cudaMemcpyDeviceToHost));
+
+        sa_bf16_to_f32_array(of_gpu, o_gpu, nq);
+        sa_cmp c = sa_compare(of_gpu, of_ref, nq);
+        double lse_err = sa_lse_maxdiff(lse_gpu, lse_ref, nl);
+        ck_assert_msg(sa_cmp_ok(&c) && lse_err <= 1e-2,
+                      "stage %d B%d Hq%d Hkv%d Sq%d Skv%d qscale %.1f rising %.2f: O rel_l2 %.3g "
+                      "max_abs %.3g (ref max %.3g, %zu non-finite, first bad %zu), LSE max diff "
+                      "%.3g (seed %llu)",
+                      st->id, batch, hq, hkv, len_q, len_kv, q_scale, rising, c.rel_l2, c.max_abs,
+                      c.ref_max, c.nonfinite, c.first_bad, lse_err,
+                      (unsigned long long)sa_test_seed());
+    }
+    sa_test_dev_free(&d);
     free(q), free(k), free(v), free(o_ref), free(o_gpu), free(lse_ref), free(lse_gpu);
     free(of_ref), free(of_gpu);
 }
@@ -141,43 +151,44 @@ START_TEST(errors_without_launch)
     uint16_t *o = malloc(no * 2);
     ck_assert(o);
     CK_CUDA(cudaMemset(d.o, 0x3c, no * 2)); /* a finite sentinel a launch would overwrite */
-    const sa_stage *st = stage();
-
-    struct {
-        sa_shape s;
-        int expect;
-    } bad[] = {
-        {{1, 2, 2, 200, 256, 128}, SA_ERR_UNSUPPORTED}, /* len_q not a multiple of 128 */
-        {{1, 2, 2, 256, 300, 128}, SA_ERR_UNSUPPORTED}, /* len_kv not a multiple of 128 */
-        {{1, 2, 2, 128, 128, 64}, SA_ERR_UNSUPPORTED},  /* head_dim 64 */
-        {{1, 3, 2, 256, 256, 128}, SA_ERR_GQA},
-        {{0, 2, 2, 256, 256, 128}, SA_ERR_SHAPE},
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        sa_gpu_attn a = sa_test_dev_args(&bad[i].s, &d);
-        ck_assert_int_eq(st->check(&a), bad[i].expect);
-        ck_assert_int_eq(st->launch(&a), bad[i].expect);
+    const sa_stage *st;
+    for (int si = 0; (st = dense_stage(si)); si++) {
+        struct {
+            sa_shape s;
+            int expect;
+        } bad[] = {
+            {{1, 2, 2, 200, 256, 128}, SA_ERR_UNSUPPORTED}, /* len_q not a multiple of 128 */
+            {{1, 2, 2, 256, 300, 128}, SA_ERR_UNSUPPORTED}, /* len_kv not a multiple of 128 */
+            {{1, 2, 2, 128, 128, 64}, SA_ERR_UNSUPPORTED},  /* head_dim 64 */
+            {{1, 3, 2, 256, 256, 128}, SA_ERR_GQA},
+            {{0, 2, 2, 256, 256, 128}, SA_ERR_SHAPE},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            sa_gpu_attn a = sa_test_dev_args(&bad[i].s, &d);
+            ck_assert_int_eq(st->check(&a), bad[i].expect);
+            ck_assert_int_eq(st->launch(&a), bad[i].expect);
+        }
+        sa_gpu_attn a = sa_test_dev_args(&s, &d);
+        ck_assert_int_eq(st->check(&a), SA_OK);
+        ck_assert_int_eq(st->check(NULL), SA_ERR_NULL);
+        ck_assert_int_eq(st->launch(NULL), SA_ERR_NULL);
+        for (int i = 0; i < 4; i++) {
+            sa_gpu_attn b = a;
+            if (i == 0)
+                b.q = NULL;
+            else if (i == 1)
+                b.k = NULL;
+            else if (i == 2)
+                b.v = NULL;
+            else
+                b.o = NULL;
+            ck_assert_int_eq(st->check(&b), SA_ERR_NULL);
+            ck_assert_int_eq(st->launch(&b), SA_ERR_NULL);
+        }
+        sa_gpu_attn mis = a;
+        mis.q = (const uint16_t *)((const char *)a.q + 2); /* TMA needs 16-byte aligned tensors */
+        ck_assert_int_eq(st->launch(&mis), SA_ERR_UNSUPPORTED);
     }
-    sa_gpu_attn a = sa_test_dev_args(&s, &d);
-    ck_assert_int_eq(st->check(&a), SA_OK);
-    ck_assert_int_eq(st->check(NULL), SA_ERR_NULL);
-    ck_assert_int_eq(st->launch(NULL), SA_ERR_NULL);
-    for (int i = 0; i < 4; i++) {
-        sa_gpu_attn b = a;
-        if (i == 0)
-            b.q = NULL;
-        else if (i == 1)
-            b.k = NULL;
-        else if (i == 2)
-            b.v = NULL;
-        else
-            b.o = NULL;
-        ck_assert_int_eq(st->check(&b), SA_ERR_NULL);
-        ck_assert_int_eq(st->launch(&b), SA_ERR_NULL);
-    }
-    sa_gpu_attn mis = a;
-    mis.q = (const uint16_t *)((const char *)a.q + 2); /* TMA needs 16-byte aligned tensors */
-    ck_assert_int_eq(st->launch(&mis), SA_ERR_UNSUPPORTED);
 
     CK_CUDA(cudaDeviceSynchronize());
     CK_CUDA(cudaMemcpy(o, d.o, no * 2, cudaMemcpyDeviceToHost));
@@ -205,15 +216,18 @@ START_TEST(lse_optional)
     CK_CUDA(cudaMemcpy(d.q, h, nq * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.k, h, nq * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.v, h, nq * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
-    sa_gpu_attn a = sa_test_dev_args(&s, &d);
-    a.lse = NULL;
-    ck_assert_int_eq(stage()->launch(&a), SA_OK);
-    CK_CUDA(cudaDeviceSynchronize());
-    CK_CUDA(cudaMemcpy(h, d.o, nq * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < nq; i++)
-        ck_assert_msg((h[i] & 0x7f80) != 0x7f80, "O[%zu] not written (seed %llu)", i,
-                      (unsigned long long)sa_test_seed());
+    const sa_stage *st;
+    for (int si = 0; (st = dense_stage(si)); si++) {
+        CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
+        sa_gpu_attn a = sa_test_dev_args(&s, &d);
+        a.lse = NULL;
+        ck_assert_int_eq(st->launch(&a), SA_OK);
+        CK_CUDA(cudaDeviceSynchronize());
+        CK_CUDA(cudaMemcpy(h, d.o, nq * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < nq; i++)
+            ck_assert_msg((h[i] & 0x7f80) != 0x7f80, "stage %d: O[%zu] not written (seed %llu)",
+                          st->id, i, (unsigned long long)sa_test_seed());
+    }
     free(h);
     sa_test_dev_free(&d);
 }
@@ -222,7 +236,13 @@ END_TEST
 int main(void)
 {
     sa_test_require_gpu();
-    Suite *s = suite_create("gpu_stage14");
+    if (!dense_stage(0)) {
+        printf("no dense stage (without SA_ROLE_SPARSE) in the registry: nothing to test\n");
+        return 77;
+    }
+    for (int si = 0; dense_stage(si); si++)
+        printf("dense stage %d (%s)\n", dense_stage(si)->id, dense_stage(si)->name);
+    Suite *s = suite_create("gpu_dense");
     TCase *tc = tcase_create("dense_persistent");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, one_tile);

@@ -1,28 +1,40 @@
-/* The selector -> attention pipeline on the GPU: each tile-list GPU selector writes its lists in
- * device memory, a sparse stage from the registry (stage 15, else the first sparse stage) reads
- * them as they are, and the output must equal the CPU reference sa_ref_tile_sparse run with the
- * CPU selector's lists (sa_cmp_ok). If the GPU lists differ from the CPU's (a near-tie swap that
- * test_gpu_selectors accepts), the reference is run with the GPU's lists instead, and says so.
- * Without a sparse stage in the registry the test is skipped (exit 77) with the reason printed. */
+/* The selector -> attention pipeline on the GPU: each tile-list GPU selector of the registry (a
+ * `.cuda` function, per_query == 0) writes its lists in device memory, every stage of the
+ * registry with SA_ROLE_SPARSE reads them as they are, and the output must equal the CPU
+ * reference sa_ref_tile_sparse run with the CPU selector's lists (sa_cmp_ok). If the GPU lists
+ * differ from the CPU's (a near-tie swap that test_gpu_selectors accepts), the reference is run
+ * with the GPU's lists instead, and says so. Without a sparse stage or a tile-list GPU selector
+ * in the registry the test is skipped (exit 77) with the reason printed. */
 #include <stdint.h>
 
 #include "sel_test_util.h"
 
-static const sa_stage *sparse_stage(void)
+/* The n-th registered stage with SA_ROLE_SPARSE, NULL past the last. */
+static const sa_stage *sparse_stage(int n)
 {
-    const sa_stage *st = sa_stage_by_id(15);
-    if (st && st->sparse)
-        return st;
-    for (int i = 0; i < sa_stage_count(); i++)
-        if (sa_stage_at(i)->sparse)
-            return sa_stage_at(i);
+    for (int i = 0; i < sa_stage_count(); i++) {
+        const sa_stage *st = sa_stage_at(i);
+        if ((st->roles & SA_ROLE_SPARSE) && n-- == 0)
+            return st;
+    }
     return NULL;
 }
 
-static void pipeline(const sa_stage *st, const char *name, sa_shape s, int k)
+/* The n-th registered selector with a GPU function that writes tile lists, NULL past the last. */
+static const sa_selector *tile_gpu_selector(int n)
 {
-    const sa_selector *sel = sa_selector_by_name(name);
-    ck_assert(sel && sel->cuda && !sel->per_query);
+    for (int i = 0; i < sa_selector_count(); i++) {
+        const sa_selector *sel = sa_selector_at(i);
+        if (sel->cuda && !sel->per_query && n-- == 0)
+            return sel;
+    }
+    return NULL;
+}
+
+static void pipeline(const sa_stage *st, const sa_selector *sel, sa_shape s, int k)
+{
+    const char *name = sel->name;
+    ck_assert(sel->cuda && !sel->per_query);
     sa_rng r;
     sa_rng_seed(&r, sa_test_seed() ^ (uint64_t)s.len_kv);
     const size_t nq = sa_q_elems(&s), nk = sa_kv_elems(&s);
@@ -94,26 +106,25 @@ static void pipeline(const sa_stage *st, const char *name, sa_shape s, int k)
     free(q), free(kk), free(v), free(o), free(o_ref), free(ic), free(ig), free(cnt);
 }
 
-static const sa_stage *g_stage;
-
 START_TEST(test_pipeline)
 {
-    const char *names[] = {"r1", "r4", "nvfp4"};
-    for (int i = 0; i < 3; i++) {
-        pipeline(g_stage, names[i], (sa_shape){1, 4, 1, 256, 1024, 128}, 3);
-        if (!getenv("SA_SMALL"))
-            pipeline(g_stage, names[i], (sa_shape){2, 16, 1, 512, 4096, 128}, 16);
-    }
+    const sa_stage *st;
+    const sa_selector *sel;
+    for (int si = 0; (st = sparse_stage(si)); si++)
+        for (int i = 0; (sel = tile_gpu_selector(i)); i++) {
+            pipeline(st, sel, (sa_shape){1, 4, 1, 256, 1024, 128}, 3);
+            if (!getenv("SA_SMALL"))
+                pipeline(st, sel, (sa_shape){2, 16, 1, 512, 4096, 128}, 16);
+        }
 }
 END_TEST
 
 int main(void)
 {
     sa_test_require_gpu();
-    g_stage = sparse_stage();
-    if (!g_stage) {
-        printf("no sparse attention stage in the registry yet (stage 15 not registered): the "
-               "selector -> attention pipeline test is skipped\n");
+    if (!sparse_stage(0) || !tile_gpu_selector(0)) {
+        printf("no %s in the registry: the selector -> attention pipeline test is skipped\n",
+               sparse_stage(0) ? "tile-list GPU selector" : "stage with SA_ROLE_SPARSE");
         return 77;
     }
     Suite *s = suite_create("gpu_selector_pipeline");

@@ -1,12 +1,14 @@
-/* Stages 15 (block_sparse) and 16 (gqa_pairs) against the CPU reference sa_ref_tile_sparse, both
- * stages taken from the registry and run on the same inputs: fresh random Q/K/V and lists every
+/* Every stage of the registry with SA_ROLE_SPARSE (block_sparse, gqa_pairs, ...) against the CPU
+ * reference sa_ref_tile_sparse, all run on the same inputs: fresh random Q/K/V and lists every
  * run (the seed is printed on failure, SA_SEED replays it), O and LSE poisoned with NaN before
  * every launch. Cases: independent and pairwise-identical lists, per-head and group-shared lists,
  * GQA ratios 1/2/4/16 (and an odd group of 3), variable counts including 0 (O = 0, LSE = -inf),
  * every block selected (must equal sa_ref_dense), a partial final KV block and a partial last Q
  * tile, the persistent benchmark shape; bad metadata (each validation error) and unsupported
- * arguments, which must return their code and leave O and LSE untouched. SA_SMALL=1 runs only the
- * smallest case and the error paths (for compute-sanitizer). */
+ * arguments, which must return their code; a stage without SA_ROLE_GPU_VERDICT must also leave
+ * O and LSE untouched on bad metadata (one with it checks inside its kernel and writes NaN rows;
+ * its own tests are elsewhere). SA_SMALL=1 runs only the smallest case and the error paths (for
+ * compute-sanitizer). Without a sparse stage in the registry the test is skipped (exit 77). */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,17 +16,19 @@
 
 #include "sa_test_gpu.h"
 
-static const int stage_ids[] = {15, 16};
-#define NSTAGES (int)(sizeof stage_ids / sizeof stage_ids[0])
 /* Pattern beyond the generator's two: every block of the sequence, in a shuffled order. */
 #define LISTS_ALL 2
 
-static const sa_stage *stage(int id)
+/* The n-th registered stage with SA_ROLE_SPARSE, NULL past the last: every test loops
+ * `for (int si = 0; (st = sparse_stage(si)); si++)`. */
+static const sa_stage *sparse_stage(int n)
 {
-    const sa_stage *st = sa_stage_by_id(id);
-    ck_assert_msg(st != NULL, "stage %d is not in the registry", id);
-    ck_assert_msg(st->sparse, "stage %d is not marked sparse", id);
-    return st;
+    for (int i = 0; i < sa_stage_count(); i++) {
+        const sa_stage *st = sa_stage_at(i);
+        if ((st->roles & SA_ROLE_SPARSE) && n-- == 0)
+            return st;
+    }
+    return NULL;
 }
 
 static sa_gpu_attn args_for(const sa_shape *s, const sa_test_dev *d, int list_heads, int k,
@@ -103,7 +107,7 @@ static int make_lists(const case_spec *c, const sa_shape *s, int list_heads, sa_
         if (rows > 1)
             cnt[1] = k;
         if (rows > 3)
-            cnt[2] = cnt[3] = 0; /* a whole item without work (stage 15) */
+            cnt[2] = cnt[3] = 0; /* a whole item without work (block_sparse's items of 2 tiles) */
     }
     *idx_out = idx;
     *cnt_out = cnt;
@@ -167,8 +171,8 @@ static void run_case(const case_spec *c, uint64_t salt)
     CK_CUDA(cudaMemcpy(d.v, v, nkv * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.idx, idx, rows * kk * 4, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.cnt, cnt, rows * 4, cudaMemcpyHostToDevice));
-    for (int si = 0; si < NSTAGES; si++) {
-        const sa_stage *st = stage(stage_ids[si]);
+    const sa_stage *st;
+    for (int si = 0; (st = sparse_stage(si)); si++) {
         CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
         CK_CUDA(cudaMemset(d.lse, SA_POISON_BYTE, nl * 4));
         sa_gpu_attn a = args_for(&s, &d, list_heads, kk, with_counts);
@@ -217,7 +221,7 @@ static void run_case(const case_spec *c, uint64_t salt)
 }
 
 /* The sanitizer case: an odd tile count, a partial final block, empty rows and tiles of one item
- * with different counts (stage 15's padding turns), group-shared lists (stage 16's pairs). */
+ * with different counts (block_sparse's padding turns), group-shared lists (gqa_pairs's pairs). */
 START_TEST(small_mixed)
 {
     case_spec c = {1, 2, 1, 384, 600, 0, 3, SA_LISTS_INDEPENDENT, 1, 1, 1, 4.0f};
@@ -247,7 +251,7 @@ START_TEST(paired_lists)
     case_spec c = {2, 8, 2, 1024, 4096, 0, 16, SA_LISTS_PAIRED, 0, 0, 1, 6.0f};
     run_case(&c, 30);
     c.per_head = 1;
-    c.hkv = 8; /* MHA, per-head = group lists: stage 16 pairs neighbouring tiles */
+    c.hkv = 8; /* MHA, per-head = group lists: gqa_pairs pairs neighbouring tiles */
     run_case(&c, 31);
 }
 END_TEST
@@ -308,7 +312,10 @@ START_TEST(study_shape)
 }
 END_TEST
 
-/* Bad metadata: the validator's code, and O and LSE keep their poison. */
+/* Bad metadata: the validator's code from launch() (synchronous: no verdict), and for a stage
+ * without SA_ROLE_GPU_VERDICT, O and LSE keep their poison. A stage with that role checks the
+ * lists inside its kernel: it still returns the code, but writes the rows whose lists are valid
+ * and NaN into the others, so only the code is asserted here. */
 START_TEST(bad_metadata_rejected)
 {
     sa_shape s = {1, 2, 1, 256, 512, 128};
@@ -321,14 +328,17 @@ START_TEST(bad_metadata_rejected)
     ck_assert(idx && cnt && o && lse);
     sa_test_dev d;
     sa_test_dev_alloc(&d, &s, rows * k, rows);
-    CK_CUDA(cudaMemset(d.q, 0, nq * 2)); /* inputs are never read: only the lists are checked */
+    /* Zero inputs: a stage without SA_ROLE_GPU_VERDICT only checks the lists and never reads them;
+     * one with it attends over them in the rows whose lists are valid. */
+    CK_CUDA(cudaMemset(d.q, 0, nq * 2));
     CK_CUDA(cudaMemset(d.k, 0, sa_kv_elems(&s) * 2));
     CK_CUDA(cudaMemset(d.v, 0, sa_kv_elems(&s) * 2));
     enum { BAD_INDEX, BAD_NEG_INDEX, BAD_DUP, BAD_COUNT_HIGH, BAD_COUNT_NEG, BAD_EMPTY, NBAD };
     static const int expect[NBAD] = {SA_ERR_INDEX,     SA_ERR_INDEX, SA_ERR_DUPLICATE,
                                      SA_ERR_COUNT,     SA_ERR_COUNT, SA_ERR_EMPTY_ROW};
-    for (int si = 0; si < NSTAGES; si++) {
-        const sa_stage *st = stage(stage_ids[si]);
+    const sa_stage *st;
+    for (int si = 0; (st = sparse_stage(si)); si++) {
+        const int untouched = !(st->roles & SA_ROLE_GPU_VERDICT);
         for (int bad = 0; bad < NBAD; bad++) {
             ck_assert_int_eq(sa_random_tile_lists(&s, 1, k, SA_LISTS_INDEPENDENT, 7 + bad, idx),
                              SA_OK);
@@ -358,6 +368,9 @@ START_TEST(bad_metadata_rejected)
             ck_assert_msg(rc == expect[bad], "stage %d, bad metadata %d: got %d (%s), want %d",
                           st->id, bad, rc, sa_strerror(rc), expect[bad]);
             CK_CUDA(cudaDeviceSynchronize());
+            CK_CUDA(cudaGetLastError());
+            if (!untouched)
+                continue;
             CK_CUDA(cudaMemcpy(o, d.o, nq * 2, cudaMemcpyDeviceToHost));
             CK_CUDA(cudaMemcpy(lse, d.lse, nl * 4, cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < nq; i++)
@@ -400,8 +413,8 @@ START_TEST(unsupported_and_null)
     sa_test_dev_alloc(&d, &s, rows * k, rows);
     CK_CUDA(cudaMemcpy(d.idx, idx, rows * k * 4, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemset(d.o, 0x3c, nq * 2)); /* a finite sentinel a launch would overwrite */
-    for (int si = 0; si < NSTAGES; si++) {
-        const sa_stage *st = stage(stage_ids[si]);
+    const sa_stage *st;
+    for (int si = 0; (st = sparse_stage(si)); si++) {
         const sa_gpu_attn good = args_for(&s, &d, 1, k, 0);
         ck_assert_int_eq(st->check(&good), SA_OK);
         ck_assert_int_eq(st->check(NULL), SA_ERR_NULL);
@@ -463,8 +476,8 @@ START_TEST(lse_optional)
     CK_CUDA(cudaMemcpy(d.k, h, sa_kv_elems(&s) * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.v, h, sa_kv_elems(&s) * 2, cudaMemcpyHostToDevice));
     CK_CUDA(cudaMemcpy(d.idx, idx, rows * k * 4, cudaMemcpyHostToDevice));
-    for (int si = 0; si < NSTAGES; si++) {
-        const sa_stage *st = stage(stage_ids[si]);
+    const sa_stage *st;
+    for (int si = 0; (st = sparse_stage(si)); si++) {
         CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
         sa_gpu_attn a = args_for(&s, &d, 2, k, 0);
         a.lse = NULL;
@@ -483,7 +496,14 @@ END_TEST
 int main(void)
 {
     sa_test_require_gpu();
-    Suite *s = suite_create("gpu_stage15_16");
+    if (!sparse_stage(0)) {
+        printf("no stage with SA_ROLE_SPARSE in the registry: nothing to test\n");
+        return 77;
+    }
+    for (int si = 0; sparse_stage(si); si++)
+        printf("sparse stage %d (%s)%s\n", sparse_stage(si)->id, sparse_stage(si)->name,
+               sparse_stage(si)->roles & SA_ROLE_GPU_VERDICT ? ", GPU verdict" : "");
+    Suite *s = suite_create("gpu_sparse");
     TCase *tc = tcase_create("sparse_stages");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, small_mixed);
