@@ -1,8 +1,9 @@
 /* nvfp4 / nvfp4_query: the scorer after MiniMax's MSA indexer. Index vectors (by default the
- * attention's own Q and K) are quantized to NVFP4 (nvfp4.c), dequantized to FP32, and a query
- * scores a block by the largest dot product with the block's valid keys (FP32 GEMM through
- * OpenBLAS). "nvfp4" shares one list per (tile, KV head): max over the tile's valid queries and
- * the group's heads. "nvfp4_query" keeps a list per (query, KV head): max over the group's heads. */
+ * attention's own Q and K) are quantized to NVFP4 (nvfp4.c), and a query scores a block by the
+ * largest dot product of the dequantized vectors with the block's valid keys, computed exactly
+ * (block_max_scores: a double GEMM through OpenBLAS of the values without their tensor scales).
+ * "nvfp4" shares one list per (tile, KV head): max over the tile's valid queries and the group's
+ * heads. "nvfp4_query" keeps a list per (query, KV head): max over the group's heads. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -11,27 +12,42 @@
 #include "sel_cuda.h"
 #include "sel_internal.h"
 
-#define ROW_CHUNK 512 /* query rows per GEMM: bounds the score buffer to 512 x len_kv floats */
+/* Exact scoring. The unscaled decoded value of an element, E2M1(code) * E4M3(scale), is a * c *
+ * 2^-10 with integers |a| <= 12 (E2M1 = a/2) and 0 <= c <= 448 * 512 (E4M3 = c/512; the quantizer
+ * never writes the NaN code), so |value| <= 2688 and it is exact in float and in double. The
+ * product of a Q and a K element is an integer multiple of 2^-20 of magnitude <= 2688^2, so every
+ * partial sum of a dot of D such products is a multiple of 2^-20 of magnitude <= D * 2688^2: exact
+ * in double (integers times 2^-20 up to 2^53 * 2^-20) while D <= 2^33 / 2688^2 = 1188.9. The dims
+ * scored are head_dim (64 or 128, sa_shape_check) or index_dim <= SA_MAX_INDEX_DIM = 1024, so
+ * cblas_dgemm returns the exact dot whatever kernel, blocking, FMA or thread split OpenBLAS picks
+ * for a column: equal vectors give bit-equal scores. The two tensor scales come last, once per
+ * score, as on the GPU (sel_nvfp4.cu): score = (float)dot * (ts_q * ts_k) in FP32. */
+_Static_assert((unsigned long long)SA_MAX_INDEX_DIM * 2688 * 2688 <= 1ULL << 33,
+               "NVFP4 dots of SA_MAX_INDEX_DIM products would not be exact in double");
 
-/* x (n BF16) -> quantize -> dequantize, as FP32 (malloc'ed into *out). */
-static int nvfp4_roundtrip(const uint16_t *x, size_t n, float **out)
+#define ROW_CHUNK 256 /* query rows per GEMM: bounds the score buffer to 256 x len_kv doubles */
+
+/* x (n BF16) -> NVFP4 codes and scales (malloc'ed into *q) and its tensor scale. */
+static int nvfp4_codes(const uint16_t *x, size_t n, sa_nvfp4 *q)
 {
-    sa_nvfp4 qz = {.values = malloc(n / 2), .scales = malloc(n / 16)};
-    float *f = malloc(n * sizeof *f);
-    int err = SA_ERR_NOMEM;
-    if (qz.values && qz.scales && f) {
-        err = sa_nvfp4_quantize_bf16(x, n, &qz);
-        if (!err)
-            err = sa_nvfp4_dequantize(&qz, f);
+    q->values = malloc(n / 2);
+    q->scales = malloc(n / 16);
+    if (!q->values || !q->scales)
+        return SA_ERR_NOMEM;
+    return sa_nvfp4_quantize_bf16(x, n, q);
+}
+
+/* Elements [i0, i0 + n) of q, decoded without the tensor scale: E2M1(code) * E4M3(scale), exact
+ * (see above). i0 and n are multiples of 16 (whole vectors of a dim that is one). */
+static void decode_unscaled(const sa_nvfp4 *q, size_t i0, size_t n, double *out)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        size_t e = i0 + i;
+        uint8_t byte = q->values[e / 2];
+        out[i] = (double)sa_e2m1_to_f32(e % 2 ? byte >> 4 : byte & 0xF) *
+                 (double)sa_e4m3_to_f32(q->scales[e / 16]);
     }
-    free(qz.values);
-    free(qz.scales);
-    if (err) {
-        free(f);
-        f = NULL;
-    }
-    *out = f;
-    return err;
 }
 
 /* bmax is (B, Hq, Sq, kv_blocks): for each query, the max dot product over each block's keys. */
@@ -39,33 +55,44 @@ static int block_max_scores(const sel_ctx *c, float *bmax)
 {
     const sa_shape *s = &c->s;
     const int dim = c->dim, n = c->kv_blocks;
-    float *qd = NULL, *kd = NULL;
-    int err = nvfp4_roundtrip(c->q, (size_t)s->batch * s->heads_q * s->len_q * dim, &qd);
+    sa_nvfp4 qz = {0}, kz = {0};
+    int err = nvfp4_codes(c->q, (size_t)s->batch * s->heads_q * s->len_q * dim, &qz);
     if (!err)
-        err = nvfp4_roundtrip(c->k, (size_t)s->batch * s->heads_kv * s->len_kv * dim, &kd);
-    int rows_max = s->len_q < ROW_CHUNK ? s->len_q : ROW_CHUNK;
-    float *sc = err ? NULL : malloc((size_t)rows_max * s->len_kv * sizeof *sc);
-    if (!err && !sc)
-        err = SA_ERR_NOMEM;
-    for (int bh = 0; !err && bh < s->batch * s->heads_q; bh++) {
-        int b = bh / s->heads_q, hkv = (bh % s->heads_q) / c->group;
-        const float *kb = kd + ((size_t)b * s->heads_kv + hkv) * s->len_kv * dim;
-        for (int r0 = 0; r0 < s->len_q; r0 += ROW_CHUNK) {
-            int rows = s->len_q - r0 < ROW_CHUNK ? s->len_q - r0 : ROW_CHUNK;
-            const float *qb = qd + ((size_t)bh * s->len_q + r0) * dim;
-            /* sc (rows x len_kv) = qb (rows x dim) . kb^T; OpenBLAS threads it internally. */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, s->len_kv, dim, 1.0f, qb,
-                        dim, kb, dim, 0.0f, sc, s->len_kv);
+        err = nvfp4_codes(c->k, (size_t)s->batch * s->heads_kv * s->len_kv * dim, &kz);
+    /* One rounding: the exact dot (max over a block's keys) to FP32, times this FP32 product. */
+    const float scale = qz.tensor_scale * kz.tensor_scale;
+    const int rows_max = s->len_q < ROW_CHUNK ? s->len_q : ROW_CHUNK;
+    double *kd = NULL, *qd = NULL, *sc = NULL;
+    if (!err) {
+        kd = malloc((size_t)s->len_kv * dim * sizeof *kd);
+        qd = malloc((size_t)rows_max * dim * sizeof *qd);
+        sc = malloc((size_t)rows_max * s->len_kv * sizeof *sc);
+        if (!kd || !qd || !sc)
+            err = SA_ERR_NOMEM;
+    }
+    for (int bkv = 0; !err && bkv < s->batch * s->heads_kv; bkv++) {
+        int b = bkv / s->heads_kv, hkv = bkv % s->heads_kv;
+        decode_unscaled(&kz, (size_t)bkv * s->len_kv * dim, (size_t)s->len_kv * dim, kd);
+        for (int j = 0; j < c->group; j++) {
+            int bh = b * s->heads_q + hkv * c->group + j;
+            for (int r0 = 0; r0 < s->len_q; r0 += ROW_CHUNK) {
+                int rows = s->len_q - r0 < ROW_CHUNK ? s->len_q - r0 : ROW_CHUNK;
+                decode_unscaled(&qz, ((size_t)bh * s->len_q + r0) * dim, (size_t)rows * dim, qd);
+                /* sc (rows x len_kv) = qd (rows x dim) . kd^T, exact; OpenBLAS threads it. */
+                cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, s->len_kv, dim, 1.0,
+                            qd, dim, kd, dim, 0.0, sc, s->len_kv);
 #pragma omp parallel for schedule(static)
-            for (int i = 0; i < rows; i++) {
-                const float *srow = sc + (size_t)i * s->len_kv;
-                float *out = bmax + ((size_t)bh * s->len_q + r0 + i) * n;
-                for (int blk = 0; blk < n; blk++) {
-                    int len = sa_block_len(s, blk);
-                    float m = -INFINITY;
-                    for (int j = 0; j < len; j++)
-                        m = srow[blk * SA_TILE + j] > m ? srow[blk * SA_TILE + j] : m;
-                    out[blk] = m;
+                for (int i = 0; i < rows; i++) {
+                    const double *srow = sc + (size_t)i * s->len_kv;
+                    float *out = bmax + ((size_t)bh * s->len_q + r0 + i) * n;
+                    for (int blk = 0; blk < n; blk++) {
+                        int len = sa_block_len(s, blk);
+                        double m = -INFINITY;
+                        for (int t = 0; t < len; t++)
+                            m = srow[blk * SA_TILE + t] > m ? srow[blk * SA_TILE + t] : m;
+                        /* Rounding is monotone, so the max may come before it. */
+                        out[blk] = (float)m * scale;
+                    }
                 }
             }
         }
@@ -73,6 +100,10 @@ static int block_max_scores(const sel_ctx *c, float *bmax)
     free(sc);
     free(qd);
     free(kd);
+    free(qz.values);
+    free(qz.scales);
+    free(kz.values);
+    free(kz.scales);
     return err;
 }
 
