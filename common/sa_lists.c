@@ -2,24 +2,37 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sa_checked.h"
 #include "sa_internal.h"
+
+static int list_heads_ok(const sa_shape *s, int list_heads)
+{
+    return list_heads == s->heads_kv || list_heads == s->heads_q;
+}
 
 size_t sa_tile_rows(const sa_shape *s, const sa_tile_lists *l)
 {
-    return (size_t)s->batch * l->list_heads * sa_q_tiles(s);
+    if (!l || sa_shape_check(s) || !list_heads_ok(s, l->list_heads))
+        return 0;
+    return (size_t)sa_sz_mul3(s->batch, l->list_heads, sa_sz_q_tiles(s));
 }
 
-size_t sa_query_rows(const sa_shape *s) { return (size_t)s->batch * s->heads_kv * s->len_q; }
+size_t sa_query_rows(const sa_shape *s)
+{
+    return sa_shape_check(s) ? 0 : (size_t)sa_sz_mul3(s->batch, s->heads_kv, s->len_q);
+}
 
-/* Checks n rows of max_blocks entries. `seen` is a kv_blocks-sized scratch of row stamps, so a
- * duplicate test costs O(count) per row instead of a sort. */
+/* Checks n rows of max_blocks entries. `seen` is a bitmap of kv_blocks bits; a row sets the bits
+ * of its blocks and clears them again when it is done, so a duplicate test costs O(count) per
+ * row and the scratch is kv_blocks / 8 bytes. */
 static int check_rows(const int32_t *idx, const int32_t *counts, size_t rows, int max_blocks,
                       int kv_blocks, int allow_empty)
 {
-    size_t *seen = malloc((size_t)kv_blocks * sizeof *seen);
+    const int64_t words = sa_sz_ceil_div(kv_blocks, 64);
+    uint64_t *seen = sa_sz_malloc(words, sizeof *seen);
     if (!seen)
         return SA_ERR_NOMEM;
-    memset(seen, 0, (size_t)kv_blocks * sizeof *seen);
+    memset(seen, 0, (size_t)words * sizeof *seen);
     int err = SA_OK;
     for (size_t r = 0; r < rows && !err; r++) {
         int c = counts ? counts[r] : max_blocks;
@@ -32,21 +45,31 @@ static int check_rows(const int32_t *idx, const int32_t *counts, size_t rows, in
             break;
         }
         const int32_t *row = idx + r * (size_t)max_blocks;
-        for (int j = 0; j < c; j++) {
+        int set = 0; /* entries of this row whose bits are set */
+        for (int j = 0; j < c; j++, set++) {
             int32_t b = row[j];
             if (b < 0 || b >= kv_blocks) {
                 err = SA_ERR_INDEX;
                 break;
             }
-            if (seen[b] == r + 1) {
+            uint64_t bit = (uint64_t)1 << (b & 63);
+            if (seen[b >> 6] & bit) {
                 err = SA_ERR_DUPLICATE;
                 break;
             }
-            seen[b] = r + 1;
+            seen[b >> 6] |= bit;
         }
+        for (int j = 0; j < set; j++)
+            seen[row[j] >> 6] = 0;
     }
     free(seen);
     return err;
+}
+
+/* rows * max_blocks entries, the limit of every list array (sparseattn.h). */
+static int list_size_ok(int64_t rows, int max_blocks)
+{
+    return sa_sz_within(sa_sz_mul(rows, max_blocks), SA_MAX_ELEMS);
 }
 
 int sa_tile_lists_check_args(const sa_shape *s, const sa_tile_lists *l)
@@ -58,9 +81,9 @@ int sa_tile_lists_check_args(const sa_shape *s, const sa_tile_lists *l)
         return err;
     if (!l->indices)
         return SA_ERR_NULL;
-    if (l->list_heads != s->heads_kv && l->list_heads != s->heads_q)
+    if (!list_heads_ok(s, l->list_heads))
         return SA_ERR_LIST_HEADS;
-    if (l->max_blocks <= 0)
+    if (l->max_blocks <= 0 || !list_size_ok((int64_t)sa_tile_rows(s, l), l->max_blocks))
         return SA_ERR_MAX_BLOCKS;
     return SA_OK;
 }
@@ -74,7 +97,7 @@ int sa_query_lists_check_args(const sa_shape *s, const sa_query_lists *l)
         return err;
     if (!l->indices)
         return SA_ERR_NULL;
-    if (l->max_blocks <= 0)
+    if (l->max_blocks <= 0 || !list_size_ok((int64_t)sa_query_rows(s), l->max_blocks))
         return SA_ERR_MAX_BLOCKS;
     return SA_OK;
 }
@@ -84,6 +107,8 @@ int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_emp
     int err = sa_tile_lists_check_args(s, l);
     if (err)
         return err;
+    if (!sa_flag_ok(allow_empty))
+        return SA_ERR_ARG;
     return check_rows(l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks, sa_kv_blocks(s),
                       allow_empty);
 }
@@ -93,6 +118,8 @@ int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_e
     int err = sa_query_lists_check_args(s, l);
     if (err)
         return err;
+    if (!sa_flag_ok(allow_empty))
+        return SA_ERR_ARG;
     return check_rows(l->indices, l->counts, sa_query_rows(s), l->max_blocks, sa_kv_blocks(s),
                       allow_empty);
 }
@@ -123,8 +150,8 @@ static int draw_rows(const sa_shape *s, size_t rows, int k, int pair_len, uint64
     int n = sa_kv_blocks(s);
     if (k <= 0 || k > n)
         return SA_ERR_ARG;
-    int32_t *perm = malloc((size_t)n * sizeof *perm);
-    unsigned char *mark = malloc((size_t)n);
+    int32_t *perm = sa_sz_malloc(n, sizeof *perm);
+    unsigned char *mark = sa_sz_malloc(n, 1);
     if (!perm || !mark) {
         free(perm);
         free(mark);
@@ -152,9 +179,9 @@ int sa_random_tile_lists(const sa_shape *s, int list_heads, int k, int pattern, 
     int err = sa_shape_check(s);
     if (err)
         return err;
-    if (list_heads != s->heads_kv && list_heads != s->heads_q)
+    if (!list_heads_ok(s, list_heads))
         return SA_ERR_LIST_HEADS;
-    if (pattern != SA_LISTS_INDEPENDENT && pattern != SA_LISTS_PAIRED)
+    if (!sa_enum_ok(pattern, SA_LISTS_PAIRED + 1))
         return SA_ERR_ARG;
     int tiles = sa_q_tiles(s);
     /* Pairs never straddle a (batch, head): draw per head so an odd tile count stays independent. */

@@ -2,10 +2,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "sparseattn.h"
-
-/* Largest element count we accept: indexing stays in size_t and int64 everywhere. */
-#define SA_MAX_ELEMS ((uint64_t)1 << 40)
+#include "sa_checked.h"
 
 int sa_shape_check(const sa_shape *s)
 {
@@ -18,31 +15,44 @@ int sa_shape_check(const sa_shape *s)
         return SA_ERR_GQA;
     if (s->head_dim != 64 && s->head_dim != 128)
         return SA_ERR_HEAD_DIM;
-    uint64_t q = (uint64_t)s->batch * s->heads_q * s->len_q * s->head_dim;
-    uint64_t kv = (uint64_t)s->batch * s->heads_kv * s->len_kv * s->head_dim;
-    if (q > SA_MAX_ELEMS || kv > SA_MAX_ELEMS)
+    /* The limits of sparseattn.h, every product checked (no product of four ints wraps here). */
+    if (!sa_sz_within(sa_sz_q_rows_padded(s), SA_MAX_ROWS) ||
+        !sa_sz_within(sa_sz_kv_rows_padded(s), SA_MAX_ROWS) ||
+        !sa_sz_within(sa_sz_q_elems(s), SA_MAX_ELEMS) ||
+        !sa_sz_within(sa_sz_kv_elems(s), SA_MAX_ELEMS))
         return SA_ERR_SHAPE;
     return SA_OK;
 }
 
-int sa_q_tiles(const sa_shape *s) { return (s->len_q + SA_TILE - 1) / SA_TILE; }
-int sa_kv_blocks(const sa_shape *s) { return (s->len_kv + SA_TILE - 1) / SA_TILE; }
+int sa_q_tiles(const sa_shape *s)
+{
+    return s && s->len_q > 0 ? (int)sa_sz_q_tiles(s) : 0;
+}
+int sa_kv_blocks(const sa_shape *s)
+{
+    return s && s->len_kv > 0 ? (int)sa_sz_kv_blocks(s) : 0;
+}
 
 int sa_block_len(const sa_shape *s, int blk)
 {
-    int rest = s->len_kv - blk * SA_TILE;
-    return rest < SA_TILE ? rest : SA_TILE;
+    if (!s || blk < 0 || blk >= sa_kv_blocks(s))
+        return 0;
+    int64_t rest = (int64_t)s->len_kv - (int64_t)blk * SA_TILE;
+    return rest < SA_TILE ? (int)rest : SA_TILE;
 }
 
 size_t sa_q_elems(const sa_shape *s)
 {
-    return (size_t)s->batch * s->heads_q * s->len_q * s->head_dim;
+    return sa_shape_check(s) ? 0 : (size_t)sa_sz_q_elems(s);
 }
 size_t sa_kv_elems(const sa_shape *s)
 {
-    return (size_t)s->batch * s->heads_kv * s->len_kv * s->head_dim;
+    return sa_shape_check(s) ? 0 : (size_t)sa_sz_kv_elems(s);
 }
-size_t sa_lse_elems(const sa_shape *s) { return (size_t)s->batch * s->heads_q * s->len_q; }
+size_t sa_lse_elems(const sa_shape *s)
+{
+    return sa_shape_check(s) ? 0 : (size_t)sa_sz_lse_elems(s);
+}
 
 /* ---- BF16: the top 16 bits of an IEEE float, rounded to nearest even. */
 uint16_t sa_bf16_from_f32(float x)
@@ -81,6 +91,13 @@ void sa_attn_opts_default(sa_attn_opts *o)
         return;
     o->allow_empty_rows = 1;
     o->validate = 1;
+}
+
+int sa_attn_opts_check(const sa_attn_opts *o)
+{
+    if (!o)
+        return SA_ERR_NULL;
+    return sa_flag_ok(o->allow_empty_rows) && sa_flag_ok(o->validate) ? SA_OK : SA_ERR_ARG;
 }
 
 void sa_gpu_attn_default(sa_gpu_attn *a)

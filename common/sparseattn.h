@@ -56,13 +56,29 @@ typedef struct sa_shape {
     int head_dim; /* 64 or 128 in the reference; GPU stages say what they support */
 } sa_shape;
 
-/* SA_OK, SA_ERR_NULL, SA_ERR_SHAPE, SA_ERR_GQA or SA_ERR_HEAD_DIM. Also rejects shapes whose
- * element counts overflow. */
+/* Size limits, held by every entry point (docs/api.md, "Limits and error codes"):
+ *   - every field of a shape is a positive int;
+ *   - rows: batch * heads_q * (len_q rounded up to a multiple of SA_TILE) <= SA_MAX_ROWS, and
+ *     the same for batch, heads_kv, len_kv. So every count of rows, tiles, blocks or (batch,
+ *     head) pairs of a valid shape fits int32, tile padding included;
+ *   - elements: B*Hq*Sq*D and B*Hkv*Skv*D <= SA_MAX_ELEMS;
+ *   - every other buffer an entry point reads, writes or allocates (list arrays, partials, index
+ *     vectors, scratch, workspace) holds at most SA_MAX_ELEMS elements per dimension product
+ *     that the caller chooses (rows * max_blocks for lists: SA_ERR_MAX_BLOCKS past it), and
+ *     every byte count is computed in int64 with overflow checks (common/sa_checked.h).
+ * sa_shape_check returns SA_ERR_SHAPE past the first two limits. GPU stages add their own
+ * (32-bit TMA rows: SA_ERR_UNSUPPORTED). */
+#define SA_MAX_ROWS 2147483647            /* INT32_MAX */
+#define SA_MAX_ELEMS ((int64_t)1 << 40)   /* elements of one tensor or list array */
+
+/* SA_OK, SA_ERR_NULL, SA_ERR_SHAPE, SA_ERR_GQA or SA_ERR_HEAD_DIM. Also rejects shapes past the
+ * limits above (SA_ERR_SHAPE). */
 int sa_shape_check(const sa_shape *s);
-int sa_q_tiles(const sa_shape *s);   /* ceil(len_q / 128) */
-int sa_kv_blocks(const sa_shape *s); /* ceil(len_kv / 128) */
-/* Valid keys in block `blk` (128 except for a partial final block). */
+int sa_q_tiles(const sa_shape *s);   /* ceil(len_q / 128); 0 for len_q <= 0, never wraps */
+int sa_kv_blocks(const sa_shape *s); /* ceil(len_kv / 128); 0 for len_kv <= 0, never wraps */
+/* Valid keys in block `blk` (128 except for a partial final block); 0 outside [0, kv_blocks). */
 int sa_block_len(const sa_shape *s, int blk);
+/* Element counts; 0 unless the shape passes sa_shape_check. */
 size_t sa_q_elems(const sa_shape *s);   /* B*Hq*Sq*D: Q and O */
 size_t sa_kv_elems(const sa_shape *s);  /* B*Hkv*Skv*D: K and V */
 size_t sa_lse_elems(const sa_shape *s); /* B*Hq*Sq */
@@ -95,9 +111,13 @@ typedef struct sa_query_lists {
 } sa_query_lists;
 
 /* Host-side validators (pointers are host memory). allow_empty = 0 turns a row of count 0 into
- * SA_ERR_EMPTY_ROW. Check the shape first; these also call sa_shape_check. */
+ * SA_ERR_EMPTY_ROW; allow_empty is a flag (0 or 1, else SA_ERR_ARG). Check the shape first;
+ * these also call sa_shape_check. max_blocks must be positive and rows * max_blocks at most
+ * SA_MAX_ELEMS (SA_ERR_MAX_BLOCKS). */
 int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty);
 int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_empty);
+/* Row counts; 0 unless the shape passes sa_shape_check (and list_heads is heads_kv or
+ * heads_q). */
 size_t sa_tile_rows(const sa_shape *s, const sa_tile_lists *l);     /* B*list_heads*q_tiles */
 size_t sa_query_rows(const sa_shape *s);                            /* B*Hkv*Sq */
 
@@ -137,6 +157,11 @@ typedef struct sa_attn_opts {
     int validate;         /* 1: validate lists at the entry point (default 1) */
 } sa_attn_opts;
 void sa_attn_opts_default(sa_attn_opts *o);
+/* The option rule of every entry point, CPU and GPU: a flag is 0 or 1, an enum lies in its
+ * range; anything else is SA_ERR_ARG. SA_OK, SA_ERR_NULL (o NULL) or SA_ERR_ARG. The GPU stages
+ * apply the same rule to sa_gpu_attn's validate and allow_empty_rows, KV-centric to
+ * sa_kv_params' validate, allow_empty_rows and partial_format. */
+int sa_attn_opts_check(const sa_attn_opts *o);
 
 /* ---------------------------------------------------------------- CPU reference */
 /* q is (B, Hq, Sq, D), k and v are (B, Hkv, Skv, D); outputs as in sa_outputs. opts may be NULL
@@ -211,14 +236,23 @@ enum {
 
 /* The stage registry: written once, read by tests, the CLI, the benchmarks and the docs. */
 typedef struct sa_stage {
-    int id;              /* the file number: 14, 15, 16 */
+    int id;              /* the number of its file, cuda/NN_name.cu; only stages.c writes it */
     const char *name;    /* e.g. "dense_persistent" */
     const char *summary; /* one line */
-    int sparse;          /* 1: consumes tile lists (the same as roles & SA_ROLE_SPARSE) */
-    unsigned roles;      /* SA_ROLE_* bits */
+    unsigned roles;      /* SA_ROLE_* bits (SA_ROLE_SPARSE: consumes tile lists) */
     int (*check)(const sa_gpu_attn *a);  /* SA_OK or why the stage cannot run it; no launch */
     int (*launch)(const sa_gpu_attn *a); /* validates (check) then launches */
 } sa_stage;
+/* What every stage's check() verifies before its own assumptions, in this order (no CUDA call,
+ * no device needed): a non-NULL (SA_ERR_NULL); the shape (sa_shape_check); q, k, v, o non-NULL,
+ * with `sparse` lists.indices too (SA_ERR_NULL); with `sparse` list_heads, max_blocks and the
+ * list array's size (the codes of sa_tile_lists_check); validate and allow_empty_rows are flags
+ * (SA_ERR_ARG); head_dim equal to `head_dim` (SA_ERR_UNSUPPORTED); B*Hq*Sq + row_pad and
+ * B*Hkv*Skv + row_pad at most INT32_MAX, TMA coordinates and the kernels' row arithmetic being
+ * 32-bit (row_pad: how far past the last row a partial tile's load may reach, 0 when every
+ * length is a multiple of the tile; SA_ERR_UNSUPPORTED); q, k, v, o 16-byte aligned, lse and the
+ * lists 4-byte aligned (SA_ERR_UNSUPPORTED). */
+int sa_gpu_attn_check_common(const sa_gpu_attn *a, int sparse, int head_dim, int row_pad);
 int sa_stage_count(void);
 const sa_stage *sa_stage_at(int i);
 const sa_stage *sa_stage_by_id(int id);

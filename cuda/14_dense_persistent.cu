@@ -382,23 +382,13 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 extern "C" int sa_stage14_check(const sa_gpu_attn *a)
 {
-    if (!a)
-        return SA_ERR_NULL;
-    int rc = sa_shape_check(&a->shape);
+    // Shape, pointers, options, head_dim, 32-bit rows (no partial tile reaches past the end:
+    // every length is a multiple of the tile) and alignment: the checks every stage shares.
+    int rc = sa_gpu_attn_check_common(a, 0, HEAD_DIM, 0);
     if (rc != SA_OK)
         return rc;
-    if (!a->q || !a->k || !a->v || !a->o)
-        return SA_ERR_NULL;
     const sa_shape *s = &a->shape;
-    if (s->head_dim != HEAD_DIM || s->len_q % TILE != 0 || s->len_kv % TILE != 0)
-        return SA_ERR_UNSUPPORTED;
-    // TMA coordinates and the kernel's row arithmetic are 32-bit.
-    if ((long long)s->batch * s->heads_q * s->len_q > INT32_MAX ||
-        (long long)s->batch * s->heads_kv * s->len_kv > INT32_MAX)
-        return SA_ERR_UNSUPPORTED;
-    // TMA needs 16-byte aligned bases, and O is stored 16 bytes a lane; LSE as floats.
-    if (((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v | (uintptr_t)a->o) & 15 ||
-        ((uintptr_t)a->lse & 3))
+    if (s->len_q % TILE != 0 || s->len_kv % TILE != 0)
         return SA_ERR_UNSUPPORTED;
     return SA_OK;
 }

@@ -20,6 +20,8 @@
 #include <cub/cub.cuh>
 
 #include "kv_internal.h"
+#include "sa_checked.h"
+#include "sa_internal.h"
 
 namespace {
 
@@ -158,7 +160,8 @@ __global__ void kv_duplicates(const uint32_t *__restrict__ keys, const int32_t *
     }
 }
 
-size_t align_up(size_t x) { return (x + KV_ALIGN - 1) / KV_ALIGN * KV_ALIGN; }
+// Checked (sa_checked.h): SA_SIZE_BAD in, or past int64, gives SA_SIZE_BAD.
+int64_t align_up(int64_t x) { return sa_sz_round_up(x, KV_ALIGN); }
 
 } // namespace
 
@@ -172,9 +175,12 @@ int kv_check_args(const sa_kv_params *p)
         return err;
     if (!p->q || !p->k || !p->v || !p->o || !p->lists.indices)
         return SA_ERR_NULL;
-    if (p->lists.max_blocks <= 0)
-        return SA_ERR_MAX_BLOCKS;
-    if (p->partial_format != SA_KV_PARTIAL_F32 && p->partial_format != SA_KV_PARTIAL_BF16)
+    // max_blocks positive and the list array within SA_MAX_ELEMS, as the host validator has it.
+    if ((err = sa_query_lists_check_args(s, &p->lists)))
+        return err;
+    // The option rule of every entry point (sa_checked.h): flags 0 or 1, enums in range.
+    if (!sa_enum_ok(p->partial_format, SA_KV_PARTIAL_BF16 + 1) || !sa_flag_ok(p->validate) ||
+        !sa_flag_ok(p->allow_empty_rows))
         return SA_ERR_ARG;
     if (s->head_dim != KV_D || sa_kv_task_queries(s) == 0)
         return SA_ERR_UNSUPPORTED;
@@ -200,7 +206,13 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     w->buckets = sa_kv_buckets(s);
     w->max_entries = sa_kv_max_entries(s, &p->lists);
     w->max_tasks = sa_kv_max_tasks(s, &p->lists, w->task_queries);
-    w->partial_rows = (size_t)s->batch * s->heads_q * s->len_q * p->lists.max_blocks;
+    // B*Hq*Sq*max_blocks: at most 128 times the entries (the group is at most 128 heads), and
+    // the entries are below INT32_MAX, so this and every byte count below fit int64 with room;
+    // they are checked all the same.
+    const int64_t partial_rows = sa_sz_mul(sa_sz_lse_elems(s), p->lists.max_blocks);
+    if (partial_rows < 0)
+        return SA_ERR_UNSUPPORTED;
+    w->partial_rows = (size_t)partial_rows;
     w->entry_bits = bits_for(w->buckets);      // keys 0 .. buckets (the sentinel)
     w->task_bits = bits_for(w->task_queries); // keys 0 .. task_queries
     if (cub::DeviceRadixSort::SortPairs(nullptr, w->sort_entries_tmp, (uint32_t *)nullptr,
@@ -218,16 +230,19 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     if (w->scan_tmp > w->tmp_bytes)
         w->tmp_bytes = w->scan_tmp;
 
-    size_t nb1 = (w->buckets + 1) * sizeof(int32_t), ne = w->max_entries * sizeof(int32_t),
-           nt = w->max_tasks * sizeof(int32_t), ntask = w->max_tasks * sizeof(sa_kv_task);
-    size_t part_elem = p->partial_format == SA_KV_PARTIAL_F32 ? 4 : 2;
-    // Carve in order; with base == NULL only the offsets (the total) matter.
+    const int64_t nb1 = sa_sz_mul(sa_sz_add((int64_t)w->buckets, 1), sizeof(int32_t)),
+                  ne = sa_sz_mul((int64_t)w->max_entries, sizeof(int32_t)),
+                  nt = sa_sz_mul((int64_t)w->max_tasks, sizeof(int32_t)),
+                  ntask = sa_sz_mul((int64_t)w->max_tasks, sizeof(sa_kv_task));
+    const int64_t part_elem = p->partial_format == SA_KV_PARTIAL_F32 ? 4 : 2;
+    // Carve in order; with base == NULL only the offsets (the total) matter. `at` goes to
+    // SA_SIZE_BAD on any overflow and stays there (checked below, before any pointer is used).
     char *b = (char *)base;
-    size_t at = 0;
+    int64_t at = 0;
 #define KV_CARVE(field, bytes)                                                                     \
     do {                                                                                           \
-        w->field = base ? (decltype(w->field))(b + at) : nullptr;                                  \
-        at += align_up(bytes);                                                                     \
+        w->field = base && at >= 0 ? (decltype(w->field))(b + at) : nullptr;                       \
+        at = sa_sz_add(at, align_up(bytes));                                                       \
     } while (0)
     KV_CARVE(err, sizeof(unsigned long long));
     KV_CARVE(info, 2 * sizeof(int32_t));
@@ -244,12 +259,14 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     KV_CARVE(tvals_out, nt);
     KV_CARVE(tasks_unsorted, ntask);
     KV_CARVE(tasks, ntask);
-    KV_CARVE(tmp, w->tmp_bytes);
-    KV_CARVE(part_lse, w->partial_rows * sizeof(float));
-    KV_CARVE(part_o, w->partial_rows * KV_D * part_elem);
+    KV_CARVE(tmp, (int64_t)w->tmp_bytes);
+    KV_CARVE(part_lse, sa_sz_mul(partial_rows, sizeof(float)));
+    KV_CARVE(part_o, sa_sz_mul3(partial_rows, KV_D, part_elem));
 #undef KV_CARVE
     w->bucket_n = nullptr; // counted by binary search instead
-    w->total = at;
+    if (!sa_sz_fits_size_t(at))
+        return SA_ERR_UNSUPPORTED; // unreachable within the limits of kv_check_args
+    w->total = (size_t)at;
     if (base && p->workspace_bytes < w->total)
         return SA_ERR_ARG;
     return SA_OK;

@@ -4,25 +4,40 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sa_checked.h"
 #include "sparseattn.h"
 
+/* The sizes are computed through sa_checked.h and are 0 for arguments no call would accept (a
+ * shape that fails sa_shape_check, max_blocks or task_queries <= 0, or a product past int64),
+ * so a caller sizing buffers with them never sees a wrapped value. */
 size_t sa_kv_buckets(const sa_shape *s)
 {
-    return (size_t)s->batch * s->heads_kv * sa_kv_blocks(s);
+    if (sa_shape_check(s))
+        return 0;
+    return (size_t)sa_sz_mul3(s->batch, s->heads_kv, sa_sz_kv_blocks(s));
 }
 
 size_t sa_kv_max_entries(const sa_shape *s, const sa_query_lists *l)
 {
-    return sa_query_rows(s) * (size_t)l->max_blocks;
+    if (!l || sa_shape_check(s) || l->max_blocks <= 0)
+        return 0;
+    int64_t n = sa_sz_mul((int64_t)sa_query_rows(s), l->max_blocks);
+    return sa_sz_fits_size_t(n) ? (size_t)n : 0;
 }
 
 size_t sa_kv_max_tasks(const sa_shape *s, const sa_query_lists *l, int task_queries)
 {
-    return sa_kv_max_entries(s, l) / (size_t)task_queries + sa_kv_buckets(s);
+    size_t entries = sa_kv_max_entries(s, l);
+    if (!entries || task_queries <= 0)
+        return 0;
+    int64_t n = sa_sz_add((int64_t)(entries / (size_t)task_queries), (int64_t)sa_kv_buckets(s));
+    return sa_sz_fits_size_t(n) ? (size_t)n : 0;
 }
 
 int sa_kv_task_queries(const sa_shape *s)
 {
+    if (sa_shape_check(s))
+        return 0;
     int group = s->heads_q / s->heads_kv;
     return group > SA_TILE ? 0 : SA_TILE / group;
 }
@@ -51,6 +66,7 @@ int sa_kv_index_ref(const sa_shape *s, const sa_query_lists *l, int task_queries
         return SA_ERR_ARG;
     size_t nb = sa_kv_buckets(s), rows = sa_query_rows(s);
     int m = l->max_blocks, blocks = sa_kv_blocks(s);
+    /* Entries and tasks are int32 (the sizes above are never 0 past the list check). */
     if (sa_kv_max_entries(s, l) > INT32_MAX || sa_kv_max_tasks(s, l, task_queries) > INT32_MAX)
         return SA_ERR_UNSUPPORTED;
 
@@ -64,7 +80,7 @@ int sa_kv_index_ref(const sa_shape *s, const sa_query_lists *l, int task_queries
     }
     for (size_t k = 0; k < nb; k++)
         offsets[k + 1] += offsets[k];
-    int32_t *fill = malloc(nb * sizeof *fill);
+    int32_t *fill = sa_sz_malloc((int64_t)nb, sizeof *fill);
     if (!fill)
         return SA_ERR_NOMEM;
     memcpy(fill, offsets, nb * sizeof *fill);

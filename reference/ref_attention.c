@@ -18,6 +18,8 @@
 #include <stdlib.h>
 
 #include "ref_internal.h"
+#include "sa_checked.h"
+#include "sa_internal.h"
 
 /* The exp loop runs 4 floats wide on the x86-64 baseline; clones for AVX2 and AVX-512, picked at
  * load time, run it 2-4x faster. Same operations per element in every clone (no FMA contraction
@@ -46,9 +48,9 @@ int ref_resolve_opts(const sa_attn_opts *opts, sa_attn_opts *res)
     sa_attn_opts_default(res);
     if (!opts)
         return SA_OK;
-    if ((opts->allow_empty_rows != 0 && opts->allow_empty_rows != 1) ||
-        (opts->validate != 0 && opts->validate != 1))
-        return SA_ERR_ARG;
+    int err = sa_attn_opts_check(opts);
+    if (err)
+        return err;
     *res = *opts;
     return SA_OK;
 }
@@ -95,12 +97,13 @@ typedef struct tile_scratch {
 
 static int scratch_alloc(tile_scratch *t, size_t max_keys, int d)
 {
-    size_t kd = max_keys * (size_t)d, td = (size_t)SA_TILE * d;
-    t->kf = malloc((kd ? kd : 1) * sizeof(float));
-    t->vf = malloc((kd ? kd : 1) * sizeof(float));
-    t->qf = malloc(td * sizeof(float));
-    t->s = malloc(((size_t)SA_TILE * max_keys + 1) * sizeof(float));
-    t->of = malloc(td * sizeof(float));
+    /* max_keys <= INT_MAX (run_tiles), so none of these products can overflow int64. */
+    const int64_t kd = sa_sz_mul((int64_t)max_keys, d), td = sa_sz_mul(SA_TILE, d);
+    t->kf = sa_sz_malloc(kd, sizeof(float));
+    t->vf = sa_sz_malloc(kd, sizeof(float));
+    t->qf = sa_sz_malloc(td, sizeof(float));
+    t->s = sa_sz_malloc(sa_sz_mul(SA_TILE, (int64_t)max_keys), sizeof(float));
+    t->of = sa_sz_malloc(td, sizeof(float));
     return t->kf && t->vf && t->qf && t->s && t->of ? SA_OK : SA_ERR_NOMEM;
 }
 
@@ -196,9 +199,10 @@ static int run_tiles(const tile_job *job)
     const sa_shape *s = job->s;
     const int tiles = sa_q_tiles(s);
     const long long items = (long long)s->batch * job->list_heads * tiles;
-    /* sgemm takes int sizes, and a row this long would not fit in memory anyway. */
-    if (job->max_keys > (size_t)INT_MAX / SA_TILE)
-        return SA_ERR_NOMEM;
+    /* sgemm takes int sizes: a row's keys are one of its dimensions. Only a row with duplicate
+     * blocks and opts->validate = 0 can gather more (a valid row holds at most len_kv keys). */
+    if (job->max_keys > (size_t)INT_MAX)
+        return SA_ERR_UNSUPPORTED;
     int err = SA_OK;
     ref_blas_single_begin();
 #pragma omp parallel
@@ -263,10 +267,9 @@ int sa_ref_tile_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, 
     sa_attn_opts o;
     if ((err = ref_resolve_opts(opts, &o)))
         return err;
-    if (l->list_heads != s->heads_kv && l->list_heads != s->heads_q)
-        return SA_ERR_LIST_HEADS;
-    if (l->max_blocks <= 0)
-        return SA_ERR_MAX_BLOCKS;
+    /* list_heads, max_blocks and the list array's size, with or without validation. */
+    if ((err = sa_tile_lists_check_args(s, l)))
+        return err;
     if (o.validate && (err = sa_tile_lists_check(s, l, o.allow_empty_rows)))
         return err;
     tile_job job = {.s = s, .q = q, .k = k, .v = v, .indices = l->indices, .counts = l->counts,

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 
 #include "ref_internal.h"
+#include "sa_checked.h"
+#include "sa_internal.h"
 
 typedef struct query_job {
     const sa_shape *s;
@@ -35,11 +37,11 @@ typedef struct query_scratch {
 
 static int scratch_alloc(query_scratch *t, int group, size_t keys, int d)
 {
-    t->qg = malloc((size_t)group * d * sizeof(float));
-    t->s = malloc(((size_t)group * keys + 1) * sizeof(float));
-    t->og = malloc((size_t)group * d * sizeof(float));
-    t->sum = malloc((size_t)group * sizeof(double));
-    t->lse = malloc((size_t)group * sizeof(double));
+    t->qg = sa_sz_malloc(sa_sz_mul(group, d), sizeof(float));
+    t->s = sa_sz_malloc(sa_sz_mul(group, (int64_t)keys), sizeof(float));
+    t->og = sa_sz_malloc(sa_sz_mul(group, d), sizeof(float));
+    t->sum = sa_sz_malloc(group, sizeof(double));
+    t->lse = sa_sz_malloc(group, sizeof(double));
     return t->qg && t->s && t->og && t->sum && t->lse ? SA_OK : SA_ERR_NOMEM;
 }
 
@@ -152,10 +154,13 @@ static int run_queries(query_job *job, size_t max_keys, int partials)
 {
     const sa_shape *s = job->s;
     const int d = s->head_dim, group = s->heads_q / s->heads_kv;
-    if (max_keys > (size_t)INT_MAX / (size_t)group)
-        return SA_ERR_NOMEM;
-    size_t kv_elems = (size_t)s->len_kv * d;
-    float *kf = malloc(kv_elems * sizeof *kf), *vf = malloc(kv_elems * sizeof *vf);
+    /* sgemm takes int sizes: a row's keys are the leading dimension of its logits. Only a row
+     * with duplicate blocks and opts->validate = 0 can gather more than len_kv keys. */
+    if (max_keys > (size_t)INT_MAX)
+        return SA_ERR_UNSUPPORTED;
+    const size_t kv_elems = (size_t)sa_sz_mul(s->len_kv, d);
+    float *kf = sa_sz_malloc((int64_t)kv_elems, sizeof *kf);
+    float *vf = sa_sz_malloc((int64_t)kv_elems, sizeof *vf);
     if (!kf || !vf) {
         free(kf);
         free(vf);
@@ -229,8 +234,9 @@ int sa_ref_query_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     sa_attn_opts o;
     if ((err = ref_resolve_opts(opts, &o)))
         return err;
-    if (l->max_blocks <= 0)
-        return SA_ERR_MAX_BLOCKS;
+    /* max_blocks and the list array's size, with or without validation. */
+    if ((err = sa_query_lists_check_args(s, l)))
+        return err;
     if (o.validate && (err = sa_query_lists_check(s, l, o.allow_empty_rows)))
         return err;
     size_t max_keys;
@@ -258,7 +264,11 @@ int sa_ref_query_partials(const sa_shape *s, const uint16_t *q, const uint16_t *
         return SA_ERR_NULL;
     if ((err = sa_shape_check(s)))
         return err;
-    if (l->max_blocks <= 0)
+    if ((err = sa_query_lists_check_args(s, l)))
+        return err;
+    /* part_o holds B*Hq*Sq*max_blocks*D floats: the list's limit does not bound it (a GQA group
+     * multiplies it), so it gets its own (sparseattn.h). */
+    if (!sa_sz_within(sa_sz_mul3(sa_sz_lse_elems(s), l->max_blocks, s->head_dim), SA_MAX_ELEMS))
         return SA_ERR_MAX_BLOCKS;
     if ((err = sa_query_lists_check(s, l, 1)))
         return err;
@@ -281,7 +291,8 @@ int sa_ref_combine(const sa_shape *s, int slots, const float *part_o, const floa
     int err = ref_check_outputs(out);
     if (err || (err = sa_shape_check(s)))
         return err;
-    if (slots <= 0 || (size_t)slots > SIZE_MAX / sizeof(float) / sa_q_elems(s))
+    /* part_o holds B*Hq*Sq*slots*D floats, held to SA_MAX_ELEMS like every buffer. */
+    if (slots <= 0 || !sa_sz_within(sa_sz_mul(sa_sz_q_elems(s), slots), SA_MAX_ELEMS))
         return SA_ERR_ARG;
     const int d = s->head_dim;
     const long long rows = (long long)sa_lse_elems(s);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sa_checked.h"
 #include "sel_internal.h"
 
 int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_select_params *p,
@@ -27,8 +28,7 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
     c->group = s->heads_q / s->heads_kv;
     if (p->k <= 0 || p->k > c->kv_blocks)
         return SA_ERR_ARG;
-    if ((p->keep_diagonal != 0 && p->keep_diagonal != 1) ||
-        (p->keep_sink != 0 && p->keep_sink != 1))
+    if (!sa_flag_ok(p->keep_diagonal) || !sa_flag_ok(p->keep_sink)) /* the option rule */
         return SA_ERR_ARG;
     if (p->keep_diagonal && s->len_q != s->len_kv)
         return SA_ERR_ARG;
@@ -39,6 +39,12 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
         return SA_ERR_NULL;
     if (p->q_index) {
         if (p->index_dim <= 0 || p->index_dim % 16 || p->index_dim > SA_MAX_INDEX_DIM)
+            return SA_ERR_ARG;
+        /* Index vectors are tensors too: at most SA_MAX_ELEMS elements (sparseattn.h). */
+        if (!sa_sz_within(sa_sz_mul4(s->batch, s->heads_q, s->len_q, p->index_dim),
+                          SA_MAX_ELEMS) ||
+            !sa_sz_within(sa_sz_mul4(s->batch, s->heads_kv, s->len_kv, p->index_dim),
+                          SA_MAX_ELEMS))
             return SA_ERR_ARG;
     } else if (p->index_dim != 0) {
         return SA_ERR_ARG;
@@ -60,7 +66,7 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
 
 float *sel_to_f32(const uint16_t *x, size_t n)
 {
-    float *f = malloc((n ? n : 1) * sizeof *f);
+    float *f = n <= (size_t)INT64_MAX ? sa_sz_malloc((int64_t)n, sizeof *f) : NULL;
     if (!f)
         return NULL;
 #pragma omp parallel for schedule(static)
@@ -110,9 +116,9 @@ void sel_pick_row(const float *score, int n, int k, int diag, int sink, unsigned
 int sel_row_init(sel_row *w, int n, int k)
 {
     w->n = n;
-    w->score = malloc((size_t)n * sizeof *w->score);
-    w->mark = malloc((size_t)n);
-    w->top = malloc((size_t)k * sizeof *w->top);
+    w->score = sa_sz_malloc(n, sizeof *w->score);
+    w->mark = sa_sz_malloc(n, 1);
+    w->top = sa_sz_malloc(k, sizeof *w->top);
     return !w->score || !w->mark || !w->top;
 }
 

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "sa_checked.h"
 #include "sel_internal.h"
 
 #define ROW_CHUNK 512 /* query rows per GEMM */
@@ -19,7 +20,7 @@ int sa_block_mass(const sa_shape *s, const uint16_t *q, const uint16_t *k, float
     float *qf = sel_to_f32(q, sa_q_elems(s));
     float *kf = sel_to_f32(k, sa_kv_elems(s));
     int rows_max = s->len_q < ROW_CHUNK ? s->len_q : ROW_CHUNK;
-    float *sc = malloc((size_t)rows_max * s->len_kv * sizeof *sc);
+    float *sc = sa_sz_malloc(sa_sz_mul(rows_max, s->len_kv), sizeof *sc);
     if (!qf || !kf || !sc)
         err = SA_ERR_NOMEM;
     for (int bh = 0; !err && bh < s->batch * s->heads_q; bh++) {
@@ -67,7 +68,7 @@ int sa_lists_recall(const sa_shape *s, const float *mass, int per_query, const i
     if (err)
         return err;
     const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s), group = s->heads_q / s->heads_kv;
-    if (k <= 0 || k > n || (per_query != 0 && per_query != 1))
+    if (k <= 0 || k > n || !sa_flag_ok(per_query))
         return SA_ERR_ARG;
     const size_t queries = sa_lse_elems(s);
     int bad = 0;

@@ -5,6 +5,7 @@
  * in the params are validated and ignored. */
 #include <stdlib.h>
 
+#include "sa_checked.h"
 #include "sel_internal.h"
 
 static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
@@ -15,7 +16,7 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     if (err)
         return err;
     const int n = c.kv_blocks, kk = c.k_sel;
-    float *mass = malloc(sa_lse_elems(s) * n * sizeof *mass);
+    float *mass = sa_sz_malloc(sa_sz_mul((int64_t)sa_lse_elems(s), n), sizeof *mass);
     if (!mass)
         return SA_ERR_NOMEM;
     err = sa_block_mass(s, q, k, mass);

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "sa_checked.h"
 #include "sel_internal.h"
 
 /* x is (heads, len, dim) BF16; out is (heads, ceil(len / span), dim): the mean of each group's
@@ -45,8 +46,8 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const int per = SA_TILE / span; /* groups per tile or block */
     const int qg = (s->len_q + span - 1) / span, kg = (s->len_kv + span - 1) / span;
     const int dim = c.dim, n = c.kv_blocks, kk = c.k_sel;
-    float *qr = malloc((size_t)s->batch * s->heads_q * qg * dim * sizeof *qr);
-    float *kr = malloc((size_t)s->batch * s->heads_kv * kg * dim * sizeof *kr);
+    float *qr = sa_sz_malloc(sa_sz_mul4(s->batch, s->heads_q, qg, dim), sizeof *qr);
+    float *kr = sa_sz_malloc(sa_sz_mul4(s->batch, s->heads_kv, kg, dim), sizeof *kr);
     if (!qr || !kr) {
         free(qr);
         free(kr);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sa_checked.h"
 #include "sel_internal.h"
 
 #define LOCAL_LENGTH 128.0   /* "local": correlation length in tokens */
@@ -135,7 +136,7 @@ static int plant(int w, const sa_shape *s, sa_rng *r, double strength, float *qg
     case W_NEEDLE: {
         int tiles = sa_q_tiles(s), blocks = sa_kv_blocks(s);
         int needles = tiles / NEEDLE_EVERY > 0 ? tiles / NEEDLE_EVERY : 1;
-        int *perm = malloc((size_t)tiles * sizeof *perm);
+        int *perm = sa_sz_malloc(tiles, sizeof *perm);
         if (!perm) {
             err = SA_ERR_NOMEM;
             break;
@@ -161,7 +162,7 @@ static int plant(int w, const sa_shape *s, sa_rng *r, double strength, float *qg
     case W_CLUSTERED: {
         for (int m = 0; m < CLUSTERS; m++)
             unit_vector(r, u + (size_t)m * d, d);
-        int *id = malloc((size_t)(sq > skv ? sq : skv) * sizeof *id);
+        int *id = sa_sz_malloc(sq > skv ? sq : skv, sizeof *id);
         if (!id) {
             err = SA_ERR_NOMEM;
             break;
@@ -204,8 +205,9 @@ int sa_workload_generate(const char *name, const sa_shape *s, uint64_t seed, dou
     int fail = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : fail)
     for (int g = 0; g < groups; g++) {
-        float *qg = malloc(qn * sizeof *qg), *kg = malloc(kn * sizeof *kg);
-        float *vg = malloc(kn * sizeof *vg);
+        float *qg = sa_sz_malloc((int64_t)qn, sizeof *qg);
+        float *kg = sa_sz_malloc((int64_t)kn, sizeof *kg);
+        float *vg = sa_sz_malloc((int64_t)kn, sizeof *vg);
         if (!qg || !kg || !vg) {
             fail = 1;
         } else {

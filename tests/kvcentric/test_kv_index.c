@@ -144,6 +144,63 @@ START_TEST(test_sizes)
 }
 END_TEST
 
+/* Size limits at their boundaries (sparseattn.h and the int32 entries of the index), and the
+ * size helpers on arguments no call accepts: 0, never a wrapped value or a division by zero. */
+#define MAXLEN (16777215 * 128) /* the largest len_kv with B = H = 1 (SA_MAX_ROWS) */
+START_TEST(test_limits)
+{
+    sa_shape bad = {.batch = 1, .heads_q = 1, .heads_kv = 0, .len_q = 1, .len_kv = 128,
+                    .head_dim = 128};
+    sa_query_lists l = {NULL, NULL, 4};
+    ck_assert_int_eq(sa_kv_task_queries(&bad), 0);
+    ck_assert_uint_eq(sa_kv_buckets(&bad), 0);
+    ck_assert_uint_eq(sa_kv_max_entries(&bad, &l), 0);
+    sa_shape s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 2, .len_kv = 128,
+                  .head_dim = 128};
+    ck_assert_uint_eq(sa_kv_max_tasks(&s, &l, 0), 0);
+    l.max_blocks = -1;
+    ck_assert_uint_eq(sa_kv_max_entries(&s, &l), 0);
+    sa_shape wrap = {1 << 30, 1 << 30, 1 << 30, 16, 16, 128};
+    ck_assert_uint_eq(sa_kv_buckets(&wrap), 0);
+    ck_assert_int_eq(sa_kv_task_queries(&wrap), 0);
+
+    /* Entries are int32: 2 rows of 2^30 - 1 slots are 2^31 - 2 entries (and with one query per
+     * task 2^31 - 1 tasks), 2^30 slots one too many. Empty rows read no index. */
+    int32_t idx[1] = {0}, cnt[2] = {0, 0}, off[2], ent[1];
+    sa_kv_task tasks[1];
+    int ne = -1, nt = -1;
+    l = (sa_query_lists){idx, cnt, (1 << 30) - 1};
+    ck_assert_uint_eq(sa_kv_max_tasks(&s, &l, 1), (size_t)INT32_MAX);
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 1, off, ent, tasks, &ne, &nt), SA_OK);
+    ck_assert_int_eq(ne, 0);
+    ck_assert_int_eq(nt, 0);
+    l.max_blocks++;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 1, off, ent, tasks, &ne, &nt), SA_ERR_UNSUPPORTED);
+
+    /* The most KV blocks: 16777215 buckets (64 MiB of offsets), the last block chosen. */
+    s = (sa_shape){.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 1, .len_kv = MAXLEN,
+                   .head_dim = 128};
+    idx[0] = 16777214;
+    l = (sa_query_lists){idx, NULL, 1};
+    size_t nb = sa_kv_buckets(&s);
+    ck_assert_uint_eq(nb, 16777215);
+    int32_t *boff = malloc((nb + 1) * sizeof *boff);
+    ck_assert_ptr_nonnull(boff);
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 1, boff, ent, tasks, &ne, &nt), SA_OK);
+    ck_assert_int_eq(ne, 1);
+    ck_assert_int_eq(nt, 1);
+    ck_assert_int_eq(boff[nb - 1], 0);
+    ck_assert_int_eq(boff[nb], 1);
+    ck_assert_int_eq(tasks[0].bucket, 16777214);
+    idx[0] = 16777215;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 1, boff, ent, tasks, &ne, &nt), SA_ERR_INDEX);
+    s.len_kv++;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 1, boff, ent, tasks, &ne, &nt), SA_ERR_SHAPE);
+    ck_assert_int_eq(sa_kv_index_ref(&wrap, &l, 1, boff, ent, tasks, &ne, &nt), SA_ERR_SHAPE);
+    free(boff);
+}
+END_TEST
+
 /* The GPU entry point checks its arguments before it looks for a device; built without CUDA it
  * says so. Host pointers stand in for device ones: they are never touched on these paths. */
 START_TEST(test_entry_args)
@@ -181,6 +238,42 @@ START_TEST(test_entry_args)
     p.shape.heads_q = 2;
     p.shape.heads_kv = 1;
     ck_assert_int_eq(sa_kv_workspace_size(&p, NULL), SA_ERR_NULL);
+    /* The option rule (flags 0 or 1, enums in range), as on every entry point. */
+    static const int bad_flag[] = {2, -1, 0x7fffffff};
+    for (int i = 0; i < 3; i++) {
+        sa_kv_params b = p;
+        b.validate = bad_flag[i];
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_ARG);
+        ck_assert_int_eq(sa_kv_workspace_size(&b, &bytes), SA_ERR_ARG);
+        ck_assert_int_eq(sa_kv_build_index(&b), SA_ERR_NULL); /* no workspace: checked first */
+        b = p;
+        b.allow_empty_rows = bad_flag[i];
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_ARG);
+        b = p;
+        b.partial_format = i == 0 ? 2 : -1;
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_ARG);
+    }
+    /* Hostile shapes: rejected by the shape check, never wrapped. */
+    {
+        sa_kv_params b = p;
+        b.shape = (sa_shape){1 << 30, 1 << 30, 1 << 30, 16, 16, 128};
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_SHAPE);
+        b.shape = (sa_shape){1, 1, 1, 1, 0x7fffffff, 128};
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_SHAPE);
+    }
+    /* Limits of the GPU index: a slot fits 23 bits, entries stay below INT32_MAX. The valid
+     * sides of both pass every check (and then find no device here). */
+    {
+        sa_kv_params b = p;
+        b.lists.max_blocks = 1 << 23;
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_UNSUPPORTED);
+        b.lists.max_blocks = (1 << 23) - 1;
+        b.shape.len_q = 256; /* 256 * (2^23 - 1) entries: below INT32_MAX */
+        if (!sa_gpu_available())
+            ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_NO_DEVICE);
+        b.shape.len_q = 257;
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_UNSUPPORTED);
+    }
     if (!sa_gpu_available())
         ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_NO_DEVICE);
     (void)bytes;
@@ -204,6 +297,7 @@ int main(void)
     tcase_add_test(tc, test_patterns);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_sizes);
+    tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_entry_args);
     suite_add_tcase(s, tc);
     return sa_test_run(s);

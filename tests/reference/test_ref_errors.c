@@ -251,6 +251,97 @@ START_TEST(test_combine_errors)
 }
 END_TEST
 
+/* The size limits of sparseattn.h at their boundaries. The largest valid shapes are far too big
+ * to compute on, so each valid case carries one bad list entry in its last row: the call must
+ * get past every size check and stop at the list, without touching Q, K, V or the outputs
+ * (whose buffers are the small fixture's). The first invalid value gets its documented code. */
+#define MAXLEN (16777215 * 128) /* the largest len_q, len_kv with B = H = 1 (SA_MAX_ROWS) */
+static const sa_shape wrapping[] = {
+    {1 << 30, 1 << 30, 1 << 30, 16, 16, 64}, /* 64-bit products wrap to 0 */
+    {INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, 128},
+    {1, 1, 1, INT32_MAX, 128, 64},
+    {1, 1, 1, 128, INT32_MAX, 64},
+    {1, 1, 1, MAXLEN + 1, 128, 64},
+    {1, 1, 1, 128, MAXLEN + 1, 64},
+};
+
+START_TEST(test_size_limits)
+{
+    sa_attn_opts off = {.allow_empty_rows = 1, .validate = 0};
+    for (size_t i = 0; i < sizeof wrapping / sizeof wrapping[0]; i++) {
+        const sa_shape *w = &wrapping[i];
+        sa_tile_lists tl = {tidx, NULL, 1, 1};
+        sa_query_lists ql = {qidx, NULL, 1};
+        EXPECT(sa_ref_dense(w, c.q, c.k, c.v, &out.out), SA_ERR_SHAPE);
+        EXPECT(sa_ref_tile_sparse(w, c.q, c.k, c.v, &tl, NULL, &out.out), SA_ERR_SHAPE);
+        EXPECT(sa_ref_tile_sparse(w, c.q, c.k, c.v, &tl, &off, &out.out), SA_ERR_SHAPE);
+        EXPECT(sa_ref_query_sparse(w, c.q, c.k, c.v, &ql, NULL, &out.out), SA_ERR_SHAPE);
+        EXPECT(sa_ref_query_partials(w, c.q, c.k, c.v, &ql, po, pl), SA_ERR_SHAPE);
+        EXPECT(sa_ref_combine(w, 1, po, pl, &out.out), SA_ERR_SHAPE);
+    }
+
+    /* Tile lists over the most query tiles: 16777215 rows of one block (64 MiB). */
+    sa_shape s = {1, 1, 1, MAXLEN, 128, 64};
+    size_t rows = 16777215;
+    int32_t *big = calloc(rows, sizeof *big);
+    ck_assert_ptr_nonnull(big);
+    big[rows - 1] = 1;
+    sa_tile_lists tl = {big, NULL, 1, 1};
+    EXPECT(sa_ref_tile_sparse(&s, c.q, c.k, c.v, &tl, NULL, &out.out), SA_ERR_INDEX);
+    EXPECT(sa_ref_tile_sparse(&s, c.q, c.k, c.v, &tl, &off, &out.out), SA_ERR_INDEX);
+    s.len_q++;
+    EXPECT(sa_ref_tile_sparse(&s, c.q, c.k, c.v, &tl, NULL, &out.out), SA_ERR_SHAPE);
+    free(big);
+
+    /* A row gathering more keys than sgemm's int sizes take: with validate = 0 duplicates count
+     * twice, so 2^24 copies of a 128-key block are 2^31 keys: SA_ERR_UNSUPPORTED, before any
+     * scratch is allocated. (2^24 - 1 copies would pass and then need 1 TiB of scratch.) */
+    s = (sa_shape){1, 1, 1, 128, 128, 64};
+    big = calloc((size_t)1 << 24, sizeof *big);
+    ck_assert_ptr_nonnull(big);
+    tl = (sa_tile_lists){big, NULL, 1, 1 << 24};
+    EXPECT(sa_ref_tile_sparse(&s, c.q, c.k, c.v, &tl, &off, &out.out), SA_ERR_UNSUPPORTED);
+    EXPECT(sa_ref_tile_sparse(&s, c.q, c.k, c.v, &tl, NULL, &out.out), SA_ERR_DUPLICATE);
+    free(big);
+
+    /* Per-query lists over the most KV blocks: the last block exists, the next does not. */
+    s = (sa_shape){1, 1, 1, 1, MAXLEN, 64};
+    int32_t row[1] = {16777215};
+    sa_query_lists ql = {row, NULL, 1};
+    EXPECT(sa_ref_query_sparse(&s, c.q, c.k, c.v, &ql, NULL, &out.out), SA_ERR_INDEX);
+    EXPECT(sa_ref_query_sparse(&s, c.q, c.k, c.v, &ql, &off, &out.out), SA_ERR_INDEX);
+    EXPECT(sa_ref_query_partials(&s, c.q, c.k, c.v, &ql, po, pl), SA_ERR_INDEX);
+    s.len_kv++;
+    EXPECT(sa_ref_query_sparse(&s, c.q, c.k, c.v, &ql, NULL, &out.out), SA_ERR_SHAPE);
+    EXPECT(sa_ref_query_partials(&s, c.q, c.k, c.v, &ql, po, pl), SA_ERR_SHAPE);
+
+    /* Partials: B*Hq*Sq*max_blocks*D <= SA_MAX_ELEMS. 128 heads of 128 values, one query:
+     * max_blocks 2^26 is the limit exactly. The row holds one (bad) block, so nothing is read
+     * past it and the partials are never written. */
+    s = (sa_shape){1, 128, 1, 1, 128, 128};
+    row[0] = 1;
+    int32_t cnt[1] = {1};
+    ql = (sa_query_lists){row, cnt, 1 << 26};
+    EXPECT(sa_ref_query_partials(&s, c.q, c.k, c.v, &ql, po, pl), SA_ERR_INDEX);
+    ql.max_blocks++;
+    EXPECT(sa_ref_query_partials(&s, c.q, c.k, c.v, &ql, po, pl), SA_ERR_MAX_BLOCKS);
+    /* The list array itself: rows * max_blocks <= SA_MAX_ELEMS, validated or not. */
+    s = (sa_shape){1, 1, 1, 1024, 128, 64};
+    int32_t *counts = calloc(1024, sizeof *counts);
+    ck_assert_ptr_nonnull(counts);
+    ql = (sa_query_lists){row, counts, (1 << 30) + 1};
+    EXPECT(sa_ref_query_sparse(&s, c.q, c.k, c.v, &ql, NULL, &out.out), SA_ERR_MAX_BLOCKS);
+    EXPECT(sa_ref_query_sparse(&s, c.q, c.k, c.v, &ql, &off, &out.out), SA_ERR_MAX_BLOCKS);
+    free(counts);
+
+    /* Combine: B*Hq*Sq*slots*D <= SA_MAX_ELEMS; 16 queries of 64 values allow 2^30 slots, and
+     * 2^30 + 1 is SA_ERR_ARG (the valid count would read 4 TiB of partials). */
+    s = (sa_shape){1, 1, 1, 16, 128, 64};
+    EXPECT(sa_ref_combine(&s, (1 << 30) + 1, po, pl, &out.out), SA_ERR_ARG);
+    EXPECT(sa_ref_combine(&s, INT32_MAX, po, pl, &out.out), SA_ERR_ARG);
+}
+END_TEST
+
 /* Each error code names its problem (sa_strerror never NULL, distinct from success). */
 START_TEST(test_codes_explained)
 {
@@ -271,6 +362,7 @@ int main(void)
     tcase_add_test(tc, test_tile_errors);
     tcase_add_test(tc, test_query_errors);
     tcase_add_test(tc, test_combine_errors);
+    tcase_add_test(tc, test_size_limits);
     tcase_add_test(tc, test_codes_explained);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
