@@ -17,13 +17,16 @@ meson setup build-gpu -Dcuda=enabled -Dtests=disabled >"$out/ncu-setup.log" 2>&1
 ninja -C build-gpu >"$out/ncu-build.log" 2>&1 || { grep -E "error" "$out/ncu-build.log" | head; exit 1; }
 metrics="gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
 metrics+=",lts__t_sector_hit_rate.pct,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active"
+metrics+=",sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"
+metrics+=",sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"
+metrics+=",sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"
 metrics+=",regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio"
 status=0
 for k in "${kernels[@]}"; do
     timeout 150 ncu --clock-control none -k "regex:$k" --launch-skip 2 -c 1 --metrics "$metrics" \
         build-gpu/tools/sparseattn bench sparse --reps 3 --warmup 1 >"$out/ncu-$k.txt" 2>&1 || status=1
     echo "== $k"
-    grep -E "^\s+(gpu__time|sm__pipe|lts__t|smsp__issue_active|smsp__inst)" "$out/ncu-$k.txt"
+    grep -E "^\s+(gpu__time|sm__pipe|sm__inst|lts__t|smsp__issue_active|smsp__inst)" "$out/ncu-$k.txt"
     grep -E "issue_stalled" "$out/ncu-$k.txt" | awk '{ if ($NF + 0 > 0.05) print }'
 done
 exit $status
