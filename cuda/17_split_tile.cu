@@ -74,13 +74,16 @@
 //
 // BARRIER PROTOCOL
 //   | barrier        | kind      | direction               | arrivals              | meaning
-//   | q-ready        | mbarrier  | producer -> consumers   | 1 (+ 32 KB TMA bytes) | Q landed; the item record is written
-//   | q-free         | mbarrier  | consumers -> producer   | 8 (4 warps x 2 WGs)   | last QK of the item done, record read
+//   | q-ready[b]     | mbarrier  | producer -> consumers   | 1 (+ 32 KB TMA bytes) | Q landed in buffer b; its item record is written
+//   | q-free[b]      | mbarrier  | consumers -> producer   | 8 (4 warps x 2 WGs)   | last QK of buffer b's item done, record read
 //   | k-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | K in stage s landed; its valid-key count written
 //   | v-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | V in stage s landed
 //   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done
 //   | v-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' PV on V[s] done
 //   | turn[c]        | named bar | consumer 1-c -> c       | 256 (arrive + sync)   | c may issue its next batch
+//   The CTA's u-th item uses Q buffer b = u % Q_BUFFERS; with two buffers the producer loads the
+//   next item's Q and writes its record while this item runs (one buffer would make every item
+//   start wait for a Q load issued only after the previous item's last QK).
 //   Phase parity = use count & 1. An empty (or invalid) row gets a q-ready arrival without a copy
 //   and no K/V loads; both consumers walk the same row, so they take the same turns (none for an
 //   empty row) and the strict alternation of stage 14 holds with no padding turns.
@@ -88,8 +91,8 @@
 //   and releases K_j after step 3 and V_{j-1} after step 5 of the same block, so the loads KV_STAGES
 //   blocks back are released before any turn that waits for a later load (KV_STAGES >= 2).
 //
-// SHARED MEMORY: Q 32 KB, K and V KV_STAGES x 32 KB each (2 stages: 160 KB), barriers, the item
-//   record and one valid-key count per K stage.
+// SHARED MEMORY: Q 2 x 32 KB, K and V KV_STAGES x 32 KB each (2 stages: 192 KB in all),
+//   barriers, an item record per Q buffer and one valid-key count per K stage.
 //
 // B200 -> HOPPER MAPPING
 //   | B200 (original)                         | Hopper (this file)
@@ -117,6 +120,11 @@
 #ifndef SA_STAGE17_KV_STAGES
 #define SA_STAGE17_KV_STAGES 2 // a compile-time variant for A/B runs (scripts/device-ab.sh)
 #endif
+// Q buffers: 2 lets the producer load the next item's Q (and write its record) while this item
+// runs; 1 waits for the item's last QK. A/B variant.
+#ifndef SA_STAGE17_Q_BUFFERS
+#define SA_STAGE17_Q_BUFFERS 2
+#endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
 #endif
@@ -126,10 +134,21 @@
 #ifndef SA_STAGE17_CEILING
 #define SA_STAGE17_CEILING 0
 #endif
+// SA_STAGE17_TREE=1: row maxima and sums as 4-way trees (more independent instructions in the
+// softmax of one warp) instead of stage 14's chains. A/B variant (docs/stage17.md).
+#ifndef SA_STAGE17_TREE
+#define SA_STAGE17_TREE 0
+#endif
+// SA_STAGE17_EMU_EXP=N: of each 16 column pairs of a row, N get exp2 from a polynomial on the FMA
+// pipe instead of the MUFU (FlashAttention-4's split of the exponentials). A/B variant.
+#ifndef SA_STAGE17_EMU_EXP
+#define SA_STAGE17_EMU_EXP 0
+#endif
 
 namespace {
 
 constexpr int KV_STAGES = SA_STAGE17_KV_STAGES;
+constexpr int Q_BUFFERS = SA_STAGE17_Q_BUFFERS;
 constexpr bool PINGPONG = SA_STAGE17_PINGPONG != 0; // turns between the consumer warpgroups
 constexpr int HALVES = 2;                           // consumer warpgroups = 64-row halves of a tile
 constexpr int NTHREADS = 128 * (1 + HALVES);
@@ -138,13 +157,13 @@ constexpr int FREE_ARRIVALS = 4 * HALVES; // one per consumer warp
 constexpr uint32_t BF16X2_NAN = 0x7FC07FC0u;
 
 struct alignas(1024) Smem {
-    uint8_t q[TILE_BYTES];
+    uint8_t q[Q_BUFFERS][TILE_BYTES];
     uint8_t k[KV_STAGES][TILE_BYTES];
     uint8_t v[KV_STAGES][TILE_BYTES];
-    uint64_t q_ready, q_free;
+    uint64_t q_ready[Q_BUFFERS], q_free[Q_BUFFERS];
     uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], k_free[KV_STAGES], v_free[KV_STAGES];
     int32_t k_valid[KV_STAGES]; // valid keys of the block in K stage s (128 unless partial)
-    int32_t count, error;       // the item record: blocks to walk, the row's check verdict
+    int32_t count[Q_BUFFERS], error[Q_BUFFERS]; // the item record, beside its Q buffer
 };
 constexpr size_t SMEM_BYTES = sizeof(Smem) + 1024; // + room to align the dynamic base
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over the sm_90 per-block limit");
@@ -228,6 +247,51 @@ __device__ __forceinline__ int check_row(const Params &p, const int32_t *row, in
     return __any_sync(0xffffffffu, bad_index) ? SA_ERR_INDEX : SA_OK;
 }
 
+// softmax_row_max with 4-way trees for the maxima (SA_STAGE17_TREE).
+__device__ __forceinline__ bool row_max_tree(const float (&sc)[64], float (&row_max)[2],
+                                             float (&row_sum)[2], float (&factor)[2])
+{
+    bool need_any = false;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float m[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            m[q] = fmaxf(sc[4 * q + 2 * i], sc[4 * q + 2 * i + 1]);
+#pragma unroll
+        for (int jj = 4; jj < 16; jj++)
+            m[jj % 4] = fmaxf(m[jj % 4], fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
+        float mx = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mx2 = mx * SCORE_TO_LOG2;
+        const bool need = mx2 > row_max[i] + RESCALE_THRESHOLD;
+        factor[i] = 1.f;
+        if (need) {
+            factor[i] = fast_exp2(row_max[i] - mx2);
+            row_max[i] = mx2;
+            row_sum[i] *= factor[i];
+        }
+        need_any |= need;
+    }
+    return need_any;
+}
+
+// 2^x on the FMA pipe (SA_STAGE17_EMU_EXP): x = n + f with n = round(x) from the 1.5 * 2^23
+// trick, 2^f on [-0.5, 0.5] by a degree-3 polynomial (relative error below 1e-3, under P's
+// BF16 rounding), and n added to the exponent bits. x <= RESCALE_THRESHOLD here; below -126
+// the result flushes to 0 as ex2.approx.ftz does.
+__device__ __forceinline__ float exp2_fma(float x)
+{
+    constexpr float MAGIC = 12582912.f; // 1.5 * 2^23: t's low mantissa bits hold round(x)
+    x = fmaxf(x, -126.f);
+    const float t = x + MAGIC;
+    const float f = x - (t - MAGIC);
+    float p = fmaf(fmaf(fmaf(0.05550411f, f, 0.24022652f), f, 0.69314718f), f, 1.f);
+    const int bits = __float_as_int(p) + (__float_as_int(t) << 23);
+    return x <= -126.f ? 0.f : __int_as_float(bits);
+}
+
 // Step 4 of the dataflow: row max and the lazy rescaling decision (softmax_row_max), then
 // P = exp2(S * scale * log2e - max) in place of S, with O's rescale deferred: O is still being
 // accumulated by the PV in flight. Returns whether any row of this warp adopted a new max (a
@@ -244,19 +308,29 @@ __device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_ma
         factor[0] = factor[1] = 1.f;
         return false;
     }
-    const bool need_any = softmax_row_max(sc, row_max, row_sum, factor);
+    const bool need_any =
+        SA_STAGE17_TREE ? row_max_tree(sc, row_max, row_sum, factor)
+                        : softmax_row_max(sc, row_max, row_sum, factor);
+    float part[2][SA_STAGE17_TREE ? 4 : 1] = {};
 #pragma unroll
     for (int jj = 0; jj < 16; jj++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const float neg_max = -row_max[i];
-            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
-            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
-            row_sum[i] += p0 + p1;
+            const float x0 = fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max);
+            const float x1 = fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max);
+            const bool emu = jj % 16 < SA_STAGE17_EMU_EXP;
+            const float p0 = emu ? exp2_fma(x0) : fast_exp2(x0);
+            const float p1 = emu ? exp2_fma(x1) : fast_exp2(x1);
+            part[i][SA_STAGE17_TREE ? jj % 4 : 0] += p0 + p1;
             sc[4 * jj + 2 * i] = p0;
             sc[4 * jj + 2 * i + 1] = p1;
         }
     }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        row_sum[i] += SA_STAGE17_TREE ? (part[i][0] + part[i][1]) + (part[i][2] + part[i][3])
+                                      : part[i][0];
     return __any_sync(0xffffffffu, need_any);
 }
 
@@ -315,8 +389,10 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
     const int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
-        sa_mbar_init(&sm.q_ready, 1);
-        sa_mbar_init(&sm.q_free, FREE_ARRIVALS);
+        for (int b = 0; b < Q_BUFFERS; b++) {
+            sa_mbar_init(&sm.q_ready[b], 1);
+            sa_mbar_init(&sm.q_free[b], FREE_ARRIVALS);
+        }
         for (int s = 0; s < KV_STAGES; s++) {
             sa_mbar_init(&sm.k_ready[s], 1);
             sa_mbar_init(&sm.v_ready[s], 1);
@@ -347,18 +423,21 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int count = err ? 0 : min(max(raw, 0), p.max_blocks);
             if (err && lane == 0)
                 atomicMin(p.verdict, err);
-            sa_mbar_wait(&sm.q_free, (q_uses & 1) ^ 1); // the record and Q are free again
+            // The item's Q buffer and record are free again (its previous user's last QK is done).
+            const int qb = q_uses % Q_BUFFERS;
+            sa_mbar_wait(&sm.q_free[qb], ((q_uses / Q_BUFFERS) & 1) ^ 1);
             if (lane == 0) {
-                sm.count = count;
-                sm.error = err;
+                sm.count[qb] = count;
+                sm.error[qb] = err;
                 if (count > 0) {
                     // Q rows are numbered over the flattened (batch, head, seq) matrix.
                     const int qrow = it.bh * p.len_q + it.tile * TILE;
-                    sa_mbar_arrive_expect_tx(&sm.q_ready, TILE_BYTES);
-                    sa_tma_load_2d(sm.q, &map_q, &sm.q_ready, 0, qrow);
-                    sa_tma_load_2d(sm.q + HALF_BYTES, &map_q, &sm.q_ready, HALF_COLS, qrow);
+                    sa_mbar_arrive_expect_tx(&sm.q_ready[qb], TILE_BYTES);
+                    sa_tma_load_2d(sm.q[qb], &map_q, &sm.q_ready[qb], 0, qrow);
+                    sa_tma_load_2d(sm.q[qb] + HALF_BYTES, &map_q, &sm.q_ready[qb], HALF_COLS,
+                                   qrow);
                 } else {
-                    sa_mbar_arrive(&sm.q_ready); // the record alone: nothing to load
+                    sa_mbar_arrive(&sm.q_ready[qb]); // the record alone: nothing to load
                 }
             }
             q_uses++;
@@ -398,7 +477,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     // K-major operands (Q, K): lbo unused; V (MN-major): lbo = step between 64-column halves.
     constexpr uint32_t Q_HALF = (64 * ROW_BYTES) >> 4; // rows 64..127 of the Q tile
     constexpr uint32_t STAGE_STEP = TILE_BYTES >> 4;
-    const uint32_t q_desc0 = sa_desc_lo(sa_smem_addr(sm.q), 16) + c * Q_HALF;
+    const uint32_t q_desc0 = sa_desc_lo(sa_smem_addr(sm.q[0]), 16) + c * Q_HALF;
     const uint32_t k_desc0 = sa_desc_lo(sa_smem_addr(sm.k[0]), 16);
     const uint32_t v_desc0 = sa_desc_lo(sa_smem_addr(sm.v[0]), HALF_BYTES);
 
@@ -407,12 +486,13 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
     uint32_t q_uses = 0, kv_n = 0;
     for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
-        sa_mbar_wait(&sm.q_ready, q_uses & 1);
+        const int qb = q_uses % Q_BUFFERS;
+        sa_mbar_wait(&sm.q_ready[qb], (q_uses / Q_BUFFERS) & 1);
         q_uses++;
-        const int count = read_lane0(&sm.count, lane);
+        const int count = read_lane0(&sm.count[qb], lane);
         if (count == 0) {
-            const int err = read_lane0(&sm.error, lane);
-            warp_arrive(&sm.q_free, lane); // the record is read
+            const int err = read_lane0(&sm.error[qb], lane);
+            warp_arrive(&sm.q_free[qb], lane); // the record is read
             // An empty row selects no key: O = 0, LSE = -inf; a row that failed the check: NaN.
             const Item it = item_at(p, item);
             const size_t row0 = (size_t)it.bh * p.len_q + (size_t)it.tile * TILE + 64 * c;
@@ -438,7 +518,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         // Block 0: a turn with S alone, then its softmax (no PV in flight: rescale at once).
         {
             const int s = kv_n % KV_STAGES;
-            uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+            uint32_t q_desc = q_desc0 + qb * STAGE_STEP, k_desc = k_desc0 + s * STAGE_STEP;
             asm volatile("" : "+r"(q_desc), "+r"(k_desc));
             sa_mbar_wait(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
             const int valid = read_lane0(&sm.k_valid[s], lane);
@@ -450,7 +530,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_wgmma_wait<0>();
             warp_arrive(&sm.k_free[s], lane);
             if (count == 1)
-                warp_arrive(&sm.q_free, lane);
+                warp_arrive(&sm.q_free[qb], lane);
             if (valid < TILE)
                 mask_tail(sc, valid, lane);
             const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
@@ -462,7 +542,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int s = n % KV_STAGES, s_prev = (n - 1) % KV_STAGES;
             // Opaque copies: without them the compiler hoists every per-k-step descriptor out of
             // the loop and keeps them in registers that the accumulators need.
-            uint32_t q_desc = q_desc0, k_desc = k_desc0 + s * STAGE_STEP;
+            uint32_t q_desc = q_desc0 + qb * STAGE_STEP, k_desc = k_desc0 + s * STAGE_STEP;
             uint32_t v_desc = v_desc0 + s_prev * STAGE_STEP;
             asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(v_desc));
 
@@ -481,7 +561,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_wgmma_wait<1>();
             warp_arrive(&sm.k_free[s], lane);
             if (j == count - 1)
-                warp_arrive(&sm.q_free, lane);
+                warp_arrive(&sm.q_free[qb], lane);
             // ---- step 4: softmax of block j beside the PV of block j-1
             if (valid < TILE)
                 mask_tail(sc, valid, lane);
