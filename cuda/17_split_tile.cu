@@ -631,34 +631,9 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
 extern "C" int sa_stage17_check(const sa_gpu_attn *a)
 {
-    if (!a)
-        return SA_ERR_NULL;
-    int rc = sa_shape_check(&a->shape);
-    if (rc != SA_OK)
-        return rc;
-    if (!a->q || !a->k || !a->v || !a->o || !a->lists.indices)
-        return SA_ERR_NULL;
-    if ((a->validate != 0 && a->validate != 1) ||
-        (a->allow_empty_rows != 0 && a->allow_empty_rows != 1))
-        return SA_ERR_ARG;
-    const sa_shape *s = &a->shape;
-    if (a->lists.list_heads != s->heads_kv && a->lists.list_heads != s->heads_q)
-        return SA_ERR_LIST_HEADS;
-    if (a->lists.max_blocks <= 0)
-        return SA_ERR_MAX_BLOCKS;
-    if (s->head_dim != HEAD_DIM)
-        return SA_ERR_UNSUPPORTED;
-    // TMA coordinates and the kernel's row arithmetic are 32-bit (a partial tile reaches up to
-    // 127 rows past the end).
-    if ((long long)s->batch * s->heads_q * s->len_q + TILE > INT32_MAX ||
-        (long long)s->batch * s->heads_kv * s->len_kv + TILE > INT32_MAX)
-        return SA_ERR_UNSUPPORTED;
-    // TMA needs 16-byte aligned bases; O is stored 16 bytes a lane, LSE as floats, lists as int32.
-    if (((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v | (uintptr_t)a->o) & 15 ||
-        ((uintptr_t)a->lse & 3) || ((uintptr_t)a->lists.indices & 3) ||
-        ((uintptr_t)a->lists.counts & 3))
-        return SA_ERR_UNSUPPORTED;
-    return SA_OK;
+    // Shape, pointers, options, list arguments, 32-bit TMA rows (a partial tile reaches up to
+    // 127 rows past the end) and alignment: the checks every stage shares (common/sa_gpu_check.c).
+    return sa_gpu_attn_check_common(a, 1, HEAD_DIM, TILE);
 }
 
 extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
