@@ -21,6 +21,8 @@ const char *sa_strerror(int code)
     case SA_ERR_CUDA: return "a CUDA call or kernel launch failed";
     case SA_ERR_NOT_BUILT: return "the library was built without CUDA";
     case SA_ERR_UNKNOWN: return "no entry of that name in the registry";
+    case SA_ERR_FUTURE_BLOCK:
+        return "causal attention: a listed block lies wholly after its row's last visible key";
     default: return "unknown error code";
     }
 }

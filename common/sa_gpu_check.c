@@ -18,8 +18,11 @@ int sa_gpu_attn_check_common(const sa_gpu_attn *a, int sparse, int head_dim, int
         return SA_ERR_NULL;
     if (sparse && (rc = sa_tile_lists_check_args(s, &a->lists)) != SA_OK)
         return rc;
-    if (!sa_flag_ok(a->validate) || !sa_flag_ok(a->allow_empty_rows))
+    if (!sa_flag_ok(a->validate) || !sa_flag_ok(a->allow_empty_rows) || !sa_flag_ok(a->causal) ||
+        !sa_flag_ok(a->allow_future_blocks))
         return SA_ERR_ARG;
+    if (a->causal)
+        return SA_ERR_UNSUPPORTED; /* no GPU stage masks causally yet */
     if (s->head_dim != head_dim)
         return SA_ERR_UNSUPPORTED;
     /* Within sa_shape_check's limits the rows fit int32 already; the pad may not. */

@@ -91,13 +91,18 @@ void sa_attn_opts_default(sa_attn_opts *o)
         return;
     o->allow_empty_rows = 1;
     o->validate = 1;
+    o->causal = 0;
+    o->allow_future_blocks = 0;
 }
 
 int sa_attn_opts_check(const sa_attn_opts *o)
 {
     if (!o)
         return SA_ERR_NULL;
-    return sa_flag_ok(o->allow_empty_rows) && sa_flag_ok(o->validate) ? SA_OK : SA_ERR_ARG;
+    return sa_flag_ok(o->allow_empty_rows) && sa_flag_ok(o->validate) && sa_flag_ok(o->causal) &&
+                   sa_flag_ok(o->allow_future_blocks)
+               ? SA_OK
+               : SA_ERR_ARG;
 }
 
 void sa_gpu_attn_default(sa_gpu_attn *a)

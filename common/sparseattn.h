@@ -41,6 +41,7 @@ typedef enum sa_status {
     SA_ERR_CUDA = -15,        /* a CUDA call or launch failed */
     SA_ERR_NOT_BUILT = -16,   /* the library was built without CUDA */
     SA_ERR_UNKNOWN = -17,     /* name not found in a registry */
+    SA_ERR_FUTURE_BLOCK = -18, /* causal: a listed block lies wholly after the row's last visible key */
 } sa_status;
 
 /* One sentence naming the problem; never NULL. */
@@ -155,6 +156,12 @@ typedef struct sa_outputs {
 typedef struct sa_attn_opts {
     int allow_empty_rows; /* 1: a row of count 0 gives O = 0, LSE = -inf (default 1) */
     int validate;         /* 1: validate lists at the entry point (default 1) */
+    /* 1: causal, bottom-right aligned: query i sees key j only when j <= i + (len_kv - len_q)
+     * (docs/api.md, "Causal attention"). Default 0. */
+    int causal;
+    /* With causal = 1: 1 lets a list name a block that lies wholly after its row's last visible
+     * key (it contributes nothing); 0 (default) makes validation report SA_ERR_FUTURE_BLOCK. */
+    int allow_future_blocks;
 } sa_attn_opts;
 void sa_attn_opts_default(sa_attn_opts *o);
 /* The option rule of every entry point, CPU and GPU: a flag is 0 or 1, an enum lies in its
@@ -204,6 +211,8 @@ typedef struct sa_gpu_attn {
      * the call can be captured in a CUDA graph); sa_gpu_verdict_read fetches it later. Stages
      * without that role check synchronously and also record the code there. */
     struct sa_gpu_verdict *verdict;
+    int causal;              /* as sa_attn_opts.causal (default 0); stages say if they support it */
+    int allow_future_blocks; /* as sa_attn_opts.allow_future_blocks (default 0) */
 } sa_gpu_attn;
 void sa_gpu_attn_default(sa_gpu_attn *a);
 
