@@ -7,8 +7,11 @@
 //   online softmax in the exp2 domain with lazy rescaling, persistent CTAs.
 //
 // ASSUMPTIONS (anything else gets SA_ERR_UNSUPPORTED from the check, never a launch)
-//   BF16 Q/K/V/O in BHSD layout, head_dim 128, non-causal, len_q and len_kv multiples of 128,
-//   16-byte aligned tensors. GQA by index: query head h reads KV head h / (Hq / Hkv).
+//   BF16 Q/K/V/O in BHSD layout, head_dim 128, non-causal, any positive len_q and len_kv, 16-byte
+//   aligned tensors. A partial last Q tile stores only its valid rows; the partial final KV tile
+//   has its score columns >= the valid keys masked to -inf before the row max (TMA reads those
+//   rows from the next head, or zero-fills them past the tensor's end: finite either way). On
+//   lengths that are multiples of 128 the mask is a branch never taken. GQA by index: query head h reads KV head h / (Hq / Hkv).
 //   Softmax scale 1/sqrt(128). LSE (optional, FP32, natural log) for every query.
 //
 // WORK
@@ -127,6 +130,7 @@ struct Params {
     int heads_q, group; // group = heads_q / heads_kv
     int len_q, len_kv;
     int q_tiles, kv_tiles;
+    int tail; // valid keys of the last KV tile, 1..128 (128: no partial tile)
     int pairs; // ceil(q_tiles / 2) items per (batch, head)
     int items;
 };
@@ -284,6 +288,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             sa_wgmma_commit();
             turn_pass(c);
             sa_wgmma_wait<0>();
+            if (p.kv_tiles == 1 && p.tail < TILE)
+                mask_tail(sc, p.tail, lane);
             softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
         }
         for (int j = 0; j < p.kv_tiles; j++, kv_n++) {
@@ -310,6 +316,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             warp_arrive(&sm.k_free[s], lane);
             if (j == p.kv_tiles - 1)
                 warp_arrive(&sm.q_free[c], lane);
+            if (j == p.kv_tiles - 1 && p.tail < TILE)
+                mask_tail(sc, p.tail, lane);
             softmax_half(sc, o[1], row_max[1], row_sum[1], pa);
 
             if (j + 1 < p.kv_tiles) {
@@ -325,6 +333,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 sa_wgmma_commit();
                 turn_pass(c);
                 sa_wgmma_wait<0>();
+                if (j + 2 == p.kv_tiles && p.tail < TILE)
+                    mask_tail(sc, p.tail, lane);
                 softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
             } else {
                 // ---- the item's last turn: PV of half 1 of the last tile
@@ -343,7 +353,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         int item_now = item;
         asm volatile("" : "+r"(item_now));
         const Item it_now = item_at(p, item_now);
-        const size_t row0 = (size_t)it_now.bh * p.len_q + (size_t)(2 * it_now.pair + c) * TILE;
+        const int tile_now = 2 * it_now.pair + c;
+        const size_t row0 = (size_t)it_now.bh * p.len_q + (size_t)tile_now * TILE;
+        const int rows = min(TILE, p.len_q - tile_now * TILE); // a partial last Q tile
 #pragma unroll
         for (int h = 0; h < 2; h++) {
 #pragma unroll
@@ -352,7 +364,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 sum += __shfl_xor_sync(0xffffffffu, sum, 1);
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
                 const float inv = 1.f / sum;
-                const size_t row = row0 + h * 64 + warp * 16 + lane / 4 + 8 * i;
+                const int r = h * 64 + warp * 16 + lane / 4 + 8 * i;
+                const size_t row = row0 + r;
                 uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
 #pragma unroll
                 for (int g = 0; g < 4; g++) {
@@ -365,9 +378,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                         a[k] = pack_bf16(o[h][4 * (4 * g + k) + 2 * i] * inv,
                                          o[h][4 * (4 * g + k) + 2 * i + 1] * inv);
                     quad_transpose(a, lane);
-                    dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
+                    if (r < rows) // a partial last Q tile stores only its rows
+                        dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
                 }
-                if (p.lse && lane % 4 == 0)
+                if (p.lse && lane % 4 == 0 && r < rows)
                     p.lse[row] = (row_max[h][i] + __log2f(sum)) * LN2;
             }
         }
@@ -382,15 +396,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 extern "C" int sa_stage14_check(const sa_gpu_attn *a)
 {
-    // Shape, pointers, options, head_dim, 32-bit rows (no partial tile reaches past the end:
-    // every length is a multiple of the tile) and alignment: the checks every stage shares.
-    int rc = sa_gpu_attn_check_common(a, 0, HEAD_DIM, 0);
-    if (rc != SA_OK)
-        return rc;
-    const sa_shape *s = &a->shape;
-    if (s->len_q % TILE != 0 || s->len_kv % TILE != 0)
-        return SA_ERR_UNSUPPORTED;
-    return SA_OK;
+    // Shape, pointers, options, head_dim, 32-bit rows (a partial tile reaches up to 127 rows
+    // past the end) and alignment: the checks every stage shares.
+    return sa_gpu_attn_check_common(a, 0, HEAD_DIM, TILE);
 }
 
 extern "C" int sa_stage14_launch(const sa_gpu_attn *a)
@@ -418,8 +426,9 @@ extern "C" int sa_stage14_launch(const sa_gpu_attn *a)
     p.group = s->heads_q / s->heads_kv;
     p.len_q = s->len_q;
     p.len_kv = s->len_kv;
-    p.q_tiles = s->len_q / TILE;
-    p.kv_tiles = s->len_kv / TILE;
+    p.q_tiles = sa_q_tiles(s);
+    p.kv_tiles = sa_kv_blocks(s);
+    p.tail = s->len_kv - (p.kv_tiles - 1) * TILE;
     p.pairs = (p.q_tiles + 1) / 2;
     const long long items = (long long)s->batch * s->heads_q * p.pairs;
     if (items > INT32_MAX)

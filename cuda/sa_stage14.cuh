@@ -15,7 +15,8 @@
 //   turn_wait, turn_pass            the ping-pong turns between the two consumer warpgroups.
 //   warp_arrive                     a consumer warp's release of a Q or K/V buffer.
 //   DESC_HI, issue_qk, issue_pv     the 8 wgmma of S = Q_h K^T and of O_h += P V.
-//   softmax_half                    the online softmax of one m64 half (dataflow step 4).
+//   softmax_row_max, softmax_half   the online softmax of one m64 half (dataflow step 4).
+//   mask_tail                       the partial final KV block's columns leave the softmax.
 //   quad_transpose                  the epilogue's 16-byte stores of O.
 // Everything is in an anonymous namespace and inline, as it was in the stage files: nothing here
 // is exported, and each stage's translation unit has its own copy.
@@ -177,6 +178,22 @@ __device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[6
             const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
             row_sum[i] += p0 + p1;
             pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(p0, p1);
+        }
+    }
+}
+
+// The partial final KV block: score columns at or past its valid keys leave the softmax. Column
+// of accumulator sc[4 jj + 2 i + e] is 8 jj + 2 (lane % 4) + e (see sa_wgmma.cuh).
+__device__ __forceinline__ void mask_tail(float (&sc)[64], int valid, int lane)
+{
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (8 * jj + 2 * (lane % 4) + e >= valid) {
+                sc[4 * jj + e] = -CUDART_INF_F;
+                sc[4 * jj + 2 + e] = -CUDART_INF_F;
+            }
         }
     }
 }

@@ -14,7 +14,6 @@
 //   rec_get, rec_put, rec_*_ptr   a warp's item record in shared memory, read back where needed
 //                                 instead of held in registers through the KV loop.
 //   grid_size                     gridDim.x read where it is used (the producer has 24 registers).
-//   mask_tail                     the partial final KV block's columns leave the softmax.
 //   PAR0, RING_STATE0, load_tile  the producer's packed ring state and its one tile-load site.
 // list_row, plan_item and load_tile take the calling stage's Params or Smem as a template
 // argument: they read only the fields every stage from 15 on declares alike. Everything is in an
@@ -121,21 +120,6 @@ __device__ __forceinline__ int grid_size()
     return g;
 }
 
-// The partial final KV block: score columns at or past its valid keys leave the softmax. Column
-// of accumulator sc[4 jj + 2 i + e] is 8 jj + 2 (lane % 4) + e (see sa_wgmma.cuh).
-__device__ __forceinline__ void mask_tail(float (&sc)[64], int valid, int lane)
-{
-#pragma unroll
-    for (int jj = 0; jj < 16; jj++) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            if (8 * jj + 2 * (lane % 4) + e >= valid) {
-                sc[4 * jj + e] = -CUDART_INF_F;
-                sc[4 * jj + 2 + e] = -CUDART_INF_F;
-            }
-        }
-    }
-}
 
 // The producer's ring state, packed in one register (it runs on 24 registers): 2 owner bits per
 // slot (bits 2s, 2s + 1: the consumers of the tile now in slot s) and 1 parity bit per (slot,
