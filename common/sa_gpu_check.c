@@ -6,8 +6,9 @@
 #include "sa_checked.h"
 #include "sa_internal.h"
 
-int sa_gpu_attn_check_common(const sa_gpu_attn *a, int sparse, int head_dim, int row_pad)
+int sa_gpu_attn_check_common(const sa_gpu_attn *a, int what, int head_dim, int row_pad)
 {
+    const int sparse = (what & SA_CHECK_SPARSE) != 0;
     if (!a)
         return SA_ERR_NULL;
     const sa_shape *s = &a->shape;
@@ -21,8 +22,8 @@ int sa_gpu_attn_check_common(const sa_gpu_attn *a, int sparse, int head_dim, int
     if (!sa_flag_ok(a->validate) || !sa_flag_ok(a->allow_empty_rows) || !sa_flag_ok(a->causal) ||
         !sa_flag_ok(a->allow_future_blocks))
         return SA_ERR_ARG;
-    if (a->causal)
-        return SA_ERR_UNSUPPORTED; /* no GPU stage masks causally yet */
+    if (a->causal && !(what & SA_CHECK_CAUSAL))
+        return SA_ERR_UNSUPPORTED;
     if (s->head_dim != head_dim)
         return SA_ERR_UNSUPPORTED;
     /* Within sa_shape_check's limits the rows fit int32 already; the pad may not. */

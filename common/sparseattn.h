@@ -254,14 +254,17 @@ typedef struct sa_stage {
 } sa_stage;
 /* What every stage's check() verifies before its own assumptions, in this order (no CUDA call,
  * no device needed): a non-NULL (SA_ERR_NULL); the shape (sa_shape_check); q, k, v, o non-NULL,
- * with `sparse` lists.indices too (SA_ERR_NULL); with `sparse` list_heads, max_blocks and the
- * list array's size (the codes of sa_tile_lists_check); validate and allow_empty_rows are flags
- * (SA_ERR_ARG); head_dim equal to `head_dim` (SA_ERR_UNSUPPORTED); B*Hq*Sq + row_pad and
- * B*Hkv*Skv + row_pad at most INT32_MAX, TMA coordinates and the kernels' row arithmetic being
- * 32-bit (row_pad: how far past the last row a partial tile's load may reach, 0 when every
- * length is a multiple of the tile; SA_ERR_UNSUPPORTED); q, k, v, o 16-byte aligned, lse and the
- * lists 4-byte aligned (SA_ERR_UNSUPPORTED). */
-int sa_gpu_attn_check_common(const sa_gpu_attn *a, int sparse, int head_dim, int row_pad);
+ * with SA_CHECK_SPARSE lists.indices too (SA_ERR_NULL); with SA_CHECK_SPARSE list_heads,
+ * max_blocks and the list array's size (the codes of sa_tile_lists_check); validate,
+ * allow_empty_rows, causal and allow_future_blocks are flags (SA_ERR_ARG); causal = 1 only with
+ * SA_CHECK_CAUSAL (else SA_ERR_UNSUPPORTED); head_dim equal to `head_dim` (SA_ERR_UNSUPPORTED);
+ * B*Hq*Sq + row_pad and B*Hkv*Skv + row_pad at most INT32_MAX, TMA coordinates and the kernels'
+ * row arithmetic being 32-bit (row_pad: how far past the last row a partial tile's load may
+ * reach, 0 when every length is a multiple of the tile; SA_ERR_UNSUPPORTED); q, k, v, o 16-byte
+ * aligned, lse and the lists 4-byte aligned (SA_ERR_UNSUPPORTED). `what` is a set of: */
+#define SA_CHECK_SPARSE 1 /* the stage reads tile lists */
+#define SA_CHECK_CAUSAL 2 /* the stage masks causally */
+int sa_gpu_attn_check_common(const sa_gpu_attn *a, int what, int head_dim, int row_pad);
 int sa_stage_count(void);
 const sa_stage *sa_stage_at(int i);
 const sa_stage *sa_stage_by_id(int id);

@@ -496,7 +496,7 @@ extern "C" int sa_stage15_check(const sa_gpu_attn *a)
     // Shape, pointers, list arguments, options, head_dim, 32-bit rows (a partial tile reaches
     // up to 127 rows past the end, hence the pad of TILE) and alignment: the checks every stage
     // shares. Nothing else limits this stage.
-    return sa_gpu_attn_check_common(a, 1, HEAD_DIM, TILE);
+    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE, HEAD_DIM, TILE);
 }
 
 extern "C" int sa_stage15_launch(const sa_gpu_attn *a)

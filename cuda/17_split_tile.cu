@@ -28,14 +28,20 @@
 //   HBM traffic: the heads of a GQA group run on neighbouring CTAs at the same time).
 //
 // ASSUMPTIONS (anything else gets SA_ERR_UNSUPPORTED from the check, never a launch)
-//   As stage 15: BF16 Q/K/V/O in BHSD layout, head_dim 128, non-causal, any len_q and len_kv (a
-//   partial last Q tile stores only its rows; the partial final KV block's padding columns are
-//   masked to -inf), GQA by index, per-head or group-shared lists, counts NULL = max_blocks.
+//   As stage 15: BF16 Q/K/V/O in BHSD layout, head_dim 128, any len_q and len_kv (a partial last
+//   Q tile stores only its rows; the partial final KV block's padding columns are masked to
+//   -inf), GQA by index, per-head or group-shared lists, counts NULL = max_blocks.
+//   Causal (a->causal, docs/api.md): query i sees key j when j <= i + (len_kv - len_q). A block
+//   wholly visible to the tile costs nothing; a diagonal block (and the partial final block) is
+//   masked per element in step 4 (mask_block); a row that sees no key gives O = 0, LSE = -inf.
+//   A listed block wholly after the tile's last visible key is a bad list (SA_ERR_FUTURE_BLOCK)
+//   unless a->allow_future_blocks, which loads it and masks it out.
 //
 // VALIDATION INSIDE THE KERNEL (p.check = 1)
 //   The producer warp checks each list row before it issues the row's first load: count in
 //   [0, max_blocks] (and not 0 unless empty rows are allowed), every index in [0, kv_blocks), no
-//   index twice (__match_any_sync within a 32-entry chunk, 32 broadcasts per pair of chunks).
+//   index twice (__match_any_sync within a 32-entry chunk, 32 broadcasts per pair of chunks), and
+//   causally no block past the tile's last visible key (unless allowed).
 //   A bad row loads nothing: its rows of O and LSE are written as NaN, the code goes to the
 //   verdict word with atomicMin (the most negative code wins, as in the separate check kernel),
 //   and every other row is computed as usual. So no host synchronization is needed and the call
@@ -62,7 +68,8 @@
 //   2. S = Q_c K_j^T (8 wgmma, commit); O += P_{j-1} V_{j-1} (8 wgmma, A = P from registers,
 //      commit). pass turn.
 //   3. wait for S only (wgmma.wait_group 1); arrive k-free[s]; on the last block arrive q-free.
-//   4. mask the padding columns if block j is the partial final block; row max; lazy rescaling
+//   4. mask the padding columns if block j is the partial final block, and the columns past each
+//      row's last visible key if it is a causal diagonal block; row max; lazy rescaling
 //      as stage 14 (a new max is adopted only when it exceeds the running one by more than
 //      RESCALE_THRESHOLD); P = exp2(S * scale * log2e - max) computed in place in S's
 //      registers, row sums updated. All of it while step 2's PV runs.
@@ -163,6 +170,7 @@ struct alignas(1024) Smem {
     uint64_t q_ready[Q_BUFFERS], q_free[Q_BUFFERS];
     uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], k_free[KV_STAGES], v_free[KV_STAGES];
     int32_t k_valid[KV_STAGES]; // valid keys of the block in K stage s (128 unless partial)
+    int32_t k_blk[KV_STAGES];   // the block in K stage s (causal_diag needs it)
     int32_t count[Q_BUFFERS], error[Q_BUFFERS]; // the item record, beside its Q buffer
 };
 constexpr size_t SMEM_BYTES = sizeof(Smem) + 1024; // + room to align the dynamic base
@@ -180,6 +188,8 @@ struct Params {
     int tail;  // valid keys of the last KV block, 1..128
     int items; // B * Hq * q_tiles
     int check; // 1: check each row in the kernel (VALIDATION INSIDE THE KERNEL)
+    int causal, allow_future;
+    int q_off; // len_kv - len_q: query i sees key j when j <= i + q_off (causal)
     int allow_empty;
     int *verdict; // where a bad row's code goes (atomicMin); non-NULL when check = 1
 };
@@ -222,12 +232,25 @@ __device__ __forceinline__ int dup_key(const int32_t *row, int j, int count, int
 // The check of one row by the producer warp (every lane returns the row's code): the codes and
 // their precedence of the separate check kernel (sa_validate.cu): a bad count hides the entries;
 // a duplicate outranks an index out of range (the most negative code of the row wins).
-__device__ __forceinline__ int check_row(const Params &p, const int32_t *row, int raw, int lane)
+// last_blk: the last block the tile can see (causal without allow_future; INT32_MAX otherwise).
+// A block in range but past it is SA_ERR_FUTURE_BLOCK, which as the most negative code of the
+// entries outranks a duplicate and an index out of range. Its pass over the row is separate, so
+// the duplicate pass keeps within the producer's 24 registers.
+__device__ __forceinline__ int check_row(const Params &p, const int32_t *row, int raw, int lane,
+                                         int last_blk)
 {
     if (raw < 0 || raw > p.max_blocks)
         return SA_ERR_COUNT;
     if (raw == 0)
         return p.allow_empty ? SA_OK : SA_ERR_EMPTY_ROW;
+    if (last_blk < p.kv_blocks - 1) {
+        bool future = false;
+#pragma unroll 1
+        for (int j = lane; j < raw; j += 32)
+            future |= row[j] > last_blk && row[j] < p.kv_blocks;
+        if (__any_sync(0xffffffffu, future))
+            return SA_ERR_FUTURE_BLOCK;
+    }
     bool bad_index = false, dup = false;
 #pragma unroll 1
     for (int j0 = 0; j0 < raw; j0 += 32) {
@@ -316,7 +339,8 @@ __device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_ma
     for (int jj = 0; jj < 16; jj++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const float neg_max = -row_max[i];
+            // A row that has seen no key yet (causal) keeps max -inf: its P must be 0, not NaN.
+            const float neg_max = row_max[i] == -CUDART_INF_F ? 0.f : -row_max[i];
             const float x0 = fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max);
             const float x1 = fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max);
             const bool emu = jj % 16 < SA_STAGE17_EMU_EXP;
@@ -353,6 +377,45 @@ __device__ __forceinline__ void rescale_and_pack(bool rescale, const float (&fac
 #pragma unroll
         for (int i = 0; i < 2; i++)
             pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]);
+}
+
+// Causal masking (bottom-right aligned: query i sees key j when j <= i + q_off). For Q tile t and
+// KV block b, diag = t * 128 + q_off - b * 128: row r of the tile sees column x of the block
+// when x <= r + diag. Clamped, since only -255..127 matters (diag >= 127: every column visible;
+// diag < -254: none) and the sum of three lengths can pass int32.
+constexpr int DIAG_ALL = TILE - 1, DIAG_NONE = -2 * TILE;
+__device__ __forceinline__ int causal_diag(const Params &p, int tile, int blk)
+{
+    if (!p.causal)
+        return DIAG_ALL;
+    const long long d = (long long)(tile - blk) * TILE + p.q_off;
+    return (int)max((long long)DIAG_NONE, min((long long)DIAG_ALL, d));
+}
+
+// The last block a tile can see (causal): its last valid row's last visible key, -1 when that row
+// sees none. Blocks past it are "future" blocks.
+// In 32 bits: the last row is below len_q and the key in [-len_q, len_kv - 1].
+__device__ __forceinline__ int last_visible_block(const Params &p, int tile)
+{
+    const int key = min(tile * TILE + TILE - 1, p.len_q - 1) + p.q_off;
+    return key < 0 ? -1 : key / TILE;
+}
+
+// Masks the columns of this warp's rows that are past the block's valid keys or, causally, past
+// each row's last visible key: column x of row r (r within the warpgroup's 64 rows, d = diag +
+// 64 c) stays when x < valid and x <= r + d. Columns as mask_tail (sa_stage14.cuh).
+__device__ __forceinline__ void mask_block(float (&sc)[64], int valid, int d, int warp, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int lim = min(valid - 1, d + warp * 16 + lane / 4 + 8 * i);
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                if (8 * jj + 2 * (lane % 4) + e > lim)
+                    sc[4 * jj + 2 * i + e] = -CUDART_INF_F;
+    }
 }
 
 // A word the producer left in shared memory, read by lane 0 alone and broadcast: the lane that
@@ -419,7 +482,9 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const Item it = item_at(p, item);
             int raw;
             const int32_t *row = row_of(p, it, &raw);
-            const int err = p.check ? check_row(p, row, raw, lane) : SA_OK;
+            const int last_blk =
+                p.causal && !p.allow_future ? last_visible_block(p, it.tile) : INT32_MAX;
+            const int err = p.check ? check_row(p, row, raw, lane, last_blk) : SA_OK;
             const int count = err ? 0 : min(max(raw, 0), p.max_blocks);
             if (err && lane == 0)
                 atomicMin(p.verdict, err);
@@ -454,6 +519,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                     const int krow = kv_row0 + blk * TILE;
                     sa_mbar_wait(&sm.k_free[s], par);
                     sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
+                    sm.k_blk[s] = blk;
                     sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
                     sa_tma_load_2d(sm.k[s], &map_k, &sm.k_ready[s], 0, krow);
                     sa_tma_load_2d(sm.k[s] + HALF_BYTES, &map_k, &sm.k_ready[s], HALF_COLS, krow);
@@ -507,6 +573,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             continue;
         }
 
+        const int tile = item_at(p, item).tile; // for the causal diagonal
         float o[64], sc[64];
         float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F}, row_sum[2] = {0.f, 0.f};
         float factor[2];
@@ -522,6 +589,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             asm volatile("" : "+r"(q_desc), "+r"(k_desc));
             sa_mbar_wait(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
             const int valid = read_lane0(&sm.k_valid[s], lane);
+            const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
             turn_begin(c);
             sa_wgmma_fence();
             issue_qk(sc, q_desc, k_desc);
@@ -531,8 +599,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             warp_arrive(&sm.k_free[s], lane);
             if (count == 1)
                 warp_arrive(&sm.q_free[qb], lane);
-            if (valid < TILE)
-                mask_tail(sc, valid, lane);
+            if (valid < TILE || d < DIAG_ALL) // a partial or a diagonal block
+                mask_block(sc, valid, d, warp, lane);
             const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
             rescale_and_pack(moved, factor, o, sc, pa);
         }
@@ -549,6 +617,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             // ---- steps 1-2: S of block j and PV of block j-1 in one turn
             sa_mbar_wait(&sm.k_ready[s], (n / KV_STAGES) & 1);
             const int valid = read_lane0(&sm.k_valid[s], lane);
+            const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
             sa_mbar_wait(&sm.v_ready[s_prev], ((n - 1) / KV_STAGES) & 1);
             turn_begin(c);
             sa_wgmma_fence();
@@ -563,8 +632,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             if (j == count - 1)
                 warp_arrive(&sm.q_free[qb], lane);
             // ---- step 4: softmax of block j beside the PV of block j-1
-            if (valid < TILE)
-                mask_tail(sc, valid, lane);
+            if (valid < TILE || d < DIAG_ALL) // a partial or a diagonal block
+                mask_block(sc, valid, d, warp, lane);
             const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
             // ---- step 5
             sa_wgmma_wait<0>();
@@ -600,7 +669,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             float sum = row_sum[i];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = 1.f / sum;
+            // A row that sees no key at all (causal, len_q > len_kv): O = 0, LSE = -inf.
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
             const int r = 64 * c + warp * 16 + lane / 4 + 8 * i;
             const size_t row = row0 + r;
             uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
@@ -618,7 +688,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                     dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
             }
             if (p.lse && lane % 4 == 0 && r < rows)
-                p.lse[row] = (row_max[i] + __log2f(sum)) * LN2;
+                p.lse[row] = sum > 0.f ? (row_max[i] + __log2f(sum)) * LN2 : -CUDART_INF_F;
         }
     }
     // Every turn_pass found its turn_wait except the opening one of warpgroup 1: take it, so no
@@ -633,7 +703,7 @@ extern "C" int sa_stage17_check(const sa_gpu_attn *a)
 {
     // Shape, pointers, options, list arguments, 32-bit TMA rows (a partial tile reaches up to
     // 127 rows past the end) and alignment: the checks every stage shares (common/sa_gpu_check.c).
-    return sa_gpu_attn_check_common(a, 1, HEAD_DIM, TILE);
+    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE | SA_CHECK_CAUSAL, HEAD_DIM, TILE);
 }
 
 extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
@@ -677,6 +747,9 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
     p.items = (int)items;
     p.check = a->validate;
     p.allow_empty = a->allow_empty_rows;
+    p.causal = a->causal;
+    p.allow_future = a->allow_future_blocks;
+    p.q_off = s->len_kv - s->len_q; // both positive ints: the difference fits
     p.verdict = sa_verdict_word(verdict);
 
     // The shared-memory opt-in, once per process (every device of this build is sm_90 with the
