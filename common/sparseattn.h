@@ -272,6 +272,15 @@ const sa_stage *sa_stage_by_name(const char *name);
 /* The first stage with every bit of `roles`, or NULL. */
 const sa_stage *sa_stage_with(unsigned roles);
 
+/* ---------------------------------------------------------------- ABI check */
+/* For bindings that mirror the public structs (python/sparseattn checks them at import):
+ * sa_abi_sizeof("sa_gpu_attn") is sizeof(sa_gpu_attn), 0 for a name it does not know;
+ * sa_abi_offsetof("sa_gpu_attn", "verdict") is offsetof(sa_gpu_attn, verdict), (size_t)-1 for
+ * an unknown struct or field. Every public struct of this header and of the two it includes is
+ * known (common/sa_abi.c). */
+size_t sa_abi_sizeof(const char *struct_name);
+size_t sa_abi_offsetof(const char *struct_name, const char *field);
+
 #ifdef __cplusplus
 }
 #endif
