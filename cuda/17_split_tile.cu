@@ -214,6 +214,45 @@ __device__ __forceinline__ const int32_t *row_of(const Params &p, Item it, int *
     return p.indices + (size_t)row * p.max_blocks;
 }
 
+// Causal masking (bottom-right aligned: query i sees key j when j <= i + q_off). For Q tile t and
+// KV block b, diag = t * 128 + q_off - b * 128: row r of the tile sees column x of the block
+// when x <= r + diag. Clamped, since only -255..127 matters (diag >= 127: every column visible;
+// diag < -254: none) and the sum of three lengths can pass int32.
+constexpr int DIAG_ALL = TILE - 1, DIAG_NONE = -2 * TILE;
+__device__ __forceinline__ int causal_diag(const Params &p, int tile, int blk)
+{
+    if (!p.causal)
+        return DIAG_ALL;
+    const long long d = (long long)(tile - blk) * TILE + p.q_off;
+    return (int)max((long long)DIAG_NONE, min((long long)DIAG_ALL, d));
+}
+
+// The last block a tile can see (causal): its last valid row's last visible key, -1 when that row
+// sees none. Blocks past it are "future" blocks.
+// In 32 bits: the last row is below len_q and the key in [-len_q, len_kv - 1].
+__device__ __forceinline__ int last_visible_block(const Params &p, int tile)
+{
+    const int key = min(tile * TILE + TILE - 1, p.len_q - 1) + p.q_off;
+    return key < 0 ? -1 : key / TILE;
+}
+
+// Masks the columns of this warp's rows that are past the block's valid keys or, causally, past
+// each row's last visible key: column x of row r (r within the warpgroup's 64 rows, d = diag +
+// 64 c) stays when x < valid and x <= r + d. Columns as mask_tail (sa_stage14.cuh).
+__device__ __forceinline__ void mask_block(float (&sc)[64], int valid, int d, int warp, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int lim = min(valid - 1, d + warp * 16 + lane / 4 + 8 * i);
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                if (8 * jj + 2 * (lane % 4) + e > lim)
+                    sc[4 * jj + 2 * i + e] = -CUDART_INF_F;
+    }
+}
+
 // The key by which duplicates are found: the block index when it is in range, else a negative
 // value unique to the slot (out-of-range entries are reported as SA_ERR_INDEX, never as twins).
 __device__ __forceinline__ int dup_key(const int32_t *row, int j, int count, int kv_blocks,
@@ -232,18 +271,20 @@ __device__ __forceinline__ int dup_key(const int32_t *row, int j, int count, int
 // The check of one row by the producer warp (every lane returns the row's code): the codes and
 // their precedence of the separate check kernel (sa_validate.cu): a bad count hides the entries;
 // a duplicate outranks an index out of range (the most negative code of the row wins).
-// last_blk: the last block the tile can see (causal without allow_future; INT32_MAX otherwise).
-// A block in range but past it is SA_ERR_FUTURE_BLOCK, which as the most negative code of the
-// entries outranks a duplicate and an index out of range. Its pass over the row is separate, so
-// the duplicate pass keeps within the producer's 24 registers.
+// Causally, a block in range but past the last block the tile can see is SA_ERR_FUTURE_BLOCK
+// (unless allowed), which as the most negative code of the entries outranks a duplicate and an
+// index out of range; its pass over the row is separate, so the duplicate pass keeps within the
+// producer's 24 registers. A causal row that sees no key may be empty even when empty rows are
+// not allowed (it has nothing to list), as in the host validator.
 __device__ __forceinline__ int check_row(const Params &p, const int32_t *row, int raw, int lane,
-                                         int last_blk)
+                                         int tile)
 {
+    const int last_blk = p.causal ? last_visible_block(p, tile) : INT32_MAX;
     if (raw < 0 || raw > p.max_blocks)
         return SA_ERR_COUNT;
     if (raw == 0)
-        return p.allow_empty ? SA_OK : SA_ERR_EMPTY_ROW;
-    if (last_blk < p.kv_blocks - 1) {
+        return p.allow_empty || last_blk < 0 ? SA_OK : SA_ERR_EMPTY_ROW;
+    if (!p.allow_future && last_blk < p.kv_blocks - 1) {
         bool future = false;
 #pragma unroll 1
         for (int j = lane; j < raw; j += 32)
@@ -379,45 +420,6 @@ __device__ __forceinline__ void rescale_and_pack(bool rescale, const float (&fac
             pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]);
 }
 
-// Causal masking (bottom-right aligned: query i sees key j when j <= i + q_off). For Q tile t and
-// KV block b, diag = t * 128 + q_off - b * 128: row r of the tile sees column x of the block
-// when x <= r + diag. Clamped, since only -255..127 matters (diag >= 127: every column visible;
-// diag < -254: none) and the sum of three lengths can pass int32.
-constexpr int DIAG_ALL = TILE - 1, DIAG_NONE = -2 * TILE;
-__device__ __forceinline__ int causal_diag(const Params &p, int tile, int blk)
-{
-    if (!p.causal)
-        return DIAG_ALL;
-    const long long d = (long long)(tile - blk) * TILE + p.q_off;
-    return (int)max((long long)DIAG_NONE, min((long long)DIAG_ALL, d));
-}
-
-// The last block a tile can see (causal): its last valid row's last visible key, -1 when that row
-// sees none. Blocks past it are "future" blocks.
-// In 32 bits: the last row is below len_q and the key in [-len_q, len_kv - 1].
-__device__ __forceinline__ int last_visible_block(const Params &p, int tile)
-{
-    const int key = min(tile * TILE + TILE - 1, p.len_q - 1) + p.q_off;
-    return key < 0 ? -1 : key / TILE;
-}
-
-// Masks the columns of this warp's rows that are past the block's valid keys or, causally, past
-// each row's last visible key: column x of row r (r within the warpgroup's 64 rows, d = diag +
-// 64 c) stays when x < valid and x <= r + d. Columns as mask_tail (sa_stage14.cuh).
-__device__ __forceinline__ void mask_block(float (&sc)[64], int valid, int d, int warp, int lane)
-{
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int lim = min(valid - 1, d + warp * 16 + lane / 4 + 8 * i);
-#pragma unroll
-        for (int jj = 0; jj < 16; jj++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                if (8 * jj + 2 * (lane % 4) + e > lim)
-                    sc[4 * jj + 2 * i + e] = -CUDART_INF_F;
-    }
-}
-
 // A word the producer left in shared memory, read by lane 0 alone and broadcast: the lane that
 // later releases the word (warp_arrive) is then the one that read it, so the release orders the
 // read for compute-sanitizer's racecheck as well as for the hardware.
@@ -482,9 +484,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const Item it = item_at(p, item);
             int raw;
             const int32_t *row = row_of(p, it, &raw);
-            const int last_blk =
-                p.causal && !p.allow_future ? last_visible_block(p, it.tile) : INT32_MAX;
-            const int err = p.check ? check_row(p, row, raw, lane, last_blk) : SA_OK;
+            const int err = p.check ? check_row(p, row, raw, lane, it.tile) : SA_OK;
             const int count = err ? 0 : min(max(raw, 0), p.max_blocks);
             if (err && lane == 0)
                 atomicMin(p.verdict, err);
