@@ -51,10 +51,11 @@
 //   of range makes TMA read other rows of K/V or zero-fill: wrong numbers, never a bad access.
 //
 // WORK
-//   item = ((b * Hkv + g) * q_tiles + t) * group + h: Q tile t of head g * group + h. The head
-//   index is innermost, so the heads of a GQA group run on neighbouring CTAs at the same time and
-//   read the same blocks of the same KV head from L2 when their lists are shared. CTA b takes
-//   items b, b + grid, ... (grid = #SMs); its loads continue from one item into the next.
+//   item = ((b * Hkv + g) * q_tiles + t) * group + h: Q tile t (causal: q_tiles - 1 - t, the
+//   longest items first) of head g * group + h. The head index is innermost, so the heads of a
+//   GQA group run on neighbouring CTAs at the same time and read the same blocks of the same KV
+//   head from L2 when their lists are shared. CTA b takes items b, b + grid, ... (grid = #SMs);
+//   its loads continue from one item into the next.
 //
 // ROLES (384 threads = 3 warpgroups)
 //   WG0  producer. setmaxnreg.dec to 24. Warp 0 walks (and checks) the lists, lane 0 issues the
@@ -202,8 +203,10 @@ __device__ __forceinline__ Item item_at(const Params &p, int item)
 {
     const unsigned it = item, group = p.group, q_tiles = p.q_tiles; // all >= 0
     const unsigned rest = it / group;
-    // (b * Hkv + g) * group + h = b * Hq + g * group + h
-    return {(int)((rest / q_tiles) * group + it % group), (int)(rest % q_tiles)};
+    // (b * Hkv + g) * group + h = b * Hq + g * group + h. Causally the last tiles see the most
+    // blocks: they go first, so the short items fill the end of the persistent schedule.
+    const int t = (int)(rest % q_tiles);
+    return {(int)((rest / q_tiles) * group + it % group), p.causal ? p.q_tiles - 1 - t : t};
 }
 
 // The list row of an item and its raw count (unchecked).
