@@ -191,6 +191,39 @@ int sa_ref_query_partials(const sa_shape *s, const uint16_t *q, const uint16_t *
 int sa_ref_combine(const sa_shape *s, int slots, const float *part_o, const float *part_lse,
                    const sa_outputs *out);
 
+/* ---------------------------------------------------------------- causal (docs/api.md)
+ * Bottom-right aligned: query i (0-based within len_q) sees key j only when
+ * j <= i + (len_kv - len_q), its "last visible key"; negative when it sees none (len_q > len_kv).
+ * A tile's last visible key is that of its last valid query row, min(128 t + 127, len_q - 1).
+ * The blocks a row may see are always a prefix [0, n): the *_blocks helpers return n (the
+ * diagonal block, which holds the last visible key, is n - 1). Out-of-range arguments or a shape
+ * failing sa_shape_check give -1 (last key) and 0 (blocks). */
+int sa_causal_last_key(const sa_shape *s, int query);
+int sa_causal_query_blocks(const sa_shape *s, int query);
+int sa_causal_tile_blocks(const sa_shape *s, int tile);
+/* The host validators under options (opts NULL: defaults): allow_empty_rows is their
+ * allow_empty; with causal = 1 they also report SA_ERR_FUTURE_BLOCK for an entry wholly after
+ * its row's last visible key unless allow_future_blocks = 1 (per entry: SA_ERR_INDEX, then
+ * SA_ERR_DUPLICATE, then SA_ERR_FUTURE_BLOCK), and a row that sees no key at all may be empty
+ * even with allow_empty_rows = 0. validate is not read. Options not flags: SA_ERR_ARG, after the
+ * argument checks of sa_tile_lists_check. With causal = 0 they are exactly
+ * sa_tile_lists_check / sa_query_lists_check. */
+int sa_tile_lists_check_opts(const sa_shape *s, const sa_tile_lists *l, const sa_attn_opts *opts);
+int sa_query_lists_check_opts(const sa_shape *s, const sa_query_lists *l,
+                              const sa_attn_opts *opts);
+/* sa_ref_dense with options: only causal is read (the other fields must still be flags);
+ * opts NULL is sa_ref_dense. sa_ref_tile_sparse and sa_ref_query_sparse honour opts->causal and
+ * allow_future_blocks themselves (validating with the *_check_opts above). */
+int sa_ref_dense_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                      const sa_attn_opts *opts, const sa_outputs *out);
+/* sa_ref_query_partials with options: validate, allow_empty_rows, causal, allow_future_blocks as
+ * in sa_ref_query_sparse; opts NULL is sa_ref_query_partials (validated, empty rows allowed).
+ * With causal a slot holds its block's keys visible to the query; a slot with none (or past the
+ * count) gets O = 0, LSE = -inf, so sa_ref_combine of causal partials is causal attention. */
+int sa_ref_query_partials_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, const sa_query_lists *l,
+                               const sa_attn_opts *opts, float *part_o, float *part_lse);
+
 /* ---------------------------------------------------------------- GPU stages */
 /* 1 when the library was built with CUDA and a CUDA device is present, else 0. */
 int sa_gpu_available(void);

@@ -1,5 +1,5 @@
 /*
- * The exact CPU reference, query-tile path: sa_ref_dense and sa_ref_tile_sparse.
+ * The exact CPU reference, query-tile path: sa_ref_dense(_opts) and sa_ref_tile_sparse.
  * Every GPU stage is tested against these, so they favour clarity and FP32-exact arithmetic over
  * speed, but stay fast enough (OpenBLAS sgemm, OpenMP) to check full-size benchmark shapes.
  *
@@ -11,6 +11,9 @@
  *   3. row softmax over all gathered keys at once (max subtraction, double row sum),
  *   4. O = P V (sgemm), divided by the row sum; LSE = max + log(sum).
  * With list_heads = heads_kv a GQA group shares one list, so one gather serves the whole group.
+ * Causal (docs/api.md, "Causal attention"): a tile does not gather the blocks wholly after its
+ * last valid row's last visible key, and before step 3 each query's logits past its own last
+ * visible key become -inf (weight exactly 0), so the diagonal block is masked per query.
  */
 #include <cblas.h>
 #include <limits.h>
@@ -83,6 +86,7 @@ typedef struct tile_job {
     const uint16_t *q, *k, *v;
     const int32_t *indices, *counts;
     int list_heads, max_blocks;
+    int causal;      /* 1: query i sees keys j <= i + (len_kv - len_q) only */
     size_t max_keys; /* most keys any row gathers: sizes the scratch */
     const sa_outputs *out;
 } tile_job;
@@ -116,9 +120,39 @@ static void scratch_free(tile_scratch *t)
     free(t->of);
 }
 
+/* Causal mask of one tile's logits S (m, nk), gathered from the blocks idx[0..count) (NULL:
+ * 0, 1, ...) that are not wholly future (blk < visible), in that order. Query row i (position
+ * q0 + i) keeps the keys up to its last visible key and gets -inf past it; a row that keeps no
+ * key is set to 0 (so its softmax stays finite) and marked in empty[i]. */
+static void causal_mask(const sa_shape *s, const int32_t *idx, int count, int visible, int q0,
+                        int m, size_t nk, float *S, unsigned char *empty)
+{
+    for (int i = 0; i < m; i++) {
+        const int last = ref_causal_last_key(s, q0 + i);
+        float *row = S + (size_t)i * nk;
+        size_t col = 0, kept = 0;
+        for (int j = 0; j < count; j++) {
+            int blk = idx ? idx[j] : j;
+            if (blk >= visible)
+                continue;
+            int len = sa_block_len(s, blk), f = ref_causal_block_len(blk, len, last);
+            for (int c = f; c < len; c++)
+                row[col + (size_t)c] = -INFINITY;
+            kept += (size_t)f;
+            col += (size_t)len;
+        }
+        empty[i] = kept == 0;
+        if (kept == 0)
+            for (size_t c = 0; c < nk; c++)
+                row[c] = 0.0f;
+    }
+}
+
 /* One (batch b, list head lh, query tile t). Shapes:
  *   q is (B, Hq, Sq, D); k, v are (B, Hkv, Skv, D); the row's blocks are indices[row][0..count).
- *   Query heads hq in [lh * hpl, (lh + 1) * hpl) read this row, hpl = Hq / list_heads. */
+ *   Query heads hq in [lh * hpl, (lh + 1) * hpl) read this row, hpl = Hq / list_heads.
+ *   With job->causal the tile's last visible key is that of its last valid row, q0 + m - 1:
+ *   blocks past it (blk >= visible) are skipped whole, the others masked per query row. */
 static void tile_item(const tile_job *job, tile_scratch *sc, int b, int lh, int t)
 {
     const sa_shape *s = job->s;
@@ -128,15 +162,19 @@ static void tile_item(const tile_job *job, tile_scratch *sc, int b, int lh, int 
     const int q0 = t * SA_TILE, m = s->len_q - q0 < SA_TILE ? s->len_q - q0 : SA_TILE;
     const float scale = ref_softmax_scale(d);
 
+    /* Blocks [0, visible) hold a key some query of the tile sees (all of them without causal). */
+    const int visible = job->causal ? ref_causal_blocks(ref_causal_last_key(s, q0 + m - 1)) : nb;
     size_t row = ((size_t)b * job->list_heads + lh) * tiles + t;
     const int32_t *idx = job->indices ? job->indices + row * (size_t)job->max_blocks : NULL;
-    int count = !job->indices ? nb : job->counts ? job->counts[row] : job->max_blocks;
+    int count = !job->indices ? visible : job->counts ? job->counts[row] : job->max_blocks;
 
     /* 1. Gather: only a block's valid keys, so a partial final block's padding never exists. */
     const size_t kv_head = ((size_t)b * s->heads_kv + hkv) * s->len_kv * d;
     size_t nk = 0;
     for (int j = 0; j < count; j++) {
         int blk = idx ? idx[j] : j;
+        if (blk >= visible) /* causal: wholly after every query's last visible key */
+            continue;
         size_t len = (size_t)sa_block_len(s, blk), src = kv_head + (size_t)blk * SA_TILE * d;
         ref_bf16_to_f32(sc->kf + nk * d, job->k + src, len * d);
         ref_bf16_to_f32(sc->vf + nk * d, job->v + src, len * d);
@@ -154,9 +192,15 @@ static void tile_item(const tile_job *job, tile_scratch *sc, int b, int lh, int 
         /* 2. S = scale * Q K^T: (m, D) x (nk, D)^T -> (m, nk). */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, (int)nk, d, scale, sc->qf, d,
                     sc->kf, d, 0.0f, sc->s, (int)nk);
-        /* 3. One softmax per query over every selected key. */
+        unsigned char empty[SA_TILE] = {0};
+        if (job->causal)
+            causal_mask(s, idx, count, visible, q0, m, nk, sc->s, empty);
+        /* 3. One softmax per query over every selected key (masked keys weigh exactly 0). */
         double sum[SA_TILE], lse[SA_TILE];
         ref_softmax_rows(sc->s, m, nk, sum, lse);
+        for (int i = 0; i < m; i++)
+            if (empty[i]) /* causal: no visible key in the row's blocks: O = 0, LSE = -inf */
+                sum[i] = 0.0;
         /* 4. O = P V: (m, nk) x (nk, D) -> (m, D), normalised row by row on the way out. */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, d, (int)nk, 1.0f, sc->s,
                     (int)nk, sc->vf, d, 0.0f, sc->of, d);
@@ -227,12 +271,15 @@ static int run_tiles(const tile_job *job)
     return err;
 }
 
-/* Dense attention over all len_kv keys.
+/* Dense attention over all len_kv keys, or with opts->causal over each query's visible keys.
  *   q is (B, Hq, Sq, D); k, v are (B, Hkv, Skv, D); out->o (B, Hq, Sq, D) BF16, out->o_f32
  *   (B, Hq, Sq, D) and out->lse (B, Hq, Sq) optional. Query head h reads KV head h / (Hq / Hkv).
- *   Scratch per thread: about len_kv * (2 D + 128) floats. */
-int sa_ref_dense(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                 const sa_outputs *out)
+ *   opts NULL means defaults (not causal); only opts->causal is read, the other fields must be
+ *   flags (SA_ERR_ARG). Causal: query i sees keys j <= i + (len_kv - len_q); a query that sees
+ *   none (len_q > len_kv) gives O = 0, LSE = -inf. Each tile gathers only the blocks up to its
+ *   last row's last visible key. Scratch per thread: about len_kv * (2 D + 128) floats. */
+int sa_ref_dense_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                      const sa_attn_opts *opts, const sa_outputs *out)
 {
     if (!s || !q || !k || !v)
         return SA_ERR_NULL;
@@ -241,9 +288,19 @@ int sa_ref_dense(const sa_shape *s, const uint16_t *q, const uint16_t *k, const 
         return err;
     if ((err = sa_shape_check(s)))
         return err;
+    sa_attn_opts o;
+    if ((err = ref_resolve_opts(opts, &o)))
+        return err;
     tile_job job = {.s = s, .q = q, .k = k, .v = v, .list_heads = s->heads_kv,
-                    .max_keys = (size_t)s->len_kv, .out = out};
+                    .causal = o.causal, .max_keys = (size_t)s->len_kv, .out = out};
     return run_tiles(&job);
+}
+
+/* sa_ref_dense_opts with the defaults: attention over all len_kv keys. */
+int sa_ref_dense(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                 const sa_outputs *out)
+{
+    return sa_ref_dense_opts(s, q, k, v, NULL, out);
 }
 
 /* Block-sparse attention with one block list per (batch, list head, query tile).
@@ -252,8 +309,12 @@ int sa_ref_dense(const sa_shape *s, const uint16_t *q, const uint16_t *k, const 
  *   NULL (every row uses max_blocks). Query head h uses list head h / (Hq / list_heads).
  *   Each query's softmax runs once over all keys of its row's blocks; rows of count 0 give
  *   O = 0, LSE = -inf (or SA_ERR_EMPTY_ROW when opts->allow_empty_rows = 0).
- *   opts->validate = 0 skips the duplicate and empty-row checks (a duplicate block then counts
- *   twice); counts and indices are bounds-checked regardless. */
+ *   opts->causal: each query sees only the keys of its row's blocks up to its last visible key
+ *   (a query left with none gives O = 0, LSE = -inf); validation (sa_tile_lists_check_opts)
+ *   then also reports a block wholly after the tile's last row's last visible key
+ *   (SA_ERR_FUTURE_BLOCK) unless opts->allow_future_blocks; such a block contributes nothing.
+ *   opts->validate = 0 skips the duplicate, empty-row and future-block checks (a duplicate block
+ *   then counts twice); counts and indices are bounds-checked regardless. */
 int sa_ref_tile_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                        const sa_tile_lists *l, const sa_attn_opts *opts, const sa_outputs *out)
 {
@@ -270,10 +331,11 @@ int sa_ref_tile_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, 
     /* list_heads, max_blocks and the list array's size, with or without validation. */
     if ((err = sa_tile_lists_check_args(s, l)))
         return err;
-    if (o.validate && (err = sa_tile_lists_check(s, l, o.allow_empty_rows)))
+    if (o.validate && (err = sa_tile_lists_check_opts(s, l, &o)))
         return err;
     tile_job job = {.s = s, .q = q, .k = k, .v = v, .indices = l->indices, .counts = l->counts,
-                    .list_heads = l->list_heads, .max_blocks = l->max_blocks, .out = out};
+                    .list_heads = l->list_heads, .max_blocks = l->max_blocks,
+                    .causal = o.causal, .out = out};
     if ((err = ref_scan_rows(s, l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks,
                              &job.max_keys)))
         return err;

@@ -125,6 +125,31 @@ static inline void ref_store_row(const sa_outputs *out, size_t row, int d, const
  * (ref_attention.c): the exp is the one non-GEMM cost that matters. */
 void ref_softmax_rows(float *s, int rows, size_t n, double *sum, double *lse);
 
+/* Causal geometry for a shape that passed sa_shape_check (the public sa_causal_* check it
+ * first). Query i's last visible key is i + (len_kv - len_q): at most len_kv - 1, negative when
+ * the query sees no key (len_q > len_kv). A tile's last valid row is min(128 t + 127, len_q - 1).
+ * A last key `last` makes blocks [0, ref_causal_blocks(last)) visible. Every value fits int. */
+static inline int ref_causal_last_key(const sa_shape *s, int i)
+{
+    return (int)((int64_t)i + s->len_kv - s->len_q);
+}
+static inline int ref_tile_last_row(const sa_shape *s, int t)
+{
+    int64_t row = (int64_t)t * SA_TILE + SA_TILE - 1;
+    return row < s->len_q ? (int)row : s->len_q - 1;
+}
+static inline int ref_causal_blocks(int last)
+{
+    return last < 0 ? 0 : last / SA_TILE + 1;
+}
+/* Keys of block blk (len valid keys from 128 blk) a query whose last visible key is `last` sees
+ * under causal: a prefix of the block, 0 .. len. */
+static inline int ref_causal_block_len(int blk, int len, int last)
+{
+    int64_t n = (int64_t)last - (int64_t)blk * SA_TILE + 1;
+    return n <= 0 ? 0 : n < len ? (int)n : len;
+}
+
 /* Shared entry-point checks (ref_attention.c). */
 int ref_check_outputs(const sa_outputs *out);
 /* opts NULL -> defaults; fields other than 0/1 -> SA_ERR_ARG. */

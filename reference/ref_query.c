@@ -7,6 +7,10 @@
  * in place (a block is 128 contiguous rows, so it is a plain sgemm operand): the G = Hq / Hkv
  * query heads of the GQA group form the rows of each product, which shares every K/V read
  * across the group.
+ *
+ * Causal: all heads of the group share the query position, so a block's visible keys are one
+ * prefix of it for the whole group (ref_causal_block_len): a query reads that prefix, and a
+ * block wholly after its last visible key is not read at all. No logit is ever masked.
  */
 #include <cblas.h>
 #include <limits.h>
@@ -23,6 +27,7 @@ typedef struct query_job {
     const float *kf, *vf; /* (Skv, D) FP32 K and V of the current (b, hkv) */
     const int32_t *indices, *counts;
     int max_blocks;
+    int causal; /* 1: query i sees keys j <= i + (len_kv - len_q) only */
     int b, hkv;
     const sa_outputs *out;          /* full attention, or */
     float *part_o, *part_lse;       /* one partial per slot */
@@ -65,8 +70,16 @@ static void load_group(const query_job *job, float *qg, int i)
     }
 }
 
-/* Full attention of query i for its group: one softmax over all keys of its blocks.
- *   The row's blocks are indices[(b, hkv, i)][0..count); S is (G, nk), O (G, D). */
+/* Keys of block blk that query i reads: all its valid keys, or with causal the prefix up to
+ * the query's last visible key (0 for a block wholly after it). */
+static int query_block_len(const query_job *job, int blk, int i)
+{
+    int len = sa_block_len(job->s, blk);
+    return job->causal ? ref_causal_block_len(blk, len, ref_causal_last_key(job->s, i)) : len;
+}
+
+/* Full attention of query i for its group: one softmax over all keys of its blocks (with causal
+ * the keys it sees). The row's blocks are indices[(b, hkv, i)][0..count); S is (G, nk), O (G, D). */
 static void query_item(const query_job *job, query_scratch *sc, int i)
 {
     const sa_shape *s = job->s;
@@ -79,7 +92,7 @@ static void query_item(const query_job *job, query_scratch *sc, int i)
 
     size_t nk = 0;
     for (int j = 0; j < count; j++)
-        nk += (size_t)sa_block_len(s, idx[j]);
+        nk += (size_t)query_block_len(job, idx[j], i);
     if (nk == 0) { /* no selected key: O = 0, LSE = -inf */
         for (int g = 0; g < group; g++)
             ref_store_row(job->out, out_row0 + (size_t)g * s->len_q, d, sc->og, 0.0, 0.0);
@@ -89,7 +102,9 @@ static void query_item(const query_job *job, query_scratch *sc, int i)
     /* S[:, col .. col+len) = scale * Q_g K_blk^T, block by block, straight from the FP32 K. */
     size_t col = 0;
     for (int j = 0; j < count; j++) {
-        int len = sa_block_len(s, idx[j]);
+        int len = query_block_len(job, idx[j], i);
+        if (len == 0)
+            continue;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, len, d, scale, sc->qg, d,
                     job->kf + (size_t)idx[j] * SA_TILE * d, d, 0.0f, sc->s + col, (int)nk);
         col += (size_t)len;
@@ -98,10 +113,12 @@ static void query_item(const query_job *job, query_scratch *sc, int i)
     /* O_g = sum over blocks of P[:, block] V_blk (beta = 1 accumulates after the first). */
     col = 0;
     for (int j = 0; j < count; j++) {
-        int len = sa_block_len(s, idx[j]);
+        int len = query_block_len(job, idx[j], i);
+        if (len == 0)
+            continue;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, d, len, 1.0f, sc->s + col,
-                    (int)nk, job->vf + (size_t)idx[j] * SA_TILE * d, d, j ? 1.0f : 0.0f, sc->og,
-                    d);
+                    (int)nk, job->vf + (size_t)idx[j] * SA_TILE * d, d, col ? 1.0f : 0.0f,
+                    sc->og, d);
         col += (size_t)len;
     }
     for (int g = 0; g < group; g++)
@@ -109,8 +126,10 @@ static void query_item(const query_job *job, query_scratch *sc, int i)
                       sc->sum[g], sc->lse[g]);
 }
 
-/* Partials of query i: slot j is the attention over block indices[row][j] alone, FP32, with its
- * own LSE; slots at or past the row's count get O = 0, LSE = -inf. */
+/* Partials of query i: slot j is the attention over block indices[row][j] alone (with causal
+ * over the keys of it the query sees), FP32, with its own LSE; slots at or past the row's count,
+ * and with causal slots whose block lies wholly after the query's last visible key, get O = 0,
+ * LSE = -inf. */
 static void partial_item(const query_job *job, query_scratch *sc, int i)
 {
     const sa_shape *s = job->s;
@@ -124,7 +143,7 @@ static void partial_item(const query_job *job, query_scratch *sc, int i)
     if (count > 0)
         load_group(job, sc->qg, i);
     for (int j = 0; j < mb; j++) {
-        int len = j < count ? sa_block_len(s, idx[j]) : 0;
+        int len = j < count ? query_block_len(job, idx[j], i) : 0;
         if (len) {
             size_t kv = (size_t)idx[j] * SA_TILE * d;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, len, d, scale, sc->qg, d,
@@ -223,7 +242,8 @@ static int check_query_call(const sa_shape *s, const uint16_t *q, const uint16_t
 /* Block-sparse attention with one block list per (batch, KV head, query).
  *   q is (B, Hq, Sq, D); k, v are (B, Hkv, Skv, D); outputs as in sa_ref_dense.
  *   l->indices is (B, Hkv, Sq, max_blocks), l->counts (B, Hkv, Sq) or NULL. All G query heads of
- *   a KV head share its query's list. Softmax, empty rows and opts as in sa_ref_tile_sparse.
+ *   a KV head share its query's list. Softmax, empty rows and opts as in sa_ref_tile_sparse;
+ *   with opts->causal a future block is one wholly after the query's own last visible key.
  *   Scratch: K and V of one (b, hkv) in FP32, plus G * (most keys of a row) floats per thread. */
 int sa_ref_query_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                         const sa_query_lists *l, const sa_attn_opts *opts, const sa_outputs *out)
@@ -237,7 +257,7 @@ int sa_ref_query_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     /* max_blocks and the list array's size, with or without validation. */
     if ((err = sa_query_lists_check_args(s, l)))
         return err;
-    if (o.validate && (err = sa_query_lists_check(s, l, o.allow_empty_rows)))
+    if (o.validate && (err = sa_query_lists_check_opts(s, l, &o)))
         return err;
     size_t max_keys;
     if ((err = ref_scan_rows(s, l->indices, l->counts, sa_query_rows(s), l->max_blocks,
@@ -245,17 +265,20 @@ int sa_ref_query_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         return err;
     query_job job = {.s = s, .q = q, .k = k, .v = v,
                      .indices = l->indices, .counts = l->counts, .max_blocks = l->max_blocks,
-                     .out = out};
+                     .causal = o.causal, .out = out};
     return run_queries(&job, max_keys, 0);
 }
 
 /* Partials for the KV-centric split: see sparseattn.h.
- *   q is (B, Hq, Sq, D); k, v are (B, Hkv, Skv, D); lists as in sa_ref_query_sparse (always
- *   validated; empty rows allowed). part_o is (B, Hq, Sq, max_blocks, D) FP32, part_lse
- *   (B, Hq, Sq, max_blocks). */
-int sa_ref_query_partials(const sa_shape *s, const uint16_t *q, const uint16_t *k,
-                          const uint16_t *v, const sa_query_lists *l, float *part_o,
-                          float *part_lse)
+ *   q is (B, Hq, Sq, D); k, v are (B, Hkv, Skv, D); lists as in sa_ref_query_sparse.
+ *   part_o is (B, Hq, Sq, max_blocks, D) FP32, part_lse (B, Hq, Sq, max_blocks).
+ *   opts NULL means defaults: validated, empty rows allowed, not causal. opts as in
+ *   sa_ref_query_sparse: validate = 0 skips the duplicate, empty-row and future-block checks
+ *   (counts and indices are bounds-checked regardless); causal masks each slot's block to the
+ *   query's visible keys, a slot left with none gets O = 0, LSE = -inf. */
+int sa_ref_query_partials_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, const sa_query_lists *l,
+                               const sa_attn_opts *opts, float *part_o, float *part_lse)
 {
     int err = check_query_call(s, q, k, v, l);
     if (err)
@@ -270,15 +293,33 @@ int sa_ref_query_partials(const sa_shape *s, const uint16_t *q, const uint16_t *
      * multiplies it), so it gets its own (sparseattn.h). */
     if (!sa_sz_within(sa_sz_mul3(sa_sz_lse_elems(s), l->max_blocks, s->head_dim), SA_MAX_ELEMS))
         return SA_ERR_MAX_BLOCKS;
-    if ((err = sa_query_lists_check(s, l, 1)))
+    sa_attn_opts o;
+    if ((err = ref_resolve_opts(opts, &o)))
+        return err;
+    if (o.validate && (err = sa_query_lists_check_opts(s, l, &o)))
+        return err;
+    /* Bounds of counts and indices, read even without validation (the keys are not needed: a
+     * partial holds one block). */
+    size_t max_keys;
+    if (!o.validate && (err = ref_scan_rows(s, l->indices, l->counts, sa_query_rows(s),
+                                            l->max_blocks, &max_keys)))
         return err;
     query_job job = {.s = s, .q = q, .k = k, .v = v,
                      .indices = l->indices, .counts = l->counts, .max_blocks = l->max_blocks,
-                     .part_o = part_o, .part_lse = part_lse};
+                     .causal = o.causal, .part_o = part_o, .part_lse = part_lse};
     return run_queries(&job, SA_TILE, 1);
 }
 
-/* Merges `slots` partials per (b, hq, query) by their LSE weights (see sparseattn.h). Exact:
+/* sa_ref_query_partials_opts with the defaults (validated, empty rows allowed, not causal). */
+int sa_ref_query_partials(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                          const uint16_t *v, const sa_query_lists *l, float *part_o,
+                          float *part_lse)
+{
+    return sa_ref_query_partials_opts(s, q, k, v, l, NULL, part_o, part_lse);
+}
+
+/* Merges `slots` partials per (b, hq, query) by their LSE weights (see sparseattn.h). It needs no
+ * causal flag: causal partials already carry LSE -inf for the slots a query does not see. Exact:
  * partial j holds o_j = sum_{keys of j} e^{s - lse_j} v, so e^{lse_j - lse} o_j re-weights it to
  * the softmax over the union of keys. Computed in double; slots of LSE -inf are skipped (their
  * O is not read). All -inf gives O = 0, LSE = -inf.

@@ -84,10 +84,14 @@ void nv_attention(const nv_case *c, const nv_rows *rows, nv_result *r)
                 const double *qv = c->qd + qrow * d;
                 int count;
                 const int32_t *list = row_of(s, rows, b, hq, i, &count);
+                /* Causal: key t is visible when t <= i + (len_kv - len_q). */
+                const long long last = rows->causal ? (long long)i + s->len_kv - s->len_q
+                                                    : (long long)s->len_kv;
                 int n = 0;
                 for (int j = 0; j < count; j++) {
                     int blk = list ? list[j] : j;
-                    for (int t = blk * 128; t < blk * 128 + 128 && t < s->len_kv; t++) {
+                    for (int t = blk * 128; t < blk * 128 + 128 && t < s->len_kv && t <= last;
+                         t++) {
                         const double *kv = c->kd + (kvh + t) * d;
                         double dot = 0;
                         for (int e = 0; e < d; e++)

@@ -21,6 +21,9 @@ typedef struct nv_rows {
     int kind;
     const int32_t *indices, *counts; /* counts NULL: every row uses max_blocks */
     int list_heads, max_blocks;      /* list_heads for NV_TILE only */
+    /* 1: causal, bottom-right aligned: query i reads only the keys j <= i + (len_kv - len_q) of
+     * its blocks (written here from the definition, not from the reference's helpers). */
+    int causal;
 } nv_rows;
 
 /* The exact answer, in double: o (B, Hq, Sq, D), lse (B, Hq, Sq; -inf for an empty row), the

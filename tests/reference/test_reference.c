@@ -104,7 +104,7 @@ START_TEST(test_tile_sparse)
             nv_out_poison(&out, &c.s);
             ck_assert_int_eq(sa_ref_tile_sparse(&c.s, c.q, c.k, c.v, &l, NULL, &out.out), SA_OK);
             nv_result res;
-            nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, heads[h], k}, &res);
+            nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, heads[h], k, 0}, &res);
             CHECK_OUT(&c, &res, &out, with_counts ? "tile lists, variable counts" : "tile lists");
             nv_result_free(&res);
             free(idx);
@@ -131,7 +131,7 @@ START_TEST(test_query_sparse)
         nv_out_poison(&out, &c.s);
         ck_assert_int_eq(sa_ref_query_sparse(&c.s, c.q, c.k, c.v, &l, NULL, &out.out), SA_OK);
         nv_result res;
-        nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k}, &res);
+        nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
         CHECK_OUT(&c, &res, &out, with_counts ? "query lists, variable counts" : "query lists");
         nv_result_free(&res);
         free(idx);
@@ -227,7 +227,7 @@ START_TEST(test_large_logits)
         sa_tile_lists l = {idx, counts, s->heads_q, k};
         nv_out_poison(&out, s);
         ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, NULL, &out.out), SA_OK);
-        nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, s->heads_q, k}, &res);
+        nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, s->heads_q, k, 0}, &res);
         CHECK_OUT(&c, &res, &out, what);
         nv_result_free(&res);
         free(idx);
@@ -237,7 +237,7 @@ START_TEST(test_large_logits)
         sa_query_lists ql = {idx, counts, k};
         nv_out_poison(&out, s);
         ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, NULL, &out.out), SA_OK);
-        nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k}, &res);
+        nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
         CHECK_OUT(&c, &res, &out, what);
 
         /* Partials at this scale, merged, are the same attention. */
@@ -288,7 +288,7 @@ START_TEST(test_partials_combine)
             has[q] = j < counts[q];
         }
         nv_result res;
-        nv_attention(&c, &(nv_rows){NV_QUERY, one, has, 0, 1}, &res);
+        nv_attention(&c, &(nv_rows){NV_QUERY, one, has, 0, 1, 0}, &res);
         for (size_t q = 0; q < nq; q++) {
             slot.lse[q] = pl[q * k + j];
             for (int e = 0; e < d; e++)
@@ -306,7 +306,7 @@ START_TEST(test_partials_combine)
     nv_out_alloc(&direct, s);
     ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
     nv_result res;
-    nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k}, &res);
+    nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
     CHECK_OUT(&c, &res, &out, "combined partials");
     ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, NULL, &direct.out), SA_OK);
     CHECK_OUT(&c, &res, &direct, "direct per-query attention");
@@ -364,7 +364,7 @@ START_TEST(test_combine_tile_splits)
     nv_out_poison(&out, s);
     ck_assert_int_eq(sa_ref_combine(s, PARTS, po, pl, &out.out), SA_OK);
     nv_result res;
-    nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, lh, k}, &res);
+    nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, lh, k, 0}, &res);
     CHECK_OUT(&c, &res, &out, "combined tile-list splits");
     nv_result_free(&res);
     nv_out_free(&out);
@@ -407,7 +407,7 @@ START_TEST(test_validate_off)
     ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, NULL, &out.out), SA_ERR_DUPLICATE);
     ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &off, &out.out), SA_OK);
     nv_result res;
-    nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, s->heads_q, k}, &res);
+    nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, s->heads_q, k, 0}, &res);
     CHECK_OUT(&c, &res, &out, "tile lists with duplicates, validate = 0");
     nv_result_free(&res);
     free(idx);
@@ -425,7 +425,7 @@ START_TEST(test_validate_off)
     sa_query_lists ql = {idx, counts, k};
     nv_out_poison(&out, s);
     ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, &off, &out.out), SA_OK);
-    nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k}, &res);
+    nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
     CHECK_OUT(&c, &res, &out, "query lists with duplicates, validate = 0");
     nv_result_free(&res);
     free(idx);
@@ -469,7 +469,7 @@ START_TEST(test_tolerance_can_fail)
         counts[row] = nb;
     counts[0] = nb - 1;
     nv_result dropped;
-    nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, s->heads_kv, nb}, &dropped);
+    nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, s->heads_kv, nb, 0}, &dropped);
     ck_assert_ptr_nonnull(nv_check(&c, &dropped, out.of, out.o, out.lse));
     nv_result_free(&dropped);
     free(idx);
