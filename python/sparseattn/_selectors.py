@@ -1,0 +1,148 @@
+"""Block selectors (the registry of selectors/sa_selectors.h) and the synthetic workloads."""
+import collections
+import ctypes
+import math
+import numbers
+
+import numpy as np
+
+from . import _gpu
+from ._capi import SaSelectParams, SaShape
+from ._core import check, flag, lib
+from ._bf16 import bf16_to_float32
+from ._tensors import (attn_shape, check_layout, check_shape, common_kind, cuda_bf16, dims4,
+                       host_bf16, host_ints_result, kv_blocks, ptr, q_tiles, torch_mod)
+
+Selector = collections.namedtuple("Selector", "name description per_query has_cuda")
+Selector.__doc__ = """A registered selector. per_query: writes per-query lists (B, Hkv, Sq, k)
+instead of tile lists (B, Hkv, q_tiles, k); has_cuda: has a GPU function."""
+
+Workload = collections.namedtuple("Workload", "name description knob default_strength")
+
+
+def _c_selector(name):
+    if not isinstance(name, str):
+        raise TypeError("selector name must be a str, got %r" % (name,))
+    p = lib.sa_selector_by_name(name.encode())
+    if not p:
+        raise ValueError("unknown selector %r; selectors: %s"
+                         % (name, ", ".join(s.name for s in selectors())))
+    return p
+
+
+def selectors():
+    """Every registered selector, in registry order."""
+    out = []
+    for i in range(lib.sa_selector_count()):
+        p = lib.sa_selector_at(i)
+        if p:
+            c = p.contents
+            out.append(Selector(c.name.decode(), c.description.decode(), bool(c.per_query),
+                                bool(c.cuda)))
+    return out
+
+
+def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink=False, seed=0,
+           q_index=None, k_index=None):
+    """Run selector `name` on q and k -> (indices, counts), ready for block_sparse_attention
+    (tile-list selectors) or query_sparse_attention (per-query ones).
+
+    indices: int32 (B, Hkv, ceil(Sq / 128), topk), or (B, Hkv, Sq, topk) for a per-query
+    selector, rows sorted by block index; counts (B, Hkv, rows), all topk. q and k as in the
+    attention functions (v is not needed); q_index (B, Hq, Sq, I) and k_index (B, Hkv, Skv, I)
+    are optional separate index vectors in the same layout (I a multiple of 16). numpy arrays
+    and CPU tensors run the selector's CPU function (sa_select_cpu); CUDA tensors its GPU
+    function, where it has one. keep_diagonal and keep_sink force blocks (they count toward
+    topk); seed drives the "random" selector."""
+    check_layout(layout)
+    sel = _c_selector(name).contents
+    if (q_index is None) != (k_index is None):
+        raise ValueError("q_index and k_index go together: pass both or neither")
+    kind = common_kind([("q", q), ("k", k), ("q_index", q_index), ("k_index", k_index)])
+    s = attn_shape(q, k, None, layout)
+    if not isinstance(topk, numbers.Integral) or isinstance(topk, bool):
+        raise TypeError("topk must be an int, got %r" % (topk,))
+    if not 1 <= topk <= kv_blocks(s):
+        raise ValueError("topk must lie in [1, %d] (the KV blocks of len_kv=%d), got %d"
+                         % (kv_blocks(s), s.len_kv, topk))
+    index_dim = 0
+    if q_index is not None:
+        b, h, sq, index_dim = dims4("q_index", q_index, layout, "I")
+        check_shape("q_index", (b, h, sq), (s.batch, s.heads_q, s.len_q), "(B, Hq, Sq)")
+        bk, hk, skv, ik = dims4("k_index", k_index, layout, "I")
+        check_shape("k_index", (bk, hk, skv, ik), (s.batch, s.heads_kv, s.len_kv, index_dim),
+                    "(B, Hkv, Skv, I)")
+    p = SaSelectParams()
+    lib.sa_select_params_default(ctypes.byref(p))
+    p.k = int(topk)
+    p.keep_diagonal, p.keep_sink = flag("keep_diagonal", keep_diagonal), flag("keep_sink",
+                                                                              keep_sink)
+    if not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
+        raise ValueError("seed must be an int in [0, 2**64), got %r" % (seed,))
+    p.seed = int(seed)
+    p.index_dim = index_dim
+    rows = s.len_q if sel.per_query else q_tiles(s)
+    out_shape = (s.batch, s.heads_kv, rows, int(topk))
+    if lib.sa_selector_list_len(ctypes.byref(sel), ctypes.byref(s), p.k) != math.prod(out_shape):
+        raise RuntimeError("selector %r: the library's list length differs from %s"
+                           % (name, out_shape))
+    if kind == "cuda":
+        return _select_cuda(name, sel, s, q, k, q_index, k_index, p, out_shape, layout)
+    qb, kb = host_bf16("q", q, layout), host_bf16("k", k, layout)
+    qi, ki = host_bf16("q_index", q_index, layout), host_bf16("k_index", k_index, layout)
+    p.q_index, p.k_index = ptr(qi), ptr(ki)
+    indices = np.empty(out_shape, np.int32)
+    counts = np.empty(out_shape[:3], np.int32)
+    check(lib.sa_select_cpu(name.encode(), ctypes.byref(s), ptr(qb), ptr(kb), ctypes.byref(p),
+                            ptr(indices), ptr(counts)), "sa_select_cpu(%r)" % name)
+    return host_ints_result(kind, indices, counts)
+
+
+def _select_cuda(name, sel, s, q, k, q_index, k_index, p, out_shape, layout):
+    t = torch_mod()
+    if not sel.cuda:
+        raise ValueError("selector %r has no GPU function; pass numpy arrays or CPU tensors to "
+                         "run its CPU function" % name)
+    _gpu.require_gpu()
+    dev = q.device
+    with t.cuda.device(dev):
+        qd, kd = cuda_bf16("q", q, layout), cuda_bf16("k", k, layout)
+        qi = cuda_bf16("q_index", q_index, layout) if q_index is not None else None
+        ki = cuda_bf16("k_index", k_index, layout) if k_index is not None else None
+        p.q_index, p.k_index = ptr(qi), ptr(ki)
+        p.stream = _gpu.stream_ptr()
+        indices = t.empty(out_shape, dtype=t.int32, device=dev)
+        counts = t.empty(out_shape[:3], dtype=t.int32, device=dev)
+        check(sel.cuda(ctypes.byref(s), ptr(qd), ptr(kd), ctypes.byref(p), ptr(indices),
+                       ptr(counts)), "selector %r (cuda)" % name)
+    return indices, counts
+
+
+def workloads():
+    """The synthetic workloads (sa_workload_at), in registry order."""
+    out = []
+    for i in range(lib.sa_workload_count()):
+        p = lib.sa_workload_at(i)
+        if p:
+            c = p.contents
+            out.append(Workload(c.name.decode(), c.description.decode(), c.knob.decode(),
+                                c.default_strength))
+    return out
+
+
+def workload(name, *, batch=1, heads_q=1, heads_kv=1, len_q=128, len_kv=128, head_dim=128,
+             seed=0, strength=None):
+    """Q, K, V of workload `name` (sa_workload_generate), reproducible from its arguments on
+    every machine -> three float32 numpy arrays, BHSD, whose values are BF16. strength None:
+    the workload's default."""
+    if not isinstance(name, str):
+        raise TypeError("workload name must be a str, got %r" % (name,))
+    s = SaShape(batch, heads_q, heads_kv, len_q, len_kv, head_dim)
+    check(lib.sa_shape_check(ctypes.byref(s)), "sa_shape_check")
+    q = np.empty((batch, heads_q, len_q, head_dim), np.uint16)
+    k = np.empty((batch, heads_kv, len_kv, head_dim), np.uint16)
+    v = np.empty_like(k)
+    check(lib.sa_workload_generate(name.encode(), ctypes.byref(s), int(seed),
+                                   -1.0 if strength is None else float(strength), ptr(q), ptr(k),
+                                   ptr(v)), "sa_workload_generate(%r)" % name)
+    return tuple(bf16_to_float32(x) for x in (q, k, v))

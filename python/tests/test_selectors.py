@@ -1,0 +1,104 @@
+"""The selector registry and the workloads, through the CPU functions."""
+import numpy as np
+import pytest
+
+import sparseattn as sa
+
+SHAPE = dict(batch=1, heads_q=4, heads_kv=2, len_q=256, len_kv=1024, head_dim=128)
+
+
+@pytest.fixture(scope="module")
+def local():
+    return sa.workload("local", seed=3, **SHAPE)
+
+
+def test_registry_lists():
+    names = [s.name for s in sa.selectors()]
+    assert len(names) == len(set(names)) and {"r1", "random", "oracle"} <= set(names)
+    for s in sa.selectors():
+        assert s.description and isinstance(s.per_query, bool) and isinstance(s.has_cuda, bool)
+    wl = {w.name: w for w in sa.workloads()}
+    assert {"gaussian", "local"} <= set(wl)
+
+
+def test_workload_is_reproducible_bf16(local):
+    q, k, v = local
+    assert q.shape == (1, 4, 256, 128) and k.shape == v.shape == (1, 2, 1024, 128)
+    assert q.dtype == np.float32
+    for x in (q, k, v):
+        np.testing.assert_array_equal(sa.bf16_round(x), x)
+    q2, _, _ = sa.workload("local", seed=3, **SHAPE)
+    np.testing.assert_array_equal(q, q2)
+    q3, _, _ = sa.workload("local", seed=4, **SHAPE)
+    assert not np.array_equal(q, q3)
+    with pytest.raises(sa.SparseAttnError) as e:
+        sa.workload("nope", **SHAPE)
+    assert e.value.code == -17
+
+
+@pytest.mark.parametrize("name", [s.name for s in sa.selectors()])
+def test_every_selector_writes_valid_lists(local, name):
+    q, k, v = local
+    sel = {s.name: s for s in sa.selectors()}[name]
+    topk = 3
+    idx, cnt = sa.select(name, q, k, topk)
+    rows = 256 if sel.per_query else 2
+    assert idx.shape == (1, 2, rows, topk) and idx.dtype == np.int32
+    assert cnt.shape == (1, 2, rows) and np.all(cnt == topk)
+    assert np.all((idx >= 0) & (idx < 8))
+    assert np.all(np.diff(idx, axis=-1) > 0)  # sorted, no duplicates
+    run = sa.query_sparse_attention if sel.per_query else sa.block_sparse_attention
+    o, lse = run(q, k, v, idx, cnt)
+    assert np.all(np.isfinite(o)) and np.all(np.isfinite(lse))
+
+
+def test_options(local):
+    q, k, _ = local
+    idx, _ = sa.select("random", q, k, 2, seed=1)
+    idx2, _ = sa.select("random", q, k, 2, seed=1)
+    idx3, _ = sa.select("random", q, k, 2, seed=2)
+    np.testing.assert_array_equal(idx, idx2)
+    assert not np.array_equal(idx, idx3)
+    idx, _ = sa.select("r1", q, k, 2, keep_sink=True)
+    assert np.all(idx[..., 0] == 0)
+
+
+def test_oracle_beats_random_on_local(local):
+    """The oracle's blocks hold more softmax mass: its sparse output is closer to dense."""
+    q, k, v = local
+    o_dense, _ = sa.dense_attention(q, k, v)
+    err = {}
+    for name in ("oracle", "random"):
+        idx, cnt = sa.select(name, q, k, 2)
+        o, _ = sa.block_sparse_attention(q, k, v, idx, cnt)
+        err[name] = np.linalg.norm(o - o_dense) / np.linalg.norm(o_dense)
+    assert err["oracle"] < err["random"]
+
+
+def test_bshd_and_index_vectors(local, rng):
+    q, k, _ = local
+    t = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+    idx, _ = sa.select("r1", q, k, 3)
+    idx2, _ = sa.select("r1", t(q), t(k), 3, layout="bshd")
+    np.testing.assert_array_equal(idx, idx2)
+    qi = rng.standard_normal((1, 4, 256, 32), dtype=np.float32)
+    ki = rng.standard_normal((1, 2, 1024, 32), dtype=np.float32)
+    idx3, _ = sa.select("r1", q, k, 3, q_index=qi, k_index=ki)
+    assert idx3.shape == idx.shape
+
+
+def test_errors(local):
+    q, k, _ = local
+    with pytest.raises(ValueError, match=r"^unknown selector 'nope'; selectors: r1"):
+        sa.select("nope", q, k, 2)
+    with pytest.raises(ValueError, match=r"^topk must lie in \[1, 8\]"):
+        sa.select("r1", q, k, 9)
+    with pytest.raises(TypeError, match=r"^topk must be an int"):
+        sa.select("r1", q, k, 2.0)
+    with pytest.raises(ValueError, match=r"^q_index and k_index go together"):
+        sa.select("r1", q, k, 2, q_index=q)
+    with pytest.raises(ValueError, match=r"^k_index must have shape"):
+        sa.select("r1", q, k, 2, q_index=q[..., :32], k_index=k[..., :16])
+    with pytest.raises(sa.SparseAttnError) as e:  # len_q != len_kv
+        sa.select("r1", q, k, 2, keep_diagonal=True)
+    assert e.value.code == -11 and e.value.function == "sa_select_cpu('r1')"
