@@ -16,6 +16,7 @@
 // after cost a stream operation each on every validated call.)
 #include <cuda_runtime.h>
 
+#include "sa_checked.h"
 #include "sa_internal.h"
 #include "sa_pdl.cuh"
 #include "sa_validate.h"
@@ -180,7 +181,12 @@ extern "C" int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *l
                                        void *stream)
 {
     const int *flag;
-    int err = sa_validate_tile_lists_enqueue(s, l, allow_empty, stream, &flag);
+    int err = sa_tile_lists_check_args(s, l);
+    if (err)
+        return err;
+    if (!sa_flag_ok(allow_empty)) // the option rule, as on the host validators
+        return SA_ERR_ARG;
+    err = sa_validate_tile_lists_enqueue(s, l, allow_empty, stream, &flag);
     return err ? err : sa_validate_finish(flag, stream);
 }
 
@@ -190,6 +196,8 @@ extern "C" int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists 
     int err = sa_query_lists_check_args(s, l);
     if (err)
         return err;
+    if (!sa_flag_ok(allow_empty)) // the option rule, as on the host validators
+        return SA_ERR_ARG;
     const int *flag;
     err = enqueue_rows(l->indices, l->counts, (long long)sa_query_rows(s), l->max_blocks,
                        sa_kv_blocks(s), allow_empty, (cudaStream_t)stream, &flag);

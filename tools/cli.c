@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -8,6 +9,11 @@
 
 #include "cli.h"
 
+/* Where a usage error goes after its message: exit(SA_EXIT_USAGE), unless a caller that must not
+ * exit (the argument fuzzer, fuzz/fuzz_cli.c, which declares it) points this at a jmp_buf; the
+ * error then longjmps there. The program never sets it. */
+jmp_buf *cli_usage_jump;
+
 void cli_usage_error(const char *fmt, ...)
 {
     va_list ap;
@@ -16,6 +22,8 @@ void cli_usage_error(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+    if (cli_usage_jump)
+        longjmp(*cli_usage_jump, 1);
     exit(SA_EXIT_USAGE);
 }
 

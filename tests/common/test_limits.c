@@ -252,6 +252,10 @@ START_TEST(test_option_rule)
     for (int i = 0; i < 4; i++) {
         ck_assert_int_eq(sa_tile_lists_check(&s, &tl, bad[i]), SA_ERR_ARG);
         ck_assert_int_eq(sa_query_lists_check(&s, &ql, bad[i]), SA_ERR_ARG);
+#ifdef SA_HAVE_CUDA /* the GPU validators judge it before any CUDA call (host pointers here) */
+        ck_assert_int_eq(sa_gpu_tile_lists_check(&s, &tl, bad[i], NULL), SA_ERR_ARG);
+        ck_assert_int_eq(sa_gpu_query_lists_check(&s, &ql, bad[i], NULL), SA_ERR_ARG);
+#endif
     }
 
     /* Selectors: keep_diagonal, keep_sink; the recall's per_query. */
