@@ -51,7 +51,7 @@ static const abi_field table[] = {
     S(sa_select_params),
     F(sa_select_params, k), F(sa_select_params, keep_diagonal), F(sa_select_params, keep_sink),
     F(sa_select_params, q_index), F(sa_select_params, k_index), F(sa_select_params, index_dim),
-    F(sa_select_params, stream), F(sa_select_params, seed),
+    F(sa_select_params, stream), F(sa_select_params, seed), F(sa_select_params, causal),
 
     S(sa_selector),
     F(sa_selector, name), F(sa_selector, description), F(sa_selector, per_query),
@@ -72,7 +72,8 @@ static const abi_field table[] = {
     F(sa_kv_params, lists), F(sa_kv_params, o), F(sa_kv_params, o_f32), F(sa_kv_params, lse),
     F(sa_kv_params, partial_format), F(sa_kv_params, validate),
     F(sa_kv_params, allow_empty_rows), F(sa_kv_params, workspace),
-    F(sa_kv_params, workspace_bytes), F(sa_kv_params, stream),
+    F(sa_kv_params, workspace_bytes), F(sa_kv_params, stream), F(sa_kv_params, causal),
+    F(sa_kv_params, allow_future_blocks),
 
     S(sa_kv_index_view),
     F(sa_kv_index_view, offsets), F(sa_kv_index_view, entries), F(sa_kv_index_view, tasks),

@@ -180,8 +180,11 @@ int kv_check_args(const sa_kv_params *p)
         return err;
     // The option rule of every entry point (sa_checked.h): flags 0 or 1, enums in range.
     if (!sa_enum_ok(p->partial_format, SA_KV_PARTIAL_BF16 + 1) || !sa_flag_ok(p->validate) ||
-        !sa_flag_ok(p->allow_empty_rows))
+        !sa_flag_ok(p->allow_empty_rows) || !sa_flag_ok(p->causal) ||
+        !sa_flag_ok(p->allow_future_blocks))
         return SA_ERR_ARG;
+    if (p->causal) // no causal mask in the KV-centric kernels yet
+        return SA_ERR_UNSUPPORTED;
     if (s->head_dim != KV_D || sa_kv_task_queries(s) == 0)
         return SA_ERR_UNSUPPORTED;
     // Entries, buckets and tasks are int32; a slot must fit the error word's 24 bits.

@@ -65,6 +65,11 @@ typedef struct sa_kv_params {
     void *workspace;            /* device, sa_kv_workspace_size bytes; NULL: allocated per call */
     size_t workspace_bytes;
     void *stream;               /* cudaStream_t; NULL is the default stream */
+    /* As sa_attn_opts.causal and .allow_future_blocks (flags, default 0). The GPU path has no
+     * causal mask yet: causal = 1 is SA_ERR_UNSUPPORTED at every entry point (the CPU
+     * reference of the path, sa_ref_query_partials_opts and sa_ref_combine, has it). */
+    int causal;
+    int allow_future_blocks;
 } sa_kv_params;
 void sa_kv_params_default(sa_kv_params *p);
 

@@ -13,6 +13,7 @@ extern "C" {
 #endif
 
 struct sa_shape;
+struct sa_attn_opts;
 
 typedef struct sa_select_params {
     int k;             /* blocks chosen per row (default 16); k > kv_blocks is SA_ERR_ARG */
@@ -25,6 +26,10 @@ typedef struct sa_select_params {
     int index_dim;
     void *stream; /* cudaStream_t for the CUDA function; NULL = default stream */
     uint64_t seed; /* the "random" selector's seed (default 0); others ignore it */
+    /* 1: causal lists (docs/api.md, "Causal attention"): a row picks only among the blocks it
+     * can see, keeps its diagonal block, and holds min(k, visible blocks) entries; counts is then
+     * required. Default 0. The GPU functions return SA_ERR_UNSUPPORTED for causal = 1. */
+    int causal;
 } sa_select_params;
 void sa_select_params_default(sa_select_params *p);
 
@@ -60,7 +65,16 @@ const sa_selector *sa_selector_by_name(const char *name);
  *     otherwise) with index_dim a positive multiple of 16, at most SA_MAX_INDEX_DIM (SA_ERR_ARG).
  *   - Scores are FP32; a NaN score ranks below every number. Among equal scores the lower block
  *     index wins; rows come out sorted by block index, every row holds exactly k blocks, and
- *     counts (if not NULL) is filled with k. */
+ *     counts (if not NULL) is filled with k.
+ *   - causal is a flag. With causal = 1 (CPU functions only; the GPU ones return
+ *     SA_ERR_UNSUPPORTED after the checks above) a row's eligible blocks are those it can see,
+ *     the prefix [0, n) with n = sa_causal_tile_blocks (tile lists: the tile's last valid query
+ *     row decides) or sa_causal_query_blocks (per-query lists); block n - 1, the diagonal block
+ *     (it holds the row's last visible key), is always kept; the row holds min(k, n) blocks, its
+ *     count, and -1 in the slots past it (a row that sees nothing has count 0). counts must then
+ *     be non-NULL (SA_ERR_NULL, checked last); keep_sink with k < 2 and more than one KV block is
+ *     SA_ERR_ARG (the diagonal and the sink are two forced blocks). keep_diagonal keeps its rule
+ *     and, with len_q == len_kv, names the same block. */
 #define SA_MAX_INDEX_DIM 1024
 
 /* Entries of `indices` a selector writes: B*Hkv*q_tiles*k (tile lists) or B*Hkv*Sq*k
@@ -118,12 +132,23 @@ int sa_nvfp4_dequantize(const sa_nvfp4 *q, float *x); /* x has q->n floats */
  * 1/sqrt(D)) that falls in each KV block; a row sums to 1. The oracle selector's scores and
  * select-eval's recall come from it. */
 int sa_block_mass(const struct sa_shape *s, const uint16_t *q, const uint16_t *k, float *mass);
+/* sa_block_mass under options (NULL: defaults): only opts->causal is read (the other fields must
+ * still be flags, SA_ERR_ARG). With causal the mass is that of causal dense attention: a query's
+ * blocks past its last visible key get 0, its diagonal block only the mass of its visible keys,
+ * and a query that sees no key gets a row of zeros (it sums to 0, not 1). */
+int sa_block_mass_opts(const struct sa_shape *s, const uint16_t *q, const uint16_t *k,
+                       const struct sa_attn_opts *opts, float *mass);
 
 /* Recall of lists against a block mass: recall is (B, Hq, Sq), for each query the mass inside the
  * blocks of its list (its tile's list for tile lists, its own for per-query lists).
  * indices as a selector writes them (all rows hold k blocks). */
 int sa_lists_recall(const struct sa_shape *s, const float *mass, int per_query,
                     const int32_t *indices, int k, float *recall);
+/* The same with counts (the rows' leading shape, NULL: every row holds k): a row's first
+ * counts[row] entries are read, as causal selectors write them. SA_ERR_COUNT for a count outside
+ * [0, k]. */
+int sa_lists_recall_counts(const struct sa_shape *s, const float *mass, int per_query,
+                           const int32_t *indices, const int32_t *counts, int k, float *recall);
 
 /* ---------------------------------------------------------------- workloads
  * Synthetic Q/K/V with structure a selector can find, reproducible from (name, shape, seed,

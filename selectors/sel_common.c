@@ -28,12 +28,16 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
     c->group = s->heads_q / s->heads_kv;
     if (p->k <= 0 || p->k > c->kv_blocks)
         return SA_ERR_ARG;
-    if (!sa_flag_ok(p->keep_diagonal) || !sa_flag_ok(p->keep_sink)) /* the option rule */
-        return SA_ERR_ARG;
+    if (!sa_flag_ok(p->keep_diagonal) || !sa_flag_ok(p->keep_sink) || !sa_flag_ok(p->causal))
+        return SA_ERR_ARG; /* the option rule */
     if (p->keep_diagonal && s->len_q != s->len_kv)
         return SA_ERR_ARG;
     /* With both options every tile but the first forces two distinct blocks. */
     if (p->keep_diagonal && p->keep_sink && c->q_tiles > 1 && p->k < 2)
+        return SA_ERR_ARG;
+    /* Causal always keeps the diagonal block: with the sink that is two forced blocks for every
+     * row whose diagonal is not block 0, which the last row's is (block kv_blocks - 1). */
+    if (p->causal && p->keep_sink && c->kv_blocks > 1 && p->k < 2)
         return SA_ERR_ARG;
     if ((p->q_index == NULL) != (p->k_index == NULL))
         return SA_ERR_NULL;
@@ -52,6 +56,7 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
     c->k_sel = p->k;
     c->keep_diagonal = p->keep_diagonal;
     c->keep_sink = p->keep_sink;
+    c->causal = p->causal;
     if (p->q_index && use_index) {
         c->q = p->q_index;
         c->k = p->k_index;
@@ -62,6 +67,16 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
         c->dim = s->head_dim;
     }
     return SA_OK;
+}
+
+int sel_begin_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                  const sa_select_params *p, const int32_t *indices, const int32_t *counts,
+                  int needs_qk, int use_index, sel_ctx *c)
+{
+    int err = sel_begin(s, q, k, p, indices, needs_qk, use_index, c);
+    if (!err && c->causal && !counts)
+        err = SA_ERR_NULL; /* causal rows may hold fewer than k blocks */
+    return err;
 }
 
 float *sel_to_f32(const uint16_t *x, size_t n)
@@ -134,10 +149,15 @@ void sel_row_pick(sel_row *w, int k, int diag, int sink, int32_t *out)
     sel_pick_row(w->score, w->n, k, diag, sink, w->mark, w->top, out);
 }
 
-void sel_fill_counts(int32_t *counts, size_t rows, int k)
+int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *out)
 {
-    if (!counts)
-        return;
-    for (size_t r = 0; r < rows; r++)
-        counts[r] = k;
+    const int n = sel_row_visible(c, per_query, x);
+    const int k = c->k_sel < n ? c->k_sel : n;
+    /* Causal: the block holding the row's last visible key; else keep_diagonal's block. */
+    const int diag = c->causal ? n - 1 : sel_diag_of_tile(c, per_query ? x / SA_TILE : x);
+    if (k > 0)
+        sel_pick_row(w->score, n, k, diag, c->keep_sink, w->mark, w->top, out);
+    for (int j = k; j < c->k_sel; j++)
+        out[j] = -1;
+    return k;
 }

@@ -16,12 +16,27 @@ typedef struct sel_ctx {
     int group;             /* heads_q / heads_kv */
     int k_sel;             /* blocks per row */
     int keep_diagonal, keep_sink;
+    int causal;            /* rows pick among their visible blocks only */
 } sel_ctx;
 
 /* Validates every argument (rules in sa_selectors.h). needs_qk = 0 lets q and k be NULL.
  * use_index = 0 scores the attention's Q and K even when index vectors are given (the oracle). */
 int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_select_params *p,
               const int32_t *indices, int needs_qk, int use_index, sel_ctx *c);
+
+/* sel_begin for a CPU function: also counts non-NULL when causal (SA_ERR_NULL). */
+int sel_begin_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                  const sa_select_params *p, const int32_t *indices, const int32_t *counts,
+                  int needs_qk, int use_index, sel_ctx *c);
+
+/* The blocks [0, n) row x may pick (x a tile, or with per_query a query): every block without
+ * causal, else the ones it can see. */
+static inline int sel_row_visible(const sel_ctx *c, int per_query, int x)
+{
+    if (!c->causal)
+        return c->kv_blocks;
+    return per_query ? sa_causal_query_blocks(&c->s, x) : sa_causal_tile_blocks(&c->s, x);
+}
 
 /* BF16 -> freshly malloc'ed FP32 array (NULL on failure). */
 float *sel_to_f32(const uint16_t *x, size_t n);
@@ -48,8 +63,11 @@ int sel_row_init(sel_row *w, int n, int k);
 void sel_row_free(sel_row *w);
 /* sel_pick_row over w->score. */
 void sel_row_pick(sel_row *w, int k, int diag, int sink, int32_t *out);
-
-void sel_fill_counts(int32_t *counts, size_t rows, int k);
+/* The pick of row x (a tile, or with per_query a query) over w->score, under every option of c:
+ * without causal sel_row_pick (k blocks); with causal only the row's n visible blocks compete,
+ * the diagonal block n - 1 is forced, and min(k, n) blocks are written, then -1 up to k.
+ * Returns the row's count. */
+int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *out);
 
 /* Representative scoring shared by r1 and r4: group means of `span` tokens (128 or 32), a
  * block's score the max over (query group, key group) pairs and over the GQA group's heads. */

@@ -1,4 +1,5 @@
-/* Exact dense attention mass per KV block, and the recall of block lists against it. */
+/* Exact dense attention mass per KV block (optionally causal), and the recall of block lists
+ * against it. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -8,13 +9,19 @@
 
 #define ROW_CHUNK 512 /* query rows per GEMM */
 
-int sa_block_mass(const sa_shape *s, const uint16_t *q, const uint16_t *k, float *mass)
+/* mass is (B, Hq, Sq, kv_blocks); q (B, Hq, Sq, D), k (B, Hkv, Skv, D). Causal: query i's
+ * softmax runs over keys j <= i + (len_kv - len_q) only (all zeros when there are none). */
+int sa_block_mass_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                       const sa_attn_opts *opts, float *mass)
 {
     if (!s || !q || !k || !mass)
         return SA_ERR_NULL;
     int err = sa_shape_check(s);
     if (err)
         return err;
+    if (opts && (err = sa_attn_opts_check(opts)))
+        return err;
+    const int causal = opts ? opts->causal : 0;
     const int dim = s->head_dim, n = sa_kv_blocks(s), group = s->heads_q / s->heads_kv;
     const float scale = 1.0f / sqrtf((float)dim);
     float *qf = sel_to_f32(q, sa_q_elems(s));
@@ -36,20 +43,24 @@ int sa_block_mass(const sa_shape *s, const uint16_t *q, const uint16_t *k, float
             for (int i = 0; i < rows; i++) {
                 const float *srow = sc + (size_t)i * s->len_kv;
                 float *out = mass + ((size_t)bh * s->len_q + r0 + i) * n;
+                /* The keys the query sees: [0, nk), all of them without causal. */
+                long long last = (long long)r0 + i + s->len_kv - s->len_q;
+                int nk = !causal ? s->len_kv : last < 0 ? 0 : (int)last + 1;
                 float m = -INFINITY;
-                for (int j = 0; j < s->len_kv; j++)
+                for (int j = 0; j < nk; j++)
                     m = srow[j] > m ? srow[j] : m;
                 double total = 0.0;
                 for (int blk = 0; blk < n; blk++) {
-                    int len = sa_block_len(s, blk);
+                    int len = sa_block_len(s, blk), j0 = blk * SA_TILE;
+                    len = nk - j0 < len ? (nk - j0 > 0 ? nk - j0 : 0) : len;
                     double acc = 0.0;
                     for (int j = 0; j < len; j++)
-                        acc += expf(srow[blk * SA_TILE + j] - m);
+                        acc += expf(srow[j0 + j] - m);
                     out[blk] = (float)acc;
                     total += acc;
                 }
                 for (int blk = 0; blk < n; blk++)
-                    out[blk] = (float)(out[blk] / total);
+                    out[blk] = total > 0 ? (float)(out[blk] / total) : 0.0f;
             }
         }
     }
@@ -59,8 +70,21 @@ int sa_block_mass(const sa_shape *s, const uint16_t *q, const uint16_t *k, float
     return err;
 }
 
+int sa_block_mass(const sa_shape *s, const uint16_t *q, const uint16_t *k, float *mass)
+{
+    return sa_block_mass_opts(s, q, k, NULL, mass);
+}
+
 int sa_lists_recall(const sa_shape *s, const float *mass, int per_query, const int32_t *indices,
                     int k, float *recall)
+{
+    return sa_lists_recall_counts(s, mass, per_query, indices, NULL, k, recall);
+}
+
+/* indices (rows, k) and counts (rows) or NULL, rows as a selector writes them; recall
+ * (B, Hq, Sq). A row's entries past its count are not read. */
+int sa_lists_recall_counts(const sa_shape *s, const float *mass, int per_query,
+                           const int32_t *indices, const int32_t *counts, int k, float *recall)
 {
     if (!s || !mass || !indices || !recall)
         return SA_ERR_NULL;
@@ -79,15 +103,20 @@ int sa_lists_recall(const sa_shape *s, const float *mass, int per_query, const i
         size_t row = per_query ? (b * s->heads_kv + hkv) * s->len_q + i
                                : (b * s->heads_kv + hkv) * tiles + i / SA_TILE;
         const int32_t *list = indices + row * (size_t)k;
+        const int c = counts ? counts[row] : k;
+        if (c < 0 || c > k) {
+            bad |= 2;
+            continue;
+        }
         double acc = 0.0;
-        for (int j = 0; j < k; j++) {
+        for (int j = 0; j < c; j++) {
             if (list[j] < 0 || list[j] >= n) {
-                bad = 1;
+                bad |= 1;
                 break;
             }
             acc += mass[r * n + list[j]];
         }
         recall[r] = (float)acc;
     }
-    return bad ? SA_ERR_INDEX : SA_OK;
+    return bad & 2 ? SA_ERR_COUNT : bad ? SA_ERR_INDEX : SA_OK;
 }

@@ -50,7 +50,9 @@ static void decode_unscaled(const sa_nvfp4 *q, size_t i0, size_t n, double *out)
     }
 }
 
-/* bmax is (B, Hq, Sq, kv_blocks): for each query, the max dot product over each block's keys. */
+/* bmax is (B, Hq, Sq, kv_blocks): for each query, the max dot product over each block's keys;
+ * with c->causal over the keys of the block the query sees (-inf for a block wholly after its
+ * last visible key), so no invisible key ever raises a score. */
 static int block_max_scores(const sel_ctx *c, float *bmax)
 {
     const sa_shape *s = &c->s;
@@ -85,13 +87,18 @@ static int block_max_scores(const sel_ctx *c, float *bmax)
                 for (int i = 0; i < rows; i++) {
                     const double *srow = sc + (size_t)i * s->len_kv;
                     float *out = bmax + ((size_t)bh * s->len_q + r0 + i) * n;
+                    /* Causal: keys j <= last; without, every key. */
+                    const long long last = c->causal ? (long long)r0 + i + s->len_kv - s->len_q
+                                                     : (long long)s->len_kv;
                     for (int blk = 0; blk < n; blk++) {
+                        long long vis = last - (long long)blk * SA_TILE + 1;
                         int len = sa_block_len(s, blk);
+                        len = vis < len ? (vis > 0 ? (int)vis : 0) : len;
                         double m = -INFINITY;
                         for (int t = 0; t < len; t++)
                             m = srow[blk * SA_TILE + t] > m ? srow[blk * SA_TILE + t] : m;
                         /* Rounding is monotone, so the max may come before it. */
-                        out[blk] = (float)m * scale;
+                        out[blk] = len ? (float)m * scale : -INFINITY;
                     }
                 }
             }
@@ -112,7 +119,7 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                         int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin(s, q, k, p, indices, 1, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
     if (err)
         return err;
     const int n = c.kv_blocks, kk = c.k_sel;
@@ -153,17 +160,14 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                         score[blk] = src[blk] > score[blk] ? src[blk] : score[blk];
                 }
             }
-            int tile = per_query ? x / SA_TILE : x;
-            sel_row_pick(&w, kk, sel_diag_of_tile(&c, tile), c.keep_sink,
-                         indices + (size_t)r * kk);
+            int cnt = sel_row_choose(&w, &c, per_query, x, indices + (size_t)r * kk);
+            if (counts)
+                counts[r] = cnt;
         }
         sel_row_free(&w);
     }
     free(bmax);
-    if (oom)
-        return SA_ERR_NOMEM;
-    sel_fill_counts(counts, (size_t)rows, kk);
-    return SA_OK;
+    return oom ? SA_ERR_NOMEM : SA_OK;
 }
 
 static int nvfp4_tile_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,

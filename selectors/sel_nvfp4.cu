@@ -369,6 +369,8 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     int err = sel_begin(s, q, k, p, indices, 1, 1, &c);
     if (err)
         return err;
+    if (c.causal) // no causal masking or top-k on the GPU yet: the CPU function has it
+        return SA_ERR_UNSUPPORTED;
     if (c.dim > SEL_CUDA_NVFP4_MAX_DIM || c.kv_blocks > SEL_CUDA_MAX_BLOCKS ||
         !sel_aligned16(c.q) || !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;

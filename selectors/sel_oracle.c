@@ -12,14 +12,19 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                       const sa_select_params *p, int32_t *indices, int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin(s, q, k, p, indices, 1, 0, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 0, &c);
     if (err)
         return err;
     const int n = c.kv_blocks, kk = c.k_sel;
     float *mass = sa_sz_malloc(sa_sz_mul((int64_t)sa_lse_elems(s), n), sizeof *mass);
     if (!mass)
         return SA_ERR_NOMEM;
-    err = sa_block_mass(s, q, k, mass);
+    /* Under causal the mass of causal attention: a block's score is what the tile's queries
+     * would give it, their invisible keys counting nothing. */
+    sa_attn_opts mo;
+    sa_attn_opts_default(&mo);
+    mo.causal = c.causal;
+    err = sa_block_mass_opts(s, q, k, &mo, mass);
     const int rows = s->batch * s->heads_kv * c.q_tiles;
     int oom = 0;
 #pragma omp parallel reduction(| : oom) if (!err)
@@ -47,8 +52,9 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             }
             for (int blk = 0; blk < n; blk++)
                 score[blk] = (float)acc[blk];
-            sel_row_pick(&w, kk, sel_diag_of_tile(&c, t), c.keep_sink,
-                         indices + (size_t)r * kk);
+            int cnt = sel_row_choose(&w, &c, 0, t, indices + (size_t)r * kk);
+            if (counts)
+                counts[r] = cnt;
         }
         free(acc);
         sel_row_free(&w);
@@ -56,10 +62,7 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     free(mass);
     if (err)
         return err;
-    if (oom)
-        return SA_ERR_NOMEM;
-    sel_fill_counts(counts, (size_t)rows, kk);
-    return SA_OK;
+    return oom ? SA_ERR_NOMEM : SA_OK;
 }
 
 const sa_selector sa_selector_oracle = {

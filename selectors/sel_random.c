@@ -11,7 +11,7 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                       const sa_select_params *p, int32_t *indices, int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin(s, q, k, p, indices, 0, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 0, 1, &c);
     if (err)
         return err;
     const uint64_t seed = p ? p->seed : 0;
@@ -35,15 +35,13 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             sa_rng_seed(&rng, seed + (uint64_t)r * ROW_STRIDE);
             for (int blk = 0; blk < n; blk++)
                 score[blk] = (float)sa_rng_uniform(&rng);
-            sel_row_pick(&w, kk, sel_diag_of_tile(&c, r % c.q_tiles), c.keep_sink,
-                         indices + (size_t)r * kk);
+            int cnt = sel_row_choose(&w, &c, 0, r % c.q_tiles, indices + (size_t)r * kk);
+            if (counts)
+                counts[r] = cnt;
         }
         sel_row_free(&w);
     }
-    if (oom)
-        return SA_ERR_NOMEM;
-    sel_fill_counts(counts, (size_t)rows, kk);
-    return SA_OK;
+    return oom ? SA_ERR_NOMEM : SA_OK;
 }
 
 const sa_selector sa_selector_random = {

@@ -40,7 +40,7 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                    const sa_select_params *p, int span, int32_t *indices, int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin(s, q, k, p, indices, 1, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
     if (err)
         return err;
     const int per = SA_TILE / span; /* groups per tile or block */
@@ -86,15 +86,13 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                 }
                 score[blk] = best;
             }
-            sel_row_pick(&w, kk, sel_diag_of_tile(&c, t), c.keep_sink,
-                         indices + (size_t)r * kk);
+            int cnt = sel_row_choose(&w, &c, 0, t, indices + (size_t)r * kk);
+            if (counts)
+                counts[r] = cnt;
         }
         sel_row_free(&w);
     }
     free(qr);
     free(kr);
-    if (oom)
-        return SA_ERR_NOMEM;
-    sel_fill_counts(counts, (size_t)rows, kk);
-    return SA_OK;
+    return oom ? SA_ERR_NOMEM : SA_OK;
 }

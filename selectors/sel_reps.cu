@@ -410,6 +410,8 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     int err = sel_begin(s, q, k, p, indices, 1, 1, &c);
     if (err)
         return err;
+    if (c.causal) // no causal top-k on the GPU yet: the CPU function has it (sa_selectors.h)
+        return SA_ERR_UNSUPPORTED;
     if (c.kv_blocks > SEL_CUDA_MAX_BLOCKS || !sel_aligned16(c.q) ||
         !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;

@@ -1,7 +1,10 @@
 /* "sparseattn select-eval": selection quality of every registered selector on every workload.
  * Per workload: the exact per-block softmax mass (sa_block_mass) and dense attention (sa_ref_dense)
  * once; per selector: its lists, their recall of the mass, the output error of attention over
- * the lists against dense, the overlap with the oracle's lists, and the selector's time. */
+ * the lists against dense, the overlap with the oracle's lists, and the selector's time.
+ * --causal makes every piece causal (docs/api.md, "Causal attention"): the mass and the dense
+ * output are those of causal attention, the selectors pick among visible blocks only (rows may
+ * hold fewer than k), and queries that see no key are left out of the recall statistics. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +22,7 @@ typedef struct eval_cfg {
     uint64_t seed;
     double strength; /* negative: each workload's default */
     const char *workload, *selector, *device;
-    int json, keep_sink, keep_diagonal;
+    int json, keep_sink, keep_diagonal, causal;
 } eval_cfg;
 
 static void usage(FILE *f)
@@ -34,6 +37,9 @@ static void usage(FILE *f)
             "  --strength X      the workloads' knob (default: each workload's own)\n"
             "  --selector NAME   only this selector (the oracle still runs for the overlap)\n"
             "  --keep-sink --keep-diagonal   selector options (default off)\n"
+            "  --causal          causal attention, bottom-right aligned (len-q < len-kv is a\n"
+            "                    chunk of prefill): causal mass, causal dense output, lists of\n"
+            "                    visible blocks with the diagonal kept (default off)\n"
             "  --device cpu|cuda (default cpu; cuda runs the selectors that have a GPU function\n"
             "                    on the GPU and reports how many rows equal the CPU lists)\n"
             "  --json            one JSON object per line instead of the table\n");
@@ -82,6 +88,8 @@ static void parse(int argc, char **argv, eval_cfg *c)
             c->keep_sink = 1;
         else if (!strcmp(a, "--keep-diagonal"))
             c->keep_diagonal = 1;
+        else if (!strcmp(a, "--causal"))
+            c->causal = 1;
         else if (!strcmp(a, "--json"))
             c->json = 1;
         else
@@ -97,6 +105,9 @@ static void parse(int argc, char **argv, eval_cfg *c)
         cli_usage_error("select-eval: --keep-diagonal needs len-q == len-kv");
     if (c->keep_diagonal && c->keep_sink && c->topk < 2)
         cli_usage_error("select-eval: --keep-diagonal with --keep-sink needs --topk >= 2");
+    if (c->causal && c->keep_sink && c->topk < 2 && sa_kv_blocks(&c->s) > 1)
+        cli_usage_error("select-eval: --causal keeps the diagonal block: with --keep-sink it "
+                        "needs --topk >= 2");
     if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))
         cli_usage_error("select-eval: --device must be cpu or cuda, not '%s'", c->device);
     if (c->workload && !sa_workload_by_name(c->workload))
@@ -124,9 +135,11 @@ static void summarize(float *x, size_t n, double *mean, double *pct)
     *pct = x[(size_t)(RECALL_PERCENTILE * (double)(n - 1))];
 }
 
-/* Mean over a selector's rows of |row & oracle row of the same tile| / k. */
+/* Mean over a selector's non-empty rows of |row & oracle row of the same tile| / the row's
+ * count (k without causal; counts NULL means every row holds k). */
 static double oracle_overlap(const sa_shape *s, int per_query, const int32_t *idx,
-                             const int32_t *oracle, int k)
+                             const int32_t *cnt, const int32_t *oracle, const int32_t *ocnt,
+                             int k)
 {
     const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s);
     const size_t per = per_query ? (size_t)s->len_q : (size_t)tiles;
@@ -135,21 +148,26 @@ static double oracle_overlap(const sa_shape *s, int per_query, const int32_t *id
     if (!mark)
         return NAN;
     double acc = 0;
+    size_t used = 0;
     for (size_t r = 0; r < rows; r++) {
-        size_t bh = r / per, x = r % per;
-        const int32_t *orow = oracle + (bh * tiles + (per_query ? x / SA_TILE : x)) * k;
+        size_t bh = r / per, x = r % per, orow_i = bh * tiles + (per_query ? x / SA_TILE : x);
+        const int32_t *orow = oracle + orow_i * k;
         const int32_t *row = idx + r * k;
-        for (int j = 0; j < k; j++)
+        const int c = cnt ? cnt[r] : k, oc = ocnt ? ocnt[orow_i] : k;
+        if (c <= 0)
+            continue;
+        for (int j = 0; j < oc; j++)
             mark[orow[j]] = 1;
         int both = 0;
-        for (int j = 0; j < k; j++)
+        for (int j = 0; j < c; j++)
             both += mark[row[j]];
-        for (int j = 0; j < k; j++)
+        for (int j = 0; j < oc; j++)
             mark[orow[j]] = 0;
-        acc += (double)both / k;
+        acc += (double)both / c;
+        used++;
     }
     free(mark);
-    return acc / (double)rows;
+    return used ? acc / (double)used : NAN;
 }
 
 static double rel_l2(const float *x, const float *ref, size_t n)
@@ -174,6 +192,7 @@ typedef struct buffers {
     uint16_t *q, *k, *v, *o;
     float *o_dense, *o_sparse, *mass, *recall;
     int32_t *idx, *idx_cpu, *oracle;
+    int32_t *cnt, *oracle_cnt; /* the rows' counts (k each unless causal) */
 } buffers;
 
 static void *xmalloc(size_t n)
@@ -192,14 +211,23 @@ static void print_row(const eval_cfg *c, const char *wl, double strength, const 
     if (c->json) {
         printf("{\"workload\":\"%s\",\"strength\":%g,\"selector\":\"%s\",\"batch\":%d,"
                "\"heads_q\":%d,\"heads_kv\":%d,\"len_q\":%d,\"len_kv\":%d,\"head_dim\":%d,"
-               "\"topk\":%d,\"seed\":%llu,\"recall_mean\":%.6f,\"recall_p5\":%.6f,",
+               "\"topk\":%d,\"causal\":%d,\"seed\":%llu,",
                wl, strength, sel, c->s.batch, c->s.heads_q, c->s.heads_kv, c->s.len_q,
-               c->s.len_kv, c->s.head_dim, c->topk, (unsigned long long)c->seed, rmean, rp5);
+               c->s.len_kv, c->s.head_dim, c->topk, c->causal, (unsigned long long)c->seed);
+        /* NaN (causal: no query or no row left to average) is null. */
+        if (isfinite(rmean))
+            printf("\"recall_mean\":%.6f,\"recall_p5\":%.6f,", rmean, rp5);
+        else
+            printf("\"recall_mean\":null,\"recall_p5\":null,");
         if (isfinite(oerr))
             printf("\"out_rel_err\":%.6g,", oerr);
         else
             printf("\"out_rel_err\":null,");
-        printf("\"oracle_overlap\":%.6f,\"select_ms\":%.3f,\"device\":\"%s\"", overlap, ms, dev);
+        if (isfinite(overlap))
+            printf("\"oracle_overlap\":%.6f,", overlap);
+        else
+            printf("\"oracle_overlap\":null,");
+        printf("\"select_ms\":%.3f,\"device\":\"%s\"", ms, dev);
         if (cuda && isfinite(match))
             printf(",\"cpu_match\":%.6f", match);
         printf("}\n");
@@ -246,13 +274,24 @@ int cmd_select_eval(int argc, char **argv)
         .o_dense = xmalloc(nq * 4), .o_sparse = xmalloc(nq * 4),
         .mass = xmalloc(queries * n * sizeof(float)), .recall = xmalloc(queries * sizeof(float)),
         .idx = xmalloc(max_list * 4), .idx_cpu = xmalloc(max_list * 4), .oracle = xmalloc(sa_selector_list_len(oracle, s, c.topk) * 4),
+        .cnt = xmalloc(max_list / c.topk * 4),
+        .oracle_cnt = xmalloc(sa_selector_list_len(oracle, s, c.topk) / c.topk * 4),
     };
+    /* Causal options of the reference calls; the lists must hold visible blocks only. */
+    sa_attn_opts ao;
+    sa_attn_opts_default(&ao);
+    ao.causal = c.causal;
+    /* Queries that see at least one key: the recall statistics run over these. */
+    size_t seen = 0;
+    for (size_t r = 0; r < queries; r++)
+        seen += !c.causal || (long long)(r % (size_t)s->len_q) + s->len_kv - s->len_q >= 0;
     sa_select_params p;
     sa_select_params_default(&p);
     p.k = c.topk;
     p.seed = c.seed;
     p.keep_sink = c.keep_sink;
     p.keep_diagonal = c.keep_diagonal;
+    p.causal = c.causal;
 
 #ifdef SA_HAVE_CUDA
     sa_gb *g = NULL;
@@ -275,15 +314,19 @@ int cmd_select_eval(int argc, char **argv)
 #endif
     if (!c.json) {
         printf("select-eval: batch %d, heads %d/%d, len %d/%d, head_dim %d, topk %d of %d blocks,"
-               " seed %llu%s%s\n",
+               " seed %llu%s%s%s\n",
                s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim, c.topk, n,
                (unsigned long long)c.seed, c.keep_sink ? ", keep_sink" : "",
-               c.keep_diagonal ? ", keep_diagonal" : "");
+               c.keep_diagonal ? ", keep_diagonal" : "",
+               c.causal ? ", causal (rows hold up to topk visible blocks)" : "");
         printf("%-10s %-12s %11s %9s %11s %8s %10s%s\n", "workload", "selector", "recall_mean",
                "recall_p5", "out_rel_err", "overlap", "select_ms",
                cuda ? "  dev cpu_match" : "");
     }
     int warned = 0;
+    if (cuda && c.causal)
+        fprintf(stderr, "sparseattn: select-eval: the GPU selectors do not support --causal yet "
+                        "(SA_ERR_UNSUPPORTED): every selector runs on the CPU\n");
     for (int w = 0; w < sa_workload_count(); w++) {
         const sa_workload *wl = sa_workload_at(w);
         if (c.workload && strcmp(c.workload, wl->name))
@@ -298,11 +341,11 @@ int cmd_select_eval(int argc, char **argv)
             die(sa_gb_last_error(), err);
 #endif
         cli_progress("select-eval: %s: exact block mass", wl->name);
-        if ((err = sa_block_mass(s, b.q, b.k, b.mass)))
+        if ((err = sa_block_mass_opts(s, b.q, b.k, &ao, b.mass)))
             die("block mass", err);
         cli_progress("select-eval: %s: dense attention", wl->name);
         sa_outputs dense = {b.o, b.o_dense, NULL};
-        int have_dense = sa_ref_dense(s, b.q, b.k, b.v, &dense) == SA_OK;
+        int have_dense = sa_ref_dense_opts(s, b.q, b.k, b.v, &ao, &dense) == SA_OK;
         if (!have_dense && !warned) {
             fprintf(stderr, "sparseattn: select-eval: the CPU reference is unavailable: "
                             "out_rel_err is n/a\n");
@@ -310,7 +353,7 @@ int cmd_select_eval(int argc, char **argv)
         }
         cli_progress("select-eval: %s: oracle", wl->name);
         double t_oracle = cli_now();
-        if ((err = oracle->cpu(s, b.q, b.k, &p, b.oracle, NULL)))
+        if ((err = oracle->cpu(s, b.q, b.k, &p, b.oracle, b.oracle_cnt)))
             die("oracle", err);
         t_oracle = (cli_now() - t_oracle) * 1e3;
         for (int i = 0; i < sa_selector_count(); i++) {
@@ -321,17 +364,19 @@ int cmd_select_eval(int argc, char **argv)
             double ms = t_oracle, match = NAN;
             const char *dev = "cpu";
             if (sel == oracle) { /* already run above: reuse its lists and time */
-                memcpy(b.idx, b.oracle, sa_selector_list_len(oracle, s, c.topk) * 4);
+                size_t len = sa_selector_list_len(oracle, s, c.topk);
+                memcpy(b.idx, b.oracle, len * 4);
+                memcpy(b.cnt, b.oracle_cnt, len / c.topk * 4);
                 err = SA_OK;
             } else {
                 double t0 = cli_now();
-                err = sel->cpu(s, b.q, b.k, &p, b.idx, NULL);
+                err = sel->cpu(s, b.q, b.k, &p, b.idx, b.cnt);
                 ms = (cli_now() - t0) * 1e3;
             }
             if (err)
                 die(sel->name, err);
 #ifdef SA_HAVE_CUDA
-            if (cuda && sel->cuda) {
+            if (cuda && sel->cuda && !c.causal) {
                 /* One warm-up call, then one timed call; the time includes the list download
                  * (it synchronizes). The CPU lists stay for the comparison. */
                 size_t len = sa_selector_list_len(sel, s, c.topk);
@@ -358,27 +403,38 @@ int cmd_select_eval(int argc, char **argv)
                 match = (double)same / rows;
             }
 #endif
-            /* Also rejects out-of-range indices (GPU lists). */
-            if ((err = sa_lists_recall(s, b.mass, sel->per_query, b.idx, c.topk, b.recall)))
+            /* Also rejects out-of-range indices (GPU lists). The GPU lists come with no counts:
+             * every row holds topk (never causal there). */
+            const int32_t *cnt = !strcmp(dev, "cuda") ? NULL : b.cnt;
+            if ((err = sa_lists_recall_counts(s, b.mass, sel->per_query, b.idx, cnt, c.topk,
+                                              b.recall)))
                 die("recall", err);
-            double rmean, rp5;
-            summarize(b.recall, queries, &rmean, &rp5);
+            if (seen < queries) { /* causal: drop the queries that see nothing (recall 0 of 0) */
+                size_t j = 0;
+                for (size_t r = 0; r < queries; r++)
+                    if ((long long)(r % (size_t)s->len_q) + s->len_kv - s->len_q >= 0)
+                        b.recall[j++] = b.recall[r];
+            }
+            double rmean = NAN, rp5 = NAN;
+            if (seen)
+                summarize(b.recall, seen, &rmean, &rp5);
             double oerr = NAN;
             if (have_dense) {
                 cli_progress("select-eval: %s: %s: sparse attention", wl->name, sel->name);
                 sa_outputs so = {b.o, b.o_sparse, NULL};
                 if (sel->per_query) {
-                    sa_query_lists l = {b.idx, NULL, c.topk};
-                    err = sa_ref_query_sparse(s, b.q, b.k, b.v, &l, NULL, &so);
+                    sa_query_lists l = {b.idx, cnt, c.topk};
+                    err = sa_ref_query_sparse(s, b.q, b.k, b.v, &l, &ao, &so);
                 } else {
-                    sa_tile_lists l = {b.idx, NULL, s->heads_kv, c.topk};
-                    err = sa_ref_tile_sparse(s, b.q, b.k, b.v, &l, NULL, &so);
+                    sa_tile_lists l = {b.idx, cnt, s->heads_kv, c.topk};
+                    err = sa_ref_tile_sparse(s, b.q, b.k, b.v, &l, &ao, &so);
                 }
                 if (err)
                     die("sparse attention", err);
                 oerr = rel_l2(b.o_sparse, b.o_dense, nq);
             }
-            double ov = oracle_overlap(s, sel->per_query, b.idx, b.oracle, c.topk);
+            double ov = oracle_overlap(s, sel->per_query, b.idx, cnt, b.oracle, b.oracle_cnt,
+                                       c.topk);
             cli_progress_done();
             print_row(&c, wl->name, strength, sel->name, dev, match, rmean, rp5, oerr, ov, ms);
         }
@@ -402,5 +458,7 @@ int cmd_select_eval(int argc, char **argv)
     free(b.idx);
     free(b.idx_cpu);
     free(b.oracle);
+    free(b.cnt);
+    free(b.oracle_cnt);
     return 0;
 }

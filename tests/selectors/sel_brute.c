@@ -128,6 +128,12 @@ static int imin(int a, int b) { return a < b ? a : b; }
 double *bf_scores(const char *name, const sa_shape *s, const uint16_t *q16, const uint16_t *k16,
                   int dim)
 {
+    return bf_scores_causal(name, s, q16, k16, dim, 0);
+}
+
+double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q16,
+                         const uint16_t *k16, int dim, int causal)
+{
     const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s), group = s->heads_q / s->heads_kv;
     const int per_query = !strcmp(name, "nvfp4_query");
     const int per = per_query ? s->len_q : tiles;
@@ -162,7 +168,8 @@ double *bf_scores(const char *name, const sa_shape *s, const uint16_t *q16, cons
                     }
             } else if (nv) {
                 for (int i = 0; i < s->len_q; i++)
-                    for (int j = 0; j < s->len_kv; j++) {
+                    for (int j = 0; j < s->len_kv && (!causal || j <= i + s->len_kv - s->len_q);
+                         j++) {
                         double v = dotd(qh + (size_t)i * dim, kh + (size_t)j * dim, dim);
                         double *dst = &o[(size_t)(per_query ? i : i / 128) * n + j / 128];
                         *dst = v > *dst ? v : *dst;
@@ -170,14 +177,17 @@ double *bf_scores(const char *name, const sa_shape *s, const uint16_t *q16, cons
             } else if (!strcmp(name, "oracle")) {
                 for (int i = 0; i < s->len_q; i++) {
                     double m = -INFINITY, z = 0;
-                    for (int j = 0; j < s->len_kv; j++) {
+                    const int nk = !causal ? s->len_kv : i + s->len_kv - s->len_q + 1;
+                    if (nk <= 0)
+                        continue; /* sees no key: no mass */
+                    for (int j = 0; j < nk; j++) {
                         row[j] = dotd(qh + (size_t)i * dim, kh + (size_t)j * dim, dim) /
                                  sqrt((double)dim);
                         m = row[j] > m ? row[j] : m;
                     }
-                    for (int j = 0; j < s->len_kv; j++)
+                    for (int j = 0; j < nk; j++)
                         z += exp(row[j] - m);
-                    for (int j = 0; j < s->len_kv; j++)
+                    for (int j = 0; j < nk; j++)
                         o[(size_t)(i / 128) * n + j / 128] += exp(row[j] - m) / z;
                 }
             } else {

@@ -10,6 +10,10 @@
  * (attention Q/K or index vectors) of length dim; qa/ka are the attention Q/K (oracle). */
 double *bf_scores(const char *name, const sa_shape *s, const uint16_t *q, const uint16_t *k,
                   int dim);
+/* The same with causal = 1: query i and key j pair only when j <= i + (len_kv - len_q) (nvfp4
+ * maxima and the oracle's softmax; r1/r4 score whole blocks, causal or not, as documented). */
+double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q,
+                         const uint16_t *k, int dim, int causal);
 
 /* Checks one output row against brute-force scores: sorted, distinct, in range, forced blocks
  * present, and every chosen unforced block scores at least every unchosen one minus a band
@@ -29,5 +33,6 @@ uint16_t *bf_random_bf16(sa_rng *r, size_t n, float scale);
 
 TCase *tc_nvfp4(void);
 TCase *tc_workloads(void);
+TCase *tc_causal(void);
 
 #endif

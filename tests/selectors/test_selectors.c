@@ -475,5 +475,6 @@ int main(void)
     suite_add_tcase(s, tc);
     suite_add_tcase(s, tc_nvfp4());
     suite_add_tcase(s, tc_workloads());
+    suite_add_tcase(s, tc_causal());
     return sa_test_run(s);
 }
