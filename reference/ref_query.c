@@ -79,7 +79,8 @@ static int query_block_len(const query_job *job, int blk, int i)
 }
 
 /* Full attention of query i for its group: one softmax over all keys of its blocks (with causal
- * the keys it sees). The row's blocks are indices[(b, hkv, i)][0..count); S is (G, nk), O (G, D). */
+ * the keys it sees). The row's blocks are indices[(b, hkv, i)][0..count); S is (G, nk), O is
+ * (G, D). */
 static void query_item(const query_job *job, query_scratch *sc, int i)
 {
     const sa_shape *s = job->s;

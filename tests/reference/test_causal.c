@@ -88,7 +88,10 @@ static void fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *count
     free(perm);
 }
 
-static size_t tile_rows_of(const sa_shape *s, int lh) { return (size_t)s->batch * lh * sa_q_tiles(s); }
+static size_t tile_rows_of(const sa_shape *s, int lh)
+{
+    return (size_t)s->batch * lh * sa_q_tiles(s);
+}
 
 /* 1 when some row of these lists names a block past its visible prefix. */
 static int has_future(const sa_shape *s, const int32_t *idx, const int32_t *counts, size_t rows,
@@ -526,6 +529,34 @@ START_TEST(test_causal_empty_rows)
 }
 END_TEST
 
+/* The KV-centric GPU path has no causal mask yet: its entry points say so (before any CUDA
+ * call, so host pointers do here), and apply the flag rule to both new fields. */
+START_TEST(test_kvcentric_refuses_causal)
+{
+    static uint16_t dummy[64];
+    static int32_t lists[1];
+    sa_kv_params p;
+    sa_kv_params_default(&p);
+    ck_assert_int_eq(p.causal, 0);
+    ck_assert_int_eq(p.allow_future_blocks, 0);
+    p.shape = (sa_shape){1, 1, 1, 1, 1, 128};
+    p.q = p.k = p.v = dummy;
+    p.o = dummy;
+    p.lists = (sa_query_lists){lists, NULL, 1};
+    const int built = sa_selector_by_name("r1")->cuda != NULL; /* a CUDA build */
+    size_t bytes = 0;
+    p.causal = 1;
+    const int unsupported = built ? SA_ERR_UNSUPPORTED : SA_ERR_NOT_BUILT;
+    ck_assert_int_eq(sa_kv_workspace_size(&p, &bytes), unsupported);
+    ck_assert_int_eq(sa_kvcentric_attention(&p), unsupported);
+    p.causal = 2;
+    ck_assert_int_eq(sa_kv_workspace_size(&p, &bytes), built ? SA_ERR_ARG : SA_ERR_NOT_BUILT);
+    p.causal = 0;
+    p.allow_future_blocks = -1;
+    ck_assert_int_eq(sa_kv_workspace_size(&p, &bytes), built ? SA_ERR_ARG : SA_ERR_NOT_BUILT);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("reference_causal");
@@ -539,6 +570,7 @@ int main(void)
     tcase_add_loop_test(tc, test_causal_all_blocks_is_dense, 0, NSHAPES);
     tcase_add_loop_test(tc, test_causal_empty_rows, 0, NSHAPES);
     tcase_add_test(tc, test_causal_validator_codes);
+    tcase_add_test(tc, test_kvcentric_refuses_causal);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
