@@ -1,8 +1,9 @@
 #!/bin/bash
 # On the GPU machine, from the checkout with .deps carried beside it:
 #   bash scripts/device-gpu-suite.sh [sanitize] [bench NAME...] [peers ARGS...]
-# Builds with CUDA, runs `meson test --suite gpu`, optionally compute-sanitizer (memcheck and
-# racecheck on the small-shape GPU tests) and benchmarks. Logs go to $OUT (or ./device-logs).
+# Builds with CUDA, runs `meson test --suite gpu`, optionally compute-sanitizer (memcheck,
+# racecheck, initcheck and synccheck on the small-shape GPU tests; $SA_SANITIZE_TOOLS picks
+# others) and benchmarks. Logs go to $OUT (or ./device-logs).
 # SA_GPU_ONLY="gpu_a gpu_b" limits the gpu suite and the sanitizer to those tests (to fit a short
 # device run); unset, every gpu test runs. SA_SANITIZE_ONLY="gpu_a ..." limits only the
 # sanitizer runs.
@@ -46,10 +47,10 @@ while [ $i -lt ${#shift_args[@]} ]; do
             if [ -n "${SA_SANITIZE_ONLY:-}" ] && [[ " $SA_SANITIZE_ONLY " != *" ${t##*/test_} "* ]]; then
                 continue
             fi
-            for tool in memcheck racecheck; do
-                SA_SMALL=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" \
+            for tool in ${SA_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+                SA_SMALL=1 timeout ${SA_SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$t" \
                     >"$out/sanitize-$(basename "$t")-$tool.log" 2>&1
-                echo "compute-sanitizer $tool $(basename "$t"): rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$(basename "$t")-$tool.log" | tail -1)"
+                echo "compute-sanitizer $tool $(basename "$t"): rc=$? $(grep -E 'SUMMARY' "$out/sanitize-$(basename "$t")-$tool.log" | tail -1)"
             done
         done ;;
     bench)
