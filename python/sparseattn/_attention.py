@@ -101,8 +101,9 @@ def query_sparse_attention(q, k, v, indices, counts=None, *, layout="bhsd", vali
 
     indices: int32 (B, Hkv, Sq, max_blocks) (the query heads of a GQA group share their
     query's list), counts (B, Hkv, Sq) or None. Otherwise as block_sparse_attention.
-    CPU: sa_ref_query_sparse. GPU: the KV-centric path (sa_kvcentric_attention; head_dim 128,
-    no causal mask) with partials in "f32" or "bf16"."""
+    CPU: sa_ref_query_sparse. GPU: the KV-centric path (sa_kvcentric_attention; head_dim 128;
+    it answers causal with SA_ERR_UNSUPPORTED until it masks causally) with partials in "f32"
+    or "bf16"."""
     check_layout(layout)
     if partial_format not in ("f32", "bf16"):
         raise ValueError("partial_format must be 'f32' or 'bf16', got %r" % (partial_format,))
@@ -112,8 +113,8 @@ def query_sparse_attention(q, k, v, indices, counts=None, *, layout="bhsd", vali
     flags = (flag("validate", validate), flag("allow_empty_rows", allow_empty_rows),
              flag("causal", causal), flag("allow_future_blocks", allow_future_blocks))
     if kind == "cuda":
-        return _gpu.query_sparse(q, k, v, indices, counts, s, max_blocks, layout, flags[0],
-                                 flags[1], flags[2], partial_format)
+        return _gpu.query_sparse(q, k, v, indices, counts, s, max_blocks, layout, *flags,
+                                 partial_format)
     ind = host_int32("indices", indices, (s.batch, s.heads_kv, s.len_q, max_blocks),
                      "(B, heads_kv, len_q, max_blocks)")
     cnt = host_int32("counts", counts, (s.batch, s.heads_kv, s.len_q), "(B, heads_kv, len_q)")

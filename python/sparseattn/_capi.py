@@ -100,7 +100,7 @@ class SaStage(ctypes.Structure):
 class SaSelectParams(ctypes.Structure):
     _fields_ = [("k", c_int), ("keep_diagonal", c_int), ("keep_sink", c_int),
                 ("q_index", c_void_p), ("k_index", c_void_p), ("index_dim", c_int),
-                ("stream", c_void_p), ("seed", ctypes.c_uint64)]
+                ("stream", c_void_p), ("seed", ctypes.c_uint64), ("causal", c_int)]
 
 
 SELECT_FN = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(SaShape), c_void_p, c_void_p,
@@ -121,7 +121,8 @@ class SaKvParams(ctypes.Structure):
     _fields_ = [("shape", SaShape), ("q", c_void_p), ("k", c_void_p), ("v", c_void_p),
                 ("lists", SaQueryLists), ("o", c_void_p), ("o_f32", c_void_p), ("lse", c_void_p),
                 ("partial_format", c_int), ("validate", c_int), ("allow_empty_rows", c_int),
-                ("workspace", c_void_p), ("workspace_bytes", c_size_t), ("stream", c_void_p)]
+                ("workspace", c_void_p), ("workspace_bytes", c_size_t), ("stream", c_void_p),
+                ("causal", c_int), ("allow_future_blocks", c_int)]
 
 
 # C name -> mirror; every one is checked against the library at import.

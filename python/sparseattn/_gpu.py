@@ -273,16 +273,13 @@ def dense(q, k, v, s, layout, causal, stage):
 
 
 def query_sparse(q, k, v, indices, counts, s, max_blocks, layout, validate, allow_empty_rows,
-                 causal, partial_format):
+                 causal, allow_future_blocks, partial_format):
     """The KV-centric GPU entry point (sa_kvcentric_attention), workspace from torch's
     allocator."""
     t = torch_mod()
     require_gpu()
-    if causal:
-        raise SparseAttnError(SA_ERR_UNSUPPORTED, "sa_kvcentric_attention",
-                              strerror(SA_ERR_UNSUPPORTED),
-                              "the KV-centric path has no causal mask (sa_kv_params has no "
-                              "causal field)")
+    # The library answers causal = 1 with SA_ERR_UNSUPPORTED until its kernels mask causally.
+    detail = "the KV-centric GPU path has no causal mask yet" if causal else None
     dev = q.device
     ind = cuda_int32("indices", indices, dev, (s.batch, s.heads_kv, s.len_q, max_blocks),
                      "(B, heads_kv, len_q, max_blocks)")
@@ -297,14 +294,16 @@ def query_sparse(q, k, v, indices, counts, s, max_blocks, layout, validate, allo
         p.lists = SaQueryLists(ptr(ind), ptr(cnt), max_blocks)
         p.partial_format = {"f32": SA_KV_PARTIAL_F32, "bf16": SA_KV_PARTIAL_BF16}[partial_format]
         p.validate, p.allow_empty_rows = validate, allow_empty_rows
+        p.causal, p.allow_future_blocks = causal, allow_future_blocks
         p.stream = stream_ptr()
         size = ctypes.c_size_t(0)
-        check(lib.sa_kv_workspace_size(ctypes.byref(p), ctypes.byref(size)),
-              "sa_kv_workspace_size")
+        rc = lib.sa_kv_workspace_size(ctypes.byref(p), ctypes.byref(size))
+        check(rc, "sa_kv_workspace_size", detail if rc == SA_ERR_UNSUPPORTED else None)
         # The caching allocator keeps this block for the current stream until the queued work
         # is done with it, so it may go out of scope on return.
         ws = t.empty(max(size.value, 1), dtype=t.uint8, device=dev)
         p.workspace, p.workspace_bytes = ws.data_ptr(), size.value
-        check(lib.sa_kvcentric_attention(ctypes.byref(p)), "sa_kvcentric_attention")
+        rc = lib.sa_kvcentric_attention(ctypes.byref(p))
+        check(rc, "sa_kvcentric_attention", detail if rc == SA_ERR_UNSUPPORTED else None)
     return _result(o, lse, layout)
 

@@ -43,7 +43,7 @@ def selectors():
 
 
 def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink=False, seed=0,
-           q_index=None, k_index=None):
+           q_index=None, k_index=None, causal=False):
     """Run selector `name` on q and k -> (indices, counts), ready for block_sparse_attention
     (tile-list selectors) or query_sparse_attention (per-query ones).
 
@@ -53,7 +53,10 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     are optional separate index vectors in the same layout (I a multiple of 16). numpy arrays
     and CPU tensors run the selector's CPU function (sa_select_cpu); CUDA tensors its GPU
     function, where it has one. keep_diagonal and keep_sink force blocks (they count toward
-    topk); seed drives the "random" selector."""
+    topk); seed drives the "random" selector. causal: a row picks only among the blocks it can
+    see (bottom-right aligned), always keeps its diagonal block and holds min(topk, visible
+    blocks) entries, its count, with -1 in the slots past it (CPU functions only: the GPU ones
+    answer SA_ERR_UNSUPPORTED); pass the lists on with causal=True."""
     check_layout(layout)
     sel = _c_selector(name).contents
     if (q_index is None) != (k_index is None):
@@ -80,6 +83,7 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     if not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
         raise ValueError("seed must be an int in [0, 2**64), got %r" % (seed,))
     p.seed = int(seed)
+    p.causal = flag("causal", causal)
     p.index_dim = index_dim
     rows = s.len_q if sel.per_query else q_tiles(s)
     out_shape = (s.batch, s.heads_kv, rows, int(topk))

@@ -102,3 +102,24 @@ def test_errors(local):
     with pytest.raises(sa.SparseAttnError) as e:  # len_q != len_kv
         sa.select("r1", q, k, 2, keep_diagonal=True)
     assert e.value.code == -11 and e.value.function == "sa_select_cpu('r1')"
+
+
+@pytest.mark.parametrize("sq,skv", [(256, 1024), (512, 512)], ids=str)
+def test_causal_lists(rng, sq, skv):
+    """A causal row picks among the blocks it sees, keeps its diagonal block, holds
+    min(topk, visible) entries and -1 past them; the lists run causally without future blocks."""
+    q, k, v = sa.workload("local", batch=1, heads_q=2, heads_kv=1, len_q=sq, len_kv=skv,
+                          head_dim=64, seed=7)
+    for sel in sa.selectors():
+        idx, cnt = sa.select(sel.name, q, k, 3, causal=True)
+        rows = np.arange(idx.shape[2])
+        last_row = np.minimum(rows * 128 + 127, sq - 1) if not sel.per_query else rows
+        n = (last_row + skv - sq) // 128 + 1  # blocks visible to the row
+        np.testing.assert_array_equal(cnt[0, 0], np.minimum(3, n))
+        for r in rows:
+            c = cnt[0, 0, r]
+            assert np.all(idx[0, 0, r, :c] < n[r]) and n[r] - 1 in idx[0, 0, r, :c], sel.name
+            assert np.all(idx[0, 0, r, c:] == -1)
+        run = sa.query_sparse_attention if sel.per_query else sa.block_sparse_attention
+        o, lse = run(q, k, v, idx, cnt, causal=True)
+        assert np.all(np.isfinite(o))
