@@ -192,7 +192,7 @@ def _checkout_root():
     installed elsewhere."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if os.path.isfile(os.path.join(root, "meson.build")) and \
-            os.path.isfile(os.path.join(root, "common", "sparseattn.h")):
+            os.path.isfile(os.path.join(root, "include", "sparseattn.h")):
         return root
     return None
 
