@@ -16,6 +16,8 @@
 #define SA_KVCENTRIC_H
 #include <stddef.h>
 #include <stdint.h>
+
+#include "sparseattn.h" /* SA_API, sa_shape, sa_query_lists; it includes this header at its end */
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -34,20 +36,22 @@ typedef struct sa_kv_task {
 } sa_kv_task;
 /* Task order: larger count first; equal counts by bucket, then chunk (deterministic). */
 
-size_t sa_kv_buckets(const struct sa_shape *s);                               /* B*Hkv*kv_blocks */
-size_t sa_kv_max_entries(const struct sa_shape *s, const struct sa_query_lists *l); /* rows*max */
+SA_API size_t sa_kv_buckets(const struct sa_shape *s); /* B*Hkv*kv_blocks */
+SA_API size_t sa_kv_max_entries(const struct sa_shape *s,
+                                const struct sa_query_lists *l); /* rows*max */
 /* An upper bound of the task count: max_entries / task_queries + buckets. */
-size_t sa_kv_max_tasks(const struct sa_shape *s, const struct sa_query_lists *l, int task_queries);
+SA_API size_t sa_kv_max_tasks(const struct sa_shape *s, const struct sa_query_lists *l,
+                              int task_queries);
 /* Queries per task of the GPU kernel: 128 / (heads_q / heads_kv), so a task gathers at most 128
  * rows (queries x heads of the group), one MMA tile. 0 when the group has more than 128 heads. */
-int sa_kv_task_queries(const struct sa_shape *s);
+SA_API int sa_kv_task_queries(const struct sa_shape *s);
 
 /* CPU reference of part 1 (host memory). Validates the lists (sa_query_lists_check, empty rows
  * allowed), then writes offsets (buckets + 1), entries (max_entries capacity) and tasks
  * (sa_kv_max_tasks capacity); *n_entries and *n_tasks get the counts used. */
-int sa_kv_index_ref(const struct sa_shape *s, const struct sa_query_lists *l, int task_queries,
-                    int32_t *offsets, int32_t *entries, sa_kv_task *tasks, int *n_entries,
-                    int *n_tasks);
+SA_API int sa_kv_index_ref(const struct sa_shape *s, const struct sa_query_lists *l,
+                           int task_queries, int32_t *offsets, int32_t *entries,
+                           sa_kv_task *tasks, int *n_entries, int *n_tasks);
 
 /* ------------------------------------------------------------ GPU entry point */
 enum { SA_KV_PARTIAL_F32 = 0, SA_KV_PARTIAL_BF16 = 1 };
@@ -71,21 +75,21 @@ typedef struct sa_kv_params {
     int causal;
     int allow_future_blocks;
 } sa_kv_params;
-void sa_kv_params_default(sa_kv_params *p);
+SA_API void sa_kv_params_default(sa_kv_params *p);
 
 /* Bytes of device workspace for this shape, list size and partial format: the reverse index,
  * the tasks, sort scratch, and the partials (B*Hq*Sq*max_blocks rows of D values plus an LSE). */
-int sa_kv_workspace_size(const sa_kv_params *p, size_t *bytes);
+SA_API int sa_kv_workspace_size(const sa_kv_params *p, size_t *bytes);
 
 /* The whole operation: checks the arguments, builds the index (validating the lists when
  * p->validate), runs the attention and the combine on p->stream. Returns when the work is
  * queued (or done, if it had to validate or allocate). */
-int sa_kvcentric_attention(const sa_kv_params *p);
+SA_API int sa_kvcentric_attention(const sa_kv_params *p);
 
 /* The three parts alone, for tests and benchmarks; each needs p->workspace. */
-int sa_kv_build_index(const sa_kv_params *p);
-int sa_kv_attend(const sa_kv_params *p);
-int sa_kv_combine(const sa_kv_params *p);
+SA_API int sa_kv_build_index(const sa_kv_params *p);
+SA_API int sa_kv_attend(const sa_kv_params *p);
+SA_API int sa_kv_combine(const sa_kv_params *p);
 
 /* Device pointers into p->workspace where part 1 leaves its results: offsets (buckets + 1),
  * entries (max_entries), tasks (max_tasks, task_queries = sa_kv_task_queries), and info[0] =
@@ -96,7 +100,7 @@ typedef struct sa_kv_index_view {
     const sa_kv_task *tasks;
     const int32_t *info;
 } sa_kv_index_view;
-int sa_kv_index_get(const sa_kv_params *p, sa_kv_index_view *v);
+SA_API int sa_kv_index_get(const sa_kv_params *p, sa_kv_index_view *v);
 
 #ifdef __cplusplus
 }

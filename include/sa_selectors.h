@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sparseattn.h" /* SA_API, sa_shape; it includes this header at its end */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -31,7 +33,7 @@ typedef struct sa_select_params {
      * required. Default 0. The GPU functions return SA_ERR_UNSUPPORTED for causal = 1. */
     int causal;
 } sa_select_params;
-void sa_select_params_default(sa_select_params *p);
+SA_API void sa_select_params_default(sa_select_params *p);
 
 /* Output format of a selector:
  *   per_query == 0: tile lists, indices (B, Hkv, q_tiles, k), the GQA group shares a list;
@@ -50,9 +52,9 @@ typedef struct sa_selector {
                         * whose .cuda is set (NULL in a build without CUDA) */
 } sa_selector;
 
-int sa_selector_count(void);
-const sa_selector *sa_selector_at(int i);
-const sa_selector *sa_selector_by_name(const char *name);
+SA_API int sa_selector_count(void);
+SA_API const sa_selector *sa_selector_at(int i);
+SA_API const sa_selector *sa_selector_by_name(const char *name);
 
 /* Rules every CPU selector follows (checked at its entry point, before any work):
  *   - s, q, k, indices non-NULL (SA_ERR_NULL; the "random" selector alone accepts NULL q, k);
@@ -79,13 +81,13 @@ const sa_selector *sa_selector_by_name(const char *name);
 
 /* Entries of `indices` a selector writes: B*Hkv*q_tiles*k (tile lists) or B*Hkv*Sq*k
  * (per-query lists). 0 if an argument is NULL. */
-size_t sa_selector_list_len(const sa_selector *sel, const struct sa_shape *s, int k);
+SA_API size_t sa_selector_list_len(const sa_selector *sel, const struct sa_shape *s, int k);
 
 /* Look a selector up by name and run its CPU function: what a caller such as `sparseattn run
  * --selector NAME` needs. SA_ERR_UNKNOWN for a name not in the registry. */
-int sa_select_cpu(const char *name, const struct sa_shape *s, const uint16_t *q,
-                  const uint16_t *k, const sa_select_params *p, int32_t *indices,
-                  int32_t *counts);
+SA_API int sa_select_cpu(const char *name, const struct sa_shape *s, const uint16_t *q,
+                         const uint16_t *k, const sa_select_params *p, int32_t *indices,
+                         int32_t *counts);
 
 /* ---------------------------------------------------------------- NVFP4
  * The format of the "nvfp4" scorer's index vectors, defined here so that a GPU quantizer can be
@@ -117,38 +119,40 @@ typedef struct sa_nvfp4 {
     size_t n; /* elements; a positive multiple of 16 */
 } sa_nvfp4;
 
-uint8_t sa_e2m1_from_f32(float x); /* code of x (finite), rounded and saturated as above */
-float sa_e2m1_to_f32(uint8_t code); /* low 4 bits */
-uint8_t sa_e4m3_from_f32(float x);  /* x >= 0 finite: RNE, saturating to 448 */
-float sa_e4m3_to_f32(uint8_t code); /* 0x7F / 0xFF decode to NaN */
+SA_API uint8_t sa_e2m1_from_f32(float x); /* code of x (finite), rounded and saturated as above */
+SA_API float sa_e2m1_to_f32(uint8_t code); /* low 4 bits */
+SA_API uint8_t sa_e4m3_from_f32(float x);  /* x >= 0 finite: RNE, saturating to 448 */
+SA_API float sa_e4m3_to_f32(uint8_t code); /* 0x7F / 0xFF decode to NaN */
 /* q->values, q->scales must hold n/2 and n/16 bytes; q->n is set. SA_ERR_NULL, SA_ERR_SHAPE
  * (n == 0 or not a multiple of 16), SA_ERR_ARG (non-finite input). */
-int sa_nvfp4_quantize_f32(const float *x, size_t n, sa_nvfp4 *q);
-int sa_nvfp4_quantize_bf16(const uint16_t *x, size_t n, sa_nvfp4 *q);
-int sa_nvfp4_dequantize(const sa_nvfp4 *q, float *x); /* x has q->n floats */
+SA_API int sa_nvfp4_quantize_f32(const float *x, size_t n, sa_nvfp4 *q);
+SA_API int sa_nvfp4_quantize_bf16(const uint16_t *x, size_t n, sa_nvfp4 *q);
+SA_API int sa_nvfp4_dequantize(const sa_nvfp4 *q, float *x); /* x has q->n floats */
 
 /* ---------------------------------------------------------------- exact block mass
  * mass is (B, Hq, Sq, kv_blocks) FP32: for each query, the dense softmax probability (scale
  * 1/sqrt(D)) that falls in each KV block; a row sums to 1. The oracle selector's scores and
  * select-eval's recall come from it. */
-int sa_block_mass(const struct sa_shape *s, const uint16_t *q, const uint16_t *k, float *mass);
+SA_API int sa_block_mass(const struct sa_shape *s, const uint16_t *q, const uint16_t *k,
+                         float *mass);
 /* sa_block_mass under options (NULL: defaults): only opts->causal is read (the other fields must
  * still be flags, SA_ERR_ARG). With causal the mass is that of causal dense attention: a query's
  * blocks past its last visible key get 0, its diagonal block only the mass of its visible keys,
  * and a query that sees no key gets a row of zeros (it sums to 0, not 1). */
-int sa_block_mass_opts(const struct sa_shape *s, const uint16_t *q, const uint16_t *k,
-                       const struct sa_attn_opts *opts, float *mass);
+SA_API int sa_block_mass_opts(const struct sa_shape *s, const uint16_t *q, const uint16_t *k,
+                              const struct sa_attn_opts *opts, float *mass);
 
 /* Recall of lists against a block mass: recall is (B, Hq, Sq), for each query the mass inside the
  * blocks of its list (its tile's list for tile lists, its own for per-query lists).
  * indices as a selector writes them (all rows hold k blocks). */
-int sa_lists_recall(const struct sa_shape *s, const float *mass, int per_query,
-                    const int32_t *indices, int k, float *recall);
+SA_API int sa_lists_recall(const struct sa_shape *s, const float *mass, int per_query,
+                           const int32_t *indices, int k, float *recall);
 /* The same with counts (the rows' leading shape, NULL: every row holds k): a row's first
  * counts[row] entries are read, as causal selectors write them. SA_ERR_COUNT for a count outside
  * [0, k]. */
-int sa_lists_recall_counts(const struct sa_shape *s, const float *mass, int per_query,
-                           const int32_t *indices, const int32_t *counts, int k, float *recall);
+SA_API int sa_lists_recall_counts(const struct sa_shape *s, const float *mass, int per_query,
+                                  const int32_t *indices, const int32_t *counts, int k,
+                                  float *recall);
 
 /* ---------------------------------------------------------------- workloads
  * Synthetic Q/K/V with structure a selector can find, reproducible from (name, shape, seed,
@@ -161,12 +165,12 @@ typedef struct sa_workload {
     double default_strength;
 } sa_workload;
 #define SA_STRENGTH_DEFAULT (-1.0) /* any negative strength selects the workload's default */
-int sa_workload_count(void);
-const sa_workload *sa_workload_at(int i);
-const sa_workload *sa_workload_by_name(const char *name);
+SA_API int sa_workload_count(void);
+SA_API const sa_workload *sa_workload_at(int i);
+SA_API const sa_workload *sa_workload_by_name(const char *name);
 /* SA_ERR_UNKNOWN for an unknown name, SA_ERR_ARG for a non-finite strength. */
-int sa_workload_generate(const char *name, const struct sa_shape *s, uint64_t seed,
-                         double strength, uint16_t *q, uint16_t *k, uint16_t *v);
+SA_API int sa_workload_generate(const char *name, const struct sa_shape *s, uint64_t seed,
+                                double strength, uint16_t *q, uint16_t *k, uint16_t *v);
 
 #ifdef __cplusplus
 }

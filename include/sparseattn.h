@@ -15,6 +15,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* SA_API marks every function of the public API (this header, sa_selectors.h, sa_kvcentric.h).
+ * The library is built with hidden visibility, so what it exports is exactly what is declared
+ * with SA_API, plus the SA_INTERNAL_API functions of its internal headers (for the project's own
+ * tools and tests; not part of this API). A caller may define SA_API itself before including. */
+#ifndef SA_API
+#if defined(__GNUC__) || defined(__clang__)
+#define SA_API __attribute__((visibility("default")))
+#else
+#define SA_API
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -45,7 +57,7 @@ typedef enum sa_status {
 } sa_status;
 
 /* One sentence naming the problem; never NULL. */
-const char *sa_strerror(int code);
+SA_API const char *sa_strerror(int code);
 
 /* ---------------------------------------------------------------- shapes */
 typedef struct sa_shape {
@@ -74,21 +86,21 @@ typedef struct sa_shape {
 
 /* SA_OK, SA_ERR_NULL, SA_ERR_SHAPE, SA_ERR_GQA or SA_ERR_HEAD_DIM. Also rejects shapes past the
  * limits above (SA_ERR_SHAPE). */
-int sa_shape_check(const sa_shape *s);
-int sa_q_tiles(const sa_shape *s);   /* ceil(len_q / 128); 0 for len_q <= 0, never wraps */
-int sa_kv_blocks(const sa_shape *s); /* ceil(len_kv / 128); 0 for len_kv <= 0, never wraps */
+SA_API int sa_shape_check(const sa_shape *s);
+SA_API int sa_q_tiles(const sa_shape *s);   /* ceil(len_q / 128); 0 for len_q <= 0, never wraps */
+SA_API int sa_kv_blocks(const sa_shape *s); /* ceil(len_kv / 128); 0 for len_kv <= 0, never wraps */
 /* Valid keys in block `blk` (128 except for a partial final block); 0 outside [0, kv_blocks). */
-int sa_block_len(const sa_shape *s, int blk);
+SA_API int sa_block_len(const sa_shape *s, int blk);
 /* Element counts; 0 unless the shape passes sa_shape_check. */
-size_t sa_q_elems(const sa_shape *s);   /* B*Hq*Sq*D: Q and O */
-size_t sa_kv_elems(const sa_shape *s);  /* B*Hkv*Skv*D: K and V */
-size_t sa_lse_elems(const sa_shape *s); /* B*Hq*Sq */
+SA_API size_t sa_q_elems(const sa_shape *s);   /* B*Hq*Sq*D: Q and O */
+SA_API size_t sa_kv_elems(const sa_shape *s);  /* B*Hkv*Skv*D: K and V */
+SA_API size_t sa_lse_elems(const sa_shape *s); /* B*Hq*Sq */
 
 /* ---------------------------------------------------------------- BF16 */
-uint16_t sa_bf16_from_f32(float x); /* round to nearest even; NaN stays NaN */
-float sa_bf16_to_f32(uint16_t x);   /* exact */
-void sa_bf16_from_f32_array(uint16_t *dst, const float *src, size_t n);
-void sa_bf16_to_f32_array(float *dst, const uint16_t *src, size_t n);
+SA_API uint16_t sa_bf16_from_f32(float x); /* round to nearest even; NaN stays NaN */
+SA_API float sa_bf16_to_f32(uint16_t x);   /* exact */
+SA_API void sa_bf16_from_f32_array(uint16_t *dst, const float *src, size_t n);
+SA_API void sa_bf16_to_f32_array(float *dst, const uint16_t *src, size_t n);
 
 /* ---------------------------------------------------------------- block lists */
 /* Q-centric lists: one row per (batch, list_head, q_tile).
@@ -115,36 +127,36 @@ typedef struct sa_query_lists {
  * SA_ERR_EMPTY_ROW; allow_empty is a flag (0 or 1, else SA_ERR_ARG). Check the shape first;
  * these also call sa_shape_check. max_blocks must be positive and rows * max_blocks at most
  * SA_MAX_ELEMS (SA_ERR_MAX_BLOCKS). */
-int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty);
-int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_empty);
+SA_API int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty);
+SA_API int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_empty);
 /* Row counts; 0 unless the shape passes sa_shape_check (and list_heads is heads_kv or
  * heads_q). */
-size_t sa_tile_rows(const sa_shape *s, const sa_tile_lists *l);     /* B*list_heads*q_tiles */
-size_t sa_query_rows(const sa_shape *s);                            /* B*Hkv*Sq */
+SA_API size_t sa_tile_rows(const sa_shape *s, const sa_tile_lists *l); /* B*list_heads*q_tiles */
+SA_API size_t sa_query_rows(const sa_shape *s);                        /* B*Hkv*Sq */
 
 /* ---------------------------------------------------------------- RNG */
 /* xoshiro256** seeded through splitmix64: the same seed gives the same stream everywhere. */
 typedef struct sa_rng {
     uint64_t s[4];
 } sa_rng;
-void sa_rng_seed(sa_rng *r, uint64_t seed);
-uint64_t sa_rng_u64(sa_rng *r);
-double sa_rng_uniform(sa_rng *r);       /* [0, 1) */
-double sa_rng_normal(sa_rng *r);        /* N(0, 1) */
-uint32_t sa_rng_below(sa_rng *r, uint32_t n); /* uniform in [0, n), n > 0 */
+SA_API void sa_rng_seed(sa_rng *r, uint64_t seed);
+SA_API uint64_t sa_rng_u64(sa_rng *r);
+SA_API double sa_rng_uniform(sa_rng *r);       /* [0, 1) */
+SA_API double sa_rng_normal(sa_rng *r);        /* N(0, 1) */
+SA_API uint32_t sa_rng_below(sa_rng *r, uint32_t n); /* uniform in [0, n), n > 0 */
 /* Fill n BF16 values with N(0, 1) * scale. */
-void sa_rng_fill_bf16(sa_rng *r, uint16_t *dst, size_t n, float scale);
+SA_API void sa_rng_fill_bf16(sa_rng *r, uint16_t *dst, size_t n, float scale);
 /* A seed from the clock and the process, for tests that draw fresh inputs each run. */
-uint64_t sa_fresh_seed(void);
+SA_API uint64_t sa_fresh_seed(void);
 
 /* Random lists, sorted by block index within each row, no duplicates.
  * pattern SA_LISTS_INDEPENDENT: every row drawn independently;
  * SA_LISTS_PAIRED: tiles 2t and 2t+1 share one list (what a two-tile CTA can reuse). */
 enum { SA_LISTS_INDEPENDENT = 0, SA_LISTS_PAIRED = 1 };
-int sa_random_tile_lists(const sa_shape *s, int list_heads, int k, int pattern, uint64_t seed,
-                         int32_t *indices /* (B, list_heads, q_tiles, k) */);
-int sa_random_query_lists(const sa_shape *s, int k, uint64_t seed,
-                          int32_t *indices /* (B, Hkv, Sq, k) */);
+SA_API int sa_random_tile_lists(const sa_shape *s, int list_heads, int k, int pattern,
+                                uint64_t seed, int32_t *indices /* (B, list_heads, q_tiles, k) */);
+SA_API int sa_random_query_lists(const sa_shape *s, int k, uint64_t seed,
+                                 int32_t *indices /* (B, Hkv, Sq, k) */);
 
 /* ---------------------------------------------------------------- outputs and options */
 typedef struct sa_outputs {
@@ -163,33 +175,35 @@ typedef struct sa_attn_opts {
      * key (it contributes nothing); 0 (default) makes validation report SA_ERR_FUTURE_BLOCK. */
     int allow_future_blocks;
 } sa_attn_opts;
-void sa_attn_opts_default(sa_attn_opts *o);
+SA_API void sa_attn_opts_default(sa_attn_opts *o);
 /* The option rule of every entry point, CPU and GPU: a flag is 0 or 1, an enum lies in its
  * range; anything else is SA_ERR_ARG. SA_OK, SA_ERR_NULL (o NULL) or SA_ERR_ARG. The GPU stages
  * apply the same rule to sa_gpu_attn's validate and allow_empty_rows, KV-centric to
  * sa_kv_params' validate, allow_empty_rows and partial_format. */
-int sa_attn_opts_check(const sa_attn_opts *o);
+SA_API int sa_attn_opts_check(const sa_attn_opts *o);
 
 /* ---------------------------------------------------------------- CPU reference */
 /* q is (B, Hq, Sq, D), k and v are (B, Hkv, Skv, D); outputs as in sa_outputs. opts may be NULL
  * (defaults). OpenMP across (batch, head, tile); GEMMs through OpenBLAS. */
-int sa_ref_dense(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                 const sa_outputs *out);
-int sa_ref_tile_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                       const sa_tile_lists *l, const sa_attn_opts *opts, const sa_outputs *out);
-int sa_ref_query_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                        const sa_query_lists *l, const sa_attn_opts *opts, const sa_outputs *out);
+SA_API int sa_ref_dense(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                        const sa_outputs *out);
+SA_API int sa_ref_tile_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                              const uint16_t *v, const sa_tile_lists *l, const sa_attn_opts *opts,
+                              const sa_outputs *out);
+SA_API int sa_ref_query_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, const sa_query_lists *l,
+                               const sa_attn_opts *opts, const sa_outputs *out);
 /* Partials: for each (b, hq, query, slot) the attention of the query over the single block in its
  * list's slot. part_o is (B, Hq, Sq, max_blocks, D) FP32, part_lse (B, Hq, Sq, max_blocks);
  * slots at or past the row's count get O = 0, LSE = -inf. */
-int sa_ref_query_partials(const sa_shape *s, const uint16_t *q, const uint16_t *k,
-                          const uint16_t *v, const sa_query_lists *l, float *part_o,
-                          float *part_lse);
+SA_API int sa_ref_query_partials(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                                 const uint16_t *v, const sa_query_lists *l, float *part_o,
+                                 float *part_lse);
 /* Combine: per (b, hq, query), merge `slots` partials by their LSE weights:
  *   lse = log(sum_j exp(lse_j)), o = sum_j exp(lse_j - lse) * o_j.
  * part_o is (B, Hq, Sq, slots, D), part_lse (B, Hq, Sq, slots). All -inf gives O = 0, LSE = -inf. */
-int sa_ref_combine(const sa_shape *s, int slots, const float *part_o, const float *part_lse,
-                   const sa_outputs *out);
+SA_API int sa_ref_combine(const sa_shape *s, int slots, const float *part_o, const float *part_lse,
+                          const sa_outputs *out);
 
 /* ---------------------------------------------------------------- causal (docs/api.md)
  * Bottom-right aligned: query i (0-based within len_q) sees key j only when
@@ -198,9 +212,9 @@ int sa_ref_combine(const sa_shape *s, int slots, const float *part_o, const floa
  * The blocks a row may see are always a prefix [0, n): the *_blocks helpers return n (the
  * diagonal block, which holds the last visible key, is n - 1). Out-of-range arguments or a shape
  * failing sa_shape_check give -1 (last key) and 0 (blocks). */
-int sa_causal_last_key(const sa_shape *s, int query);
-int sa_causal_query_blocks(const sa_shape *s, int query);
-int sa_causal_tile_blocks(const sa_shape *s, int tile);
+SA_API int sa_causal_last_key(const sa_shape *s, int query);
+SA_API int sa_causal_query_blocks(const sa_shape *s, int query);
+SA_API int sa_causal_tile_blocks(const sa_shape *s, int tile);
 /* The host validators under options (opts NULL: defaults): allow_empty_rows is their
  * allow_empty; with causal = 1 they also report SA_ERR_FUTURE_BLOCK for an entry wholly after
  * its row's last visible key unless allow_future_blocks = 1 (per entry: SA_ERR_INDEX, then
@@ -208,25 +222,26 @@ int sa_causal_tile_blocks(const sa_shape *s, int tile);
  * even with allow_empty_rows = 0. validate is not read. Options not flags: SA_ERR_ARG, after the
  * argument checks of sa_tile_lists_check. With causal = 0 they are exactly
  * sa_tile_lists_check / sa_query_lists_check. */
-int sa_tile_lists_check_opts(const sa_shape *s, const sa_tile_lists *l, const sa_attn_opts *opts);
-int sa_query_lists_check_opts(const sa_shape *s, const sa_query_lists *l,
-                              const sa_attn_opts *opts);
+SA_API int sa_tile_lists_check_opts(const sa_shape *s, const sa_tile_lists *l,
+                                    const sa_attn_opts *opts);
+SA_API int sa_query_lists_check_opts(const sa_shape *s, const sa_query_lists *l,
+                                     const sa_attn_opts *opts);
 /* sa_ref_dense with options: only causal is read (the other fields must still be flags);
  * opts NULL is sa_ref_dense. sa_ref_tile_sparse and sa_ref_query_sparse honour opts->causal and
  * allow_future_blocks themselves (validating with the *_check_opts above). */
-int sa_ref_dense_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                      const sa_attn_opts *opts, const sa_outputs *out);
+SA_API int sa_ref_dense_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                             const uint16_t *v, const sa_attn_opts *opts, const sa_outputs *out);
 /* sa_ref_query_partials with options: validate, allow_empty_rows, causal, allow_future_blocks as
  * in sa_ref_query_sparse; opts NULL is sa_ref_query_partials (validated, empty rows allowed).
  * With causal a slot holds its block's keys visible to the query; a slot with none (or past the
  * count) gets O = 0, LSE = -inf, so sa_ref_combine of causal partials is causal attention. */
-int sa_ref_query_partials_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k,
-                               const uint16_t *v, const sa_query_lists *l,
-                               const sa_attn_opts *opts, float *part_o, float *part_lse);
+SA_API int sa_ref_query_partials_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                                      const uint16_t *v, const sa_query_lists *l,
+                                      const sa_attn_opts *opts, float *part_o, float *part_lse);
 
 /* ---------------------------------------------------------------- GPU stages */
 /* 1 when the library was built with CUDA and a CUDA device is present, else 0. */
-int sa_gpu_available(void);
+SA_API int sa_gpu_available(void);
 
 /* Arguments of one GPU attention launch; all pointers are device memory. */
 typedef struct sa_gpu_attn {
@@ -247,26 +262,26 @@ typedef struct sa_gpu_attn {
     int causal;              /* as sa_attn_opts.causal (default 0); stages say if they support it */
     int allow_future_blocks; /* as sa_attn_opts.allow_future_blocks (default 0) */
 } sa_gpu_attn;
-void sa_gpu_attn_default(sa_gpu_attn *a);
+SA_API void sa_gpu_attn_default(sa_gpu_attn *a);
 
 /* A verdict: one word of device memory where validated GPU calls record bad metadata. It holds
  * the most negative code recorded since it was last read (SA_OK when none), the same code the
  * synchronous check returns for the same lists. One verdict may serve many calls and streams. */
 typedef struct sa_gpu_verdict sa_gpu_verdict;
 /* SA_OK, SA_ERR_NULL, SA_ERR_NOMEM, SA_ERR_NO_DEVICE or SA_ERR_NOT_BUILT. */
-int sa_gpu_verdict_create(sa_gpu_verdict **out);
+SA_API int sa_gpu_verdict_create(sa_gpu_verdict **out);
 /* Waits for the work queued on `stream` (NULL: the default stream; the caller orders any other
  * streams that recorded into it), returns the recorded code and resets the verdict to SA_OK. */
-int sa_gpu_verdict_read(sa_gpu_verdict *v, void *stream);
-void sa_gpu_verdict_destroy(sa_gpu_verdict *v); /* NULL is a no-op */
+SA_API int sa_gpu_verdict_read(sa_gpu_verdict *v, void *stream);
+SA_API void sa_gpu_verdict_destroy(sa_gpu_verdict *v); /* NULL is a no-op */
 
 /* Validate lists that live in device memory, with a small GPU kernel (the shape and the list
  * struct are host memory). Same codes as the host validators; synchronizes `stream`.
  * SA_ERR_NOT_BUILT without CUDA. */
-int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *device_lists, int allow_empty,
-                            void *stream);
-int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists *device_lists,
-                             int allow_empty, void *stream);
+SA_API int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *device_lists,
+                                   int allow_empty, void *stream);
+SA_API int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists *device_lists,
+                                    int allow_empty, void *stream);
 
 /* What a stage is for, so that tests, tools and benches pick stages by role, never by id. */
 enum {
@@ -297,13 +312,13 @@ typedef struct sa_stage {
  * aligned, lse and the lists 4-byte aligned (SA_ERR_UNSUPPORTED). `what` is a set of: */
 #define SA_CHECK_SPARSE 1 /* the stage reads tile lists */
 #define SA_CHECK_CAUSAL 2 /* the stage masks causally */
-int sa_gpu_attn_check_common(const sa_gpu_attn *a, int what, int head_dim, int row_pad);
-int sa_stage_count(void);
-const sa_stage *sa_stage_at(int i);
-const sa_stage *sa_stage_by_id(int id);
-const sa_stage *sa_stage_by_name(const char *name);
+SA_API int sa_gpu_attn_check_common(const sa_gpu_attn *a, int what, int head_dim, int row_pad);
+SA_API int sa_stage_count(void);
+SA_API const sa_stage *sa_stage_at(int i);
+SA_API const sa_stage *sa_stage_by_id(int id);
+SA_API const sa_stage *sa_stage_by_name(const char *name);
 /* The first stage with every bit of `roles`, or NULL. */
-const sa_stage *sa_stage_with(unsigned roles);
+SA_API const sa_stage *sa_stage_with(unsigned roles);
 
 /* ---------------------------------------------------------------- ABI check */
 /* For bindings that mirror the public structs (python/sparseattn checks them at import):
@@ -311,8 +326,8 @@ const sa_stage *sa_stage_with(unsigned roles);
  * sa_abi_offsetof("sa_gpu_attn", "verdict") is offsetof(sa_gpu_attn, verdict), (size_t)-1 for
  * an unknown struct or field. Every public struct of this header and of the two it includes is
  * known (common/sa_abi.c). */
-size_t sa_abi_sizeof(const char *struct_name);
-size_t sa_abi_offsetof(const char *struct_name, const char *field);
+SA_API size_t sa_abi_sizeof(const char *struct_name);
+SA_API size_t sa_abi_offsetof(const char *struct_name, const char *field);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,7 @@
 #ifndef SA_KV_BENCH_H
 #define SA_KV_BENCH_H
 
-#include "sparseattn.h"
+#include "sa_internal_api.h" /* SA_INTERNAL_API; includes sparseattn.h */
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,7 +16,7 @@ extern "C" {
 typedef struct sa_kv_times {
     double index, attend, combine, total, validated;
 } sa_kv_times;
-int sa_kv_time_parts(sa_kv_params *p, int warmup, int reps, sa_kv_times *t);
+SA_INTERNAL_API int sa_kv_time_parts(sa_kv_params *p, int warmup, int reps, sa_kv_times *t);
 
 #ifdef __cplusplus
 }

@@ -33,10 +33,19 @@
 #define REF_CLONES
 #endif
 
-REF_CLONES void ref_softmax_rows(float *s, int rows, size_t n, double *sum, double *lse)
+/* The clones are static: GCC 12 exports the ifunc resolver of an extern target_clones function
+ * (a weak symbol of default visibility) whatever -fvisibility says, which would leak from the
+ * library's hidden-visibility build; a static one's resolver stays local. */
+REF_CLONES static void softmax_rows_cloned(float *s, int rows, size_t n, double *sum,
+                                           double *lse)
 {
     for (int r = 0; r < rows; r++)
         lse[r] = ref_softmax_row(s + (size_t)r * n, n, &sum[r]);
+}
+
+void ref_softmax_rows(float *s, int rows, size_t n, double *sum, double *lse)
+{
+    softmax_rows_cloned(s, rows, n, sum, lse);
 }
 
 int ref_check_outputs(const sa_outputs *out)

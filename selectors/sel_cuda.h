@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sparseattn.h"
+#include "sa_internal_api.h" /* SA_INTERNAL_API; includes sparseattn.h */
 
 #ifdef SA_HAVE_CUDA
 #define SEL_CUDA(f) f
@@ -47,7 +47,8 @@ int sel_nvfp4_query_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k
  * SA_ERR_NULL, SA_ERR_SHAPE (n == 0 or not a multiple of 16), SA_ERR_ARG (non-finite input),
  * SA_ERR_CUDA, SA_ERR_NOT_BUILT without CUDA. */
 #ifdef SA_HAVE_CUDA
-int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4 *q, void *stream);
+SA_INTERNAL_API int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4 *q,
+                                                void *stream);
 #else
 static inline int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4 *q,
                                               void *stream)
@@ -63,8 +64,9 @@ static inline int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nv
  * positive multiple of 16 and x 16-byte aligned (SA_ERR_SHAPE / SA_ERR_UNSUPPORTED); SA_ERR_NULL
  * for a NULL pointer. Queues two memsets and two kernels on `stream`. */
 #ifdef SA_HAVE_CUDA
-int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *values, uint8_t *scales,
-                             float *tensor_scale, int *bad, unsigned *work, void *stream);
+SA_INTERNAL_API int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *values,
+                                             uint8_t *scales, float *tensor_scale, int *bad,
+                                             unsigned *work, void *stream);
 #endif
 
 /* Runs sel->cuda on HOST inputs, for callers that do not link the CUDA runtime (select-eval
@@ -75,9 +77,9 @@ int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *values, uint8
  * (the same codes as its CPU function); SA_ERR_UNSUPPORTED if sel->cuda is NULL, SA_ERR_NO_DEVICE
  * without a usable GPU, SA_ERR_NOMEM, SA_ERR_CUDA; SA_ERR_NOT_BUILT without CUDA. */
 #ifdef SA_HAVE_CUDA
-int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, const uint16_t *q,
-                      const uint16_t *k, const sa_select_params *p, int32_t *indices,
-                      int32_t *counts, double *gpu_ms);
+SA_INTERNAL_API int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, const uint16_t *q,
+                                      const uint16_t *k, const sa_select_params *p,
+                                      int32_t *indices, int32_t *counts, double *gpu_ms);
 #else
 static inline int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, const uint16_t *q,
                                     const uint16_t *k, const sa_select_params *p,
