@@ -76,12 +76,9 @@
 //      registers, row sums updated. All of it while step 2's PV runs.
 //   5. wait for the PV (wait_group 0); arrive v-free of block j-1's stage; rescale O if a row
 //      of this warp adopted a new max; pack P to BF16 (the A operand of the next PV).
-//   Block 0's turn holds its S and the PREVIOUS item's last PV (CROSS_ITEM): the previous item's
-//   epilogue (store_rows: row sums reduced over the quad, O /= sum, 16-byte stores after a quad
-//   transpose, LSE = (max + log2(sum)) ln 2) runs once that PV is done, beside this item's first
-//   softmax, and O starts anew. So an item boundary costs no turn of its own; the CTA's last item
-//   ends with a turn holding only its last PV (flush). An empty item in between changes nothing
-//   (it uses no tensor core and no K/V stage).
+//   Block 0 has a turn with S alone and its softmax; the item ends with a turn holding only the
+//   last PV. Epilogue as stage 14 for 64 rows: reduce the row sums over the quad, O /= sum, 16-byte
+//   stores after a quad transpose, LSE = (max + log2(sum)) ln 2.
 //
 // BARRIER PROTOCOL
 //   | barrier        | kind      | direction               | arrivals              | meaning
@@ -139,11 +136,6 @@
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
 #endif
-// SA_STAGE17_CROSS_ITEM=1: an item's last PV is issued beside the next item's first QK, and its
-// epilogue runs after it; 0: each item ends with a turn of its last PV alone. A/B variant.
-#ifndef SA_STAGE17_CROSS_ITEM
-#define SA_STAGE17_CROSS_ITEM 1
-#endif
 // SA_STAGE17_CEILING=1 builds a timing variant, not attention: the softmax is replaced by a plain
 // scaling of S (no max, no exp), so the run shows what the schedule, the tensor core and the
 // loads allow without the softmax's work (docs/stage17.md). Its output is wrong by design.
@@ -166,7 +158,6 @@ namespace {
 constexpr int KV_STAGES = SA_STAGE17_KV_STAGES;
 constexpr int Q_BUFFERS = SA_STAGE17_Q_BUFFERS;
 constexpr bool PINGPONG = SA_STAGE17_PINGPONG != 0; // turns between the consumer warpgroups
-constexpr bool CROSS_ITEM = SA_STAGE17_CROSS_ITEM != 0;
 constexpr int HALVES = 2;                           // consumer warpgroups = 64-row halves of a tile
 constexpr int NTHREADS = 128 * (1 + HALVES);
 constexpr int FREE_ARRIVALS = 4 * HALVES; // one per consumer warp
@@ -454,45 +445,6 @@ __device__ __forceinline__ void turn_end(int c)
         turn_pass(c);
 }
 
-// The epilogue of one warpgroup's 64 rows of an item: row sums reduced over the quad, O /= sum,
-// 16-byte stores after a quad transpose (stage 14's), LSE = (max + log2 sum) ln 2. A row that
-// sees no key at all (causal, len_q > len_kv) gets O = 0, LSE = -inf; a partial last Q tile
-// stores only its rows. The rows come from the item index, not from registers kept live.
-__device__ __forceinline__ void store_rows(const Params &p, int item, int c, int warp, int lane,
-                                           const float (&o)[64], const float (&row_max)[2],
-                                           const float (&row_sum)[2])
-{
-    asm volatile("" : "+r"(item));
-    const Item it = item_at(p, item);
-    const size_t row0 = (size_t)it.bh * p.len_q + (size_t)it.tile * TILE;
-    const int rows = min(TILE, p.len_q - it.tile * TILE);
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float sum = row_sum[i];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const int r = 64 * c + warp * 16 + lane / 4 + 8 * i;
-        const size_t row = row0 + r;
-        uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            // Columns 32g..32g+31 of the row, 8 per lane after the transpose: one 16-byte store
-            // per lane, 64 contiguous bytes per quad.
-            uint32_t a[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                a[k] = pack_bf16(o[4 * (4 * g + k) + 2 * i] * inv,
-                                 o[4 * (4 * g + k) + 2 * i + 1] * inv);
-            quad_transpose(a, lane);
-            if (r < rows)
-                dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
-        }
-        if (p.lse && lane % 4 == 0 && r < rows)
-            p.lse[row] = sum > 0.f ? (row_max[i] + __log2f(sum)) * LN2 : -CUDART_INF_F;
-    }
-}
-
 __global__ void __launch_bounds__(NTHREADS, 1)
     split_tile_kernel(const __grid_constant__ CUtensorMap map_q,
                       const __grid_constant__ CUtensorMap map_k,
@@ -601,30 +553,6 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     if (PINGPONG && c == 1)
         turn_pass(c); // warpgroup 0 takes the first turn
 
-    // The accumulators live across items: with CROSS_ITEM the last PV of an item is issued in
-    // the next item's first turn, beside its first QK, and the item's epilogue runs after it.
-    float o[64], sc[64];
-    float row_max[2], row_sum[2], factor[2];
-    uint32_t pa[32];
-    int pend_item = -1;  // the item whose last PV is not issued yet (-1: none)
-    uint32_t pend_n = 0; // the CTA's block number of that PV's V
-    // The pending item's last PV alone in a turn, then its epilogue.
-    auto flush = [&]() {
-        const int s = pend_n % KV_STAGES;
-        uint32_t v_desc = v_desc0 + s * STAGE_STEP;
-        asm volatile("" : "+r"(v_desc));
-        sa_mbar_wait(&sm.v_ready[s], (pend_n / KV_STAGES) & 1);
-        turn_begin(c);
-        sa_wgmma_fence();
-        issue_pv(o, pa, v_desc);
-        sa_wgmma_commit();
-        turn_end(c);
-        sa_wgmma_wait<0>();
-        warp_arrive(&sm.v_free[s], lane);
-        store_rows(p, pend_item, c, warp, lane, o, row_max, row_sum);
-        pend_item = -1;
-    };
-
     uint32_t q_uses = 0, kv_n = 0;
     for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
         const int qb = q_uses % Q_BUFFERS;
@@ -635,7 +563,6 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int err = read_lane0(&sm.error[qb], lane);
             warp_arrive(&sm.q_free[qb], lane); // the record is read
             // An empty row selects no key: O = 0, LSE = -inf; a row that failed the check: NaN.
-            // (A pending item stays pending: this one uses no tensor core and no K/V stage.)
             const Item it = item_at(p, item);
             const size_t row0 = (size_t)it.bh * p.len_q + (size_t)it.tile * TILE + 64 * c;
             const int rows = min(64, p.len_q - it.tile * TILE - 64 * c);
@@ -650,10 +577,15 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         }
 
         const int tile = item_at(p, item).tile; // for the causal diagonal
+        float o[64], sc[64];
+        float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F}, row_sum[2] = {0.f, 0.f};
+        float factor[2];
+        uint32_t pa[32];
+#pragma unroll
+        for (int r = 0; r < 64; r++)
+            o[r] = 0.f;
 
-        // Block 0: a turn with S (and the pending item's last PV), then its softmax; once that
-        // PV is done, the pending item's epilogue, and O starts anew. Two paths, each with one
-        // plain issue -> wait sequence (a wait chosen at run time makes ptxas serialize wgmma).
+        // Block 0: a turn with S alone, then its softmax (no PV in flight: rescale at once).
         {
             const int s = kv_n % KV_STAGES;
             uint32_t q_desc = q_desc0 + qb * STAGE_STEP, k_desc = k_desc0 + s * STAGE_STEP;
@@ -661,51 +593,19 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_mbar_wait(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
             const int valid = read_lane0(&sm.k_valid[s], lane);
             const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
-            float rm[2] = {-CUDART_INF_F, -CUDART_INF_F}, rs[2] = {0.f, 0.f};
-            if (pend_item < 0) {
-                turn_begin(c);
-                sa_wgmma_fence();
-                issue_qk(sc, q_desc, k_desc);
-                sa_wgmma_commit();
-                turn_end(c);
-                sa_wgmma_wait<0>();
-                warp_arrive(&sm.k_free[s], lane);
-                if (count == 1)
-                    warp_arrive(&sm.q_free[qb], lane);
-                if (valid < TILE || d < DIAG_ALL) // a partial or a diagonal block
-                    mask_block(sc, valid, d, warp, lane);
-                softmax_in_place(sc, rm, rs, factor);
-            } else {
-                const int sp = pend_n % KV_STAGES;
-                uint32_t v_desc = v_desc0 + sp * STAGE_STEP;
-                asm volatile("" : "+r"(v_desc));
-                sa_mbar_wait(&sm.v_ready[sp], (pend_n / KV_STAGES) & 1);
-                turn_begin(c);
-                sa_wgmma_fence();
-                issue_qk(sc, q_desc, k_desc);
-                sa_wgmma_commit();
-                issue_pv(o, pa, v_desc);
-                sa_wgmma_commit();
-                turn_end(c);
-                sa_wgmma_wait<1>();
-                warp_arrive(&sm.k_free[s], lane);
-                if (count == 1)
-                    warp_arrive(&sm.q_free[qb], lane);
-                if (valid < TILE || d < DIAG_ALL)
-                    mask_block(sc, valid, d, warp, lane);
-                softmax_in_place(sc, rm, rs, factor);
-                sa_wgmma_wait<0>();
-                warp_arrive(&sm.v_free[sp], lane);
-                store_rows(p, pend_item, c, warp, lane, o, row_max, row_sum);
-                pend_item = -1;
-            }
-#pragma unroll
-            for (int r = 0; r < 64; r++)
-                o[r] = 0.f;
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                row_max[i] = rm[i], row_sum[i] = rs[i];
-            rescale_and_pack(false, factor, o, sc, pa);
+            turn_begin(c);
+            sa_wgmma_fence();
+            issue_qk(sc, q_desc, k_desc);
+            sa_wgmma_commit();
+            turn_end(c);
+            sa_wgmma_wait<0>();
+            warp_arrive(&sm.k_free[s], lane);
+            if (count == 1)
+                warp_arrive(&sm.q_free[qb], lane);
+            if (valid < TILE || d < DIAG_ALL) // a partial or a diagonal block
+                mask_block(sc, valid, d, warp, lane);
+            const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
+            rescale_and_pack(moved, factor, o, sc, pa);
         }
 #pragma unroll 1
         for (int j = 1; j < count; j++) {
@@ -743,15 +643,57 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             warp_arrive(&sm.v_free[s_prev], lane);
             rescale_and_pack(moved, factor, o, sc, pa);
         }
-        // The item's last PV: issued with the next item's first QK (or alone, in flush).
-        pend_item = item;
-        pend_n = kv_n + count - 1;
+        // The item's last turn: PV of its last block.
+        {
+            const uint32_t n = kv_n + count - 1;
+            const int s = n % KV_STAGES;
+            uint32_t v_desc = v_desc0 + s * STAGE_STEP;
+            asm volatile("" : "+r"(v_desc));
+            sa_mbar_wait(&sm.v_ready[s], (n / KV_STAGES) & 1);
+            turn_begin(c);
+            sa_wgmma_fence();
+            issue_pv(o, pa, v_desc);
+            sa_wgmma_commit();
+            turn_end(c);
+            sa_wgmma_wait<0>();
+            warp_arrive(&sm.v_free[s], lane);
+        }
         kv_n += count;
-        if (!CROSS_ITEM)
-            flush();
+
+        // Epilogue: normalise and store this warpgroup's 64 rows. The row is recomputed from the
+        // item index rather than kept live through the KV loop, where registers are short.
+        int item_now = item;
+        asm volatile("" : "+r"(item_now));
+        const Item it = item_at(p, item_now);
+        const size_t row0 = (size_t)it.bh * p.len_q + (size_t)it.tile * TILE;
+        const int rows = min(TILE, p.len_q - it.tile * TILE); // a partial last Q tile
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float sum = row_sum[i];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            // A row that sees no key at all (causal, len_q > len_kv): O = 0, LSE = -inf.
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            const int r = 64 * c + warp * 16 + lane / 4 + 8 * i;
+            const size_t row = row0 + r;
+            uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                // Columns 32g..32g+31 of the row, 8 per lane after the transpose: one 16-byte
+                // store per lane, 64 contiguous bytes per quad.
+                uint32_t a[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    a[k] = pack_bf16(o[4 * (4 * g + k) + 2 * i] * inv,
+                                     o[4 * (4 * g + k) + 2 * i + 1] * inv);
+                quad_transpose(a, lane);
+                if (r < rows) // a partial last Q tile stores only its rows
+                    dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
+            }
+            if (p.lse && lane % 4 == 0 && r < rows)
+                p.lse[row] = sum > 0.f ? (row_max[i] + __log2f(sum)) * LN2 : -CUDART_INF_F;
+        }
     }
-    if (pend_item >= 0)
-        flush();
     // Every turn_pass found its turn_wait except the opening one of warpgroup 1: take it, so no
     // named barrier is left half-arrived when the CTA exits.
     if (PINGPONG && c == 0)
