@@ -7,7 +7,7 @@ const char *sa_strerror(int code)
     case SA_ERR_NULL: return "a required pointer argument is NULL";
     case SA_ERR_SHAPE: return "bad shape: every size must be positive and the tensors must fit in memory";
     case SA_ERR_GQA: return "bad shape: heads_q must be a multiple of heads_kv";
-    case SA_ERR_HEAD_DIM: return "bad shape: unsupported head_dim (the reference supports 64 and 128)";
+    case SA_ERR_HEAD_DIM: return "bad shape: unsupported head_dim (the reference supports 64, 128 and 256)";
     case SA_ERR_INDEX: return "block list: a block index lies outside [0, kv_blocks)";
     case SA_ERR_DUPLICATE: return "block list: the same block appears twice in one row";
     case SA_ERR_COUNT: return "block list: a row count lies outside [0, max_blocks]";

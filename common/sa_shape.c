@@ -13,7 +13,7 @@ int sa_shape_check(const sa_shape *s)
         return SA_ERR_SHAPE;
     if (s->heads_q % s->heads_kv)
         return SA_ERR_GQA;
-    if (s->head_dim != 64 && s->head_dim != 128)
+    if (s->head_dim != 64 && s->head_dim != 128 && s->head_dim != 256) /* GPU: stages check */
         return SA_ERR_HEAD_DIM;
     /* The limits of sparseattn.h, every product checked (no product of four ints wraps here). */
     if (!sa_sz_within(sa_sz_q_rows_padded(s), SA_MAX_ROWS) ||

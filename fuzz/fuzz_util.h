@@ -68,7 +68,7 @@ static inline int fuzz_expected_shape_code(const sa_shape *s)
         return SA_ERR_SHAPE;
     if (s->heads_q % s->heads_kv)
         return SA_ERR_GQA;
-    if (s->head_dim != 64 && s->head_dim != 128)
+    if (s->head_dim != 64 && s->head_dim != 128 && s->head_dim != 256)
         return SA_ERR_HEAD_DIM;
     i128 qr = (i128)s->batch * s->heads_q * fuzz_ceil128(s->len_q) * SA_TILE;
     i128 kr = (i128)s->batch * s->heads_kv * fuzz_ceil128(s->len_kv) * SA_TILE;

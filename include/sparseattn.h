@@ -66,7 +66,7 @@ typedef struct sa_shape {
     int heads_kv; /* heads_q % heads_kv == 0; 1 means MQA */
     int len_q;
     int len_kv;
-    int head_dim; /* 64 or 128 in the reference; GPU stages say what they support */
+    int head_dim; /* 64, 128 or 256 in the reference; GPU stages say what they support */
 } sa_shape;
 
 /* Size limits, held by every entry point (docs/api.md, "Limits and error codes"):

@@ -9,6 +9,9 @@
 
 #include "sparseattn.h"
 
+/* The largest head_dim sa_shape_check accepts (64, 128, 256): sizes per-row stack arrays. */
+#define REF_MAX_HEAD_DIM 256
+
 /* Softmax scale 1/sqrt(head_dim), rounded once to FP32. It is applied as the sgemm alpha, so the
  * logit is rounded once after the FP32 dot product. */
 static inline float ref_softmax_scale(int head_dim)

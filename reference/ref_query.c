@@ -345,7 +345,7 @@ int sa_ref_combine(const sa_shape *s, int slots, const float *part_o, const floa
         float m = -INFINITY;
         for (int j = 0; j < slots; j++)
             m = pl[j] > m ? pl[j] : m;
-        float o[SA_TILE];
+        float o[REF_MAX_HEAD_DIM];
         if (m == -INFINITY) {
             ref_store_row(out, (size_t)r, d, o, 0.0, 0.0);
             continue;
@@ -354,7 +354,7 @@ int sa_ref_combine(const sa_shape *s, int slots, const float *part_o, const floa
         for (int j = 0; j < slots; j++)
             if (pl[j] != -INFINITY)
                 sum += exp((double)pl[j] - m);
-        double lse = m + log(sum), acc[SA_TILE] = {0};
+        double lse = m + log(sum), acc[REF_MAX_HEAD_DIM] = {0};
         for (int j = 0; j < slots; j++) {
             if (pl[j] == -INFINITY)
                 continue;

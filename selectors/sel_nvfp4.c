@@ -18,7 +18,7 @@
  * product of a Q and a K element is an integer multiple of 2^-20 of magnitude <= 2688^2, so every
  * partial sum of a dot of D such products is a multiple of 2^-20 of magnitude <= D * 2688^2: exact
  * in double (integers times 2^-20 up to 2^53 * 2^-20) while D <= 2^33 / 2688^2 = 1188.9. The dims
- * scored are head_dim (64 or 128, sa_shape_check) or index_dim <= SA_MAX_INDEX_DIM = 1024, so
+ * scored are head_dim (64, 128 or 256, sa_shape_check) or index_dim <= SA_MAX_INDEX_DIM = 1024, so
  * cblas_dgemm returns the exact dot whatever kernel, blocking, FMA or thread split OpenBLAS picks
  * for a column: equal vectors give bit-equal scores. The two tensor scales come last, once per
  * score, as on the GPU (sel_nvfp4.cu): score = (float)dot * (ts_q * ts_k) in FP32. */

@@ -18,7 +18,7 @@ static const struct {
     {{1, 4, 0, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 4, 2, -1, 300, 64}, SA_ERR_SHAPE},
     {{1, 4, 2, 130, 0, 64}, SA_ERR_SHAPE},     {{1, 4, 2, 130, 300, 0}, SA_ERR_SHAPE},
     {{1, 3, 2, 130, 300, 64}, SA_ERR_GQA},     {{1, 4, 2, 130, 300, 96}, SA_ERR_HEAD_DIM},
-    {{1, 4, 2, 130, 300, 256}, SA_ERR_HEAD_DIM},
+    {{1, 4, 2, 130, 300, 512}, SA_ERR_HEAD_DIM},
 };
 #define NBAD (int)(sizeof bad_shapes / sizeof bad_shapes[0])
 

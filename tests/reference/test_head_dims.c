@@ -1,0 +1,204 @@
+/* Head dims 64 and 256 (Gemma 3 uses 256, SmolLM2 64) through every CPU reference path against
+ * the double-precision loop (naive.c): dense, tile and per-query lists with counts, partials and
+ * their combine, and causal dense, tile and per-query lists. Fresh inputs each run (seed
+ * printed on failure; SA_SEED replays); shapes are small, since the suite also runs under ASan. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "naive.h"
+
+/* Partial last query tile and partial final KV block; GQA 1, 2, 4; len_q < len_kv for causal
+ * (a chunk of prefill). */
+static const sa_shape shapes[] = {
+    {.batch = 1, .heads_q = 4, .heads_kv = 1, .len_q = 130, .len_kv = 300, .head_dim = 256},
+    {.batch = 1, .heads_q = 2, .heads_kv = 2, .len_q = 200, .len_kv = 200, .head_dim = 256},
+    {.batch = 2, .heads_q = 4, .heads_kv = 2, .len_q = 100, .len_kv = 257, .head_dim = 64},
+};
+#define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
+
+static sa_rng rng_for(int test, int i)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ ((uint64_t)(test * 64 + i + 1) * 0xa0761d6478bd642full));
+    return r;
+}
+
+#define CHECK_OUT(c, res, out, what)                                                             \
+    do {                                                                                         \
+        const char *m_ = nv_check(c, res, (out)->of, (out)->o, (out)->lse);                      \
+        ck_assert_msg(!m_, "%s, D %d, shape #%d, seed %" PRIu64 ": %s", what, (c)->s.head_dim,  \
+                      _i, sa_test_seed(), m_);                                                   \
+    } while (0)
+
+/* The blocks [0, n) a row sees under causal (tile rows: the tile's last valid row), written from
+ * the definition. */
+static int visible_of(const sa_shape *s, int per_query, int x)
+{
+    int row = per_query ? x : (x * 128 + 127 < s->len_q ? x * 128 + 127 : s->len_q - 1);
+    long long last = (long long)row + s->len_kv - s->len_q;
+    return last < 0 ? 0 : (int)(last / 128) + 1;
+}
+
+/* rows of k slots, row r covering x = r % per: a count in [0, min(k, limit)] and distinct blocks
+ * of [0, limit) in random order, limit the visible blocks (causal) or all of them. */
+static void fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *counts, size_t rows,
+                      int per, int per_query, int k, int causal)
+{
+    const int nb = sa_kv_blocks(s);
+    int32_t *perm = nv_malloc((size_t)nb * sizeof *perm);
+    for (size_t row = 0; row < rows; row++) {
+        const int lim = causal ? visible_of(s, per_query, (int)(row % (size_t)per)) : nb;
+        const int most = k < lim ? k : lim;
+        const int c = most ? (int)sa_rng_below(r, (uint32_t)most + 1) : 0;
+        for (int b = 0; b < lim; b++)
+            perm[b] = b;
+        for (int j = 0; j < c; j++) {
+            int m = j + (int)sa_rng_below(r, (uint32_t)(lim - j));
+            int32_t t = perm[j];
+            perm[j] = perm[m];
+            perm[m] = t;
+        }
+        for (int j = 0; j < k; j++)
+            idx[row * k + j] = j < c ? perm[j] : -1;
+        counts[row] = c;
+    }
+    free(perm);
+}
+
+START_TEST(test_dense)
+{
+    sa_rng r = rng_for(1, _i);
+    nv_case c;
+    nv_case_init(&c, shapes[_i], &r, 1.0f);
+    nv_out out;
+    nv_out_alloc(&out, &c.s);
+    for (int causal = 0; causal < 2; causal++) {
+        sa_attn_opts o;
+        sa_attn_opts_default(&o);
+        o.causal = causal;
+        nv_out_poison(&out, &c.s);
+        ck_assert_int_eq(sa_ref_dense_opts(&c.s, c.q, c.k, c.v, &o, &out.out), SA_OK);
+        nv_result res;
+        nv_attention(&c, &(nv_rows){.kind = NV_DENSE, .causal = causal}, &res);
+        CHECK_OUT(&c, &res, &out, causal ? "causal dense" : "dense");
+        nv_result_free(&res);
+    }
+    nv_out_free(&out);
+    nv_case_free(&c);
+}
+END_TEST
+
+/* Tile lists (list_heads heads_kv and heads_q) and per-query lists, counts variable (empty rows
+ * included), plain and causal. */
+START_TEST(test_lists)
+{
+    sa_rng r = rng_for(2, _i);
+    nv_case c;
+    nv_case_init(&c, shapes[_i], &r, 1.0f);
+    const sa_shape *s = &c.s;
+    nv_out out;
+    nv_out_alloc(&out, s);
+    const int nb = sa_kv_blocks(s);
+    for (int causal = 0; causal < 2; causal++) {
+        sa_attn_opts o;
+        sa_attn_opts_default(&o);
+        o.causal = causal;
+        for (int lh = 0; lh < 2; lh++) {
+            const int heads = lh ? s->heads_q : s->heads_kv, k = 1 + (int)sa_rng_below(&r, nb);
+            const size_t rows = (size_t)s->batch * heads * sa_q_tiles(s);
+            int32_t *idx = nv_malloc(rows * k * sizeof *idx);
+            int32_t *cnt = nv_malloc(rows * sizeof *cnt);
+            fill_rows(&r, s, idx, cnt, rows, sa_q_tiles(s), 0, k, causal);
+            sa_tile_lists l = {idx, cnt, heads, k};
+            nv_out_poison(&out, s);
+            ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &o, &out.out), SA_OK);
+            nv_result res;
+            nv_attention(&c, &(nv_rows){NV_TILE, idx, cnt, heads, k, causal}, &res);
+            CHECK_OUT(&c, &res, &out, causal ? "causal tile lists" : "tile lists");
+            nv_result_free(&res);
+            free(idx);
+            free(cnt);
+        }
+        const int k = 1 + (int)sa_rng_below(&r, nb);
+        const size_t rows = sa_query_rows(s);
+        int32_t *idx = nv_malloc(rows * k * sizeof *idx), *cnt = nv_malloc(rows * sizeof *cnt);
+        fill_rows(&r, s, idx, cnt, rows, s->len_q, 1, k, causal);
+        sa_query_lists l = {idx, cnt, k};
+        nv_out_poison(&out, s);
+        ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &l, &o, &out.out), SA_OK);
+        nv_result res;
+        nv_attention(&c, &(nv_rows){NV_QUERY, idx, cnt, 0, k, causal}, &res);
+        CHECK_OUT(&c, &res, &out, causal ? "causal per-query lists" : "per-query lists");
+        nv_result_free(&res);
+        free(idx);
+        free(cnt);
+    }
+    nv_out_free(&out);
+    nv_case_free(&c);
+}
+END_TEST
+
+/* Partials (plain and causal), merged by sa_ref_combine: the per-row combine buffers hold D. */
+START_TEST(test_partials_combine)
+{
+    sa_rng r = rng_for(3, _i);
+    nv_case c;
+    nv_case_init(&c, shapes[_i], &r, 1.0f);
+    const sa_shape *s = &c.s;
+    const int d = s->head_dim, nb = sa_kv_blocks(s);
+    nv_out out;
+    nv_out_alloc(&out, s);
+    for (int causal = 0; causal < 2; causal++) {
+        sa_attn_opts o;
+        sa_attn_opts_default(&o);
+        o.causal = causal;
+        const int k = 1 + (int)sa_rng_below(&r, nb);
+        const size_t rows = sa_query_rows(s), np = sa_lse_elems(s) * k;
+        int32_t *idx = nv_malloc(rows * k * sizeof *idx), *cnt = nv_malloc(rows * sizeof *cnt);
+        fill_rows(&r, s, idx, cnt, rows, s->len_q, 1, k, causal);
+        sa_query_lists l = {idx, cnt, k};
+        float *po = nv_malloc(np * d * sizeof *po), *pl = nv_malloc(np * sizeof *pl);
+        sa_poison_f32(po, np * d);
+        sa_poison_f32(pl, np);
+        ck_assert_int_eq(sa_ref_query_partials_opts(s, c.q, c.k, c.v, &l, &o, po, pl), SA_OK);
+        nv_out_poison(&out, s);
+        ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
+        nv_result res;
+        nv_attention(&c, &(nv_rows){NV_QUERY, idx, cnt, 0, k, causal}, &res);
+        CHECK_OUT(&c, &res, &out, causal ? "causal partials, combined" : "partials, combined");
+        nv_result_free(&res);
+        free(po);
+        free(pl);
+        free(idx);
+        free(cnt);
+    }
+    nv_out_free(&out);
+    nv_case_free(&c);
+}
+END_TEST
+
+/* The accepted set: 64, 128 and 256, nothing between or beyond; the GPU check still asks 128. */
+START_TEST(test_accepted_dims)
+{
+    for (int d = 1; d <= 1024; d++) {
+        sa_shape s = {1, 1, 1, 128, 128, d};
+        const int want = d == 64 || d == 128 || d == 256 ? SA_OK : SA_ERR_HEAD_DIM;
+        ck_assert_msg(sa_shape_check(&s) == want, "head_dim %d: %d", d, sa_shape_check(&s));
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("reference head dims");
+    TCase *tc = tcase_create("64 and 256 against the double loop");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_accepted_dims);
+    tcase_add_loop_test(tc, test_dense, 0, NSHAPES);
+    tcase_add_loop_test(tc, test_lists, 0, NSHAPES);
+    tcase_add_loop_test(tc, test_partials_combine, 0, NSHAPES);
+    suite_add_tcase(s, tc);
+    return sa_test_run(s);
+}
