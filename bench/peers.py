@@ -1302,7 +1302,7 @@ def self_test(lib_path=None):
     def tolist(a):
         return a.tolist()
 
-    # sa_gpu_attn as common/sparseattn.h lays it out on LP64 (offsetof, sizeof checked with gcc).
+    # sa_gpu_attn as include/sparseattn.h lays it out on LP64 (offsetof, sizeof checked with gcc).
     check("SaGpuAttn: 120 bytes, stream 96, verdict 104, causal 112, allow_future_blocks 116",
           ctypes.sizeof(SaGpuAttn) == 120 and SaGpuAttn.stream.offset == 96
           and SaGpuAttn.verdict.offset == 104 and SaGpuAttn.causal.offset == 112

@@ -1,4 +1,4 @@
-"""Block selectors (the registry of selectors/sa_selectors.h) and the synthetic workloads."""
+"""Block selectors (the registry of include/sa_selectors.h) and the synthetic workloads."""
 import collections
 import ctypes
 import math
