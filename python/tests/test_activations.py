@@ -1,0 +1,125 @@
+"""Activation files (docs/activations.md): the numpy writer and the C reader (sa_act_*) on tiny
+synthetic tensors, no model."""
+import json
+import math
+import struct
+
+import numpy as np
+import pytest
+
+import sparseattn as sa
+from sparseattn import activations as act
+
+from conftest import attention_np, bf16_np, causal_mask
+
+
+def _layers(rng):
+    # Layer 2: GQA 4 on 2 KV heads, D 64, partial blocks; layer 7: rank 3 (batch 1), MQA, D 256.
+    return {
+        2: (rng.standard_normal((1, 4, 130, 64), dtype=np.float32),
+            rng.standard_normal((1, 2, 130, 64), dtype=np.float32),
+            rng.standard_normal((1, 2, 130, 64), dtype=np.float32)),
+        7: (rng.standard_normal((2, 40, 256), dtype=np.float32),
+            rng.standard_normal((1, 40, 256), dtype=np.float32),
+            rng.standard_normal((1, 40, 256), dtype=np.float32)),
+    }
+
+
+def test_bf16_rounding_matches_the_library(rng):
+    x = np.concatenate([rng.standard_normal(10000, dtype=np.float32) * 1e3,
+                        np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -0.0, np.inf, -np.inf, 3e38],
+                                 np.float32)])
+    np.testing.assert_array_equal(act.bf16_bits(x), sa.bf16_bits(x))
+    np.testing.assert_array_equal(act.bf16_to_float32(act.bf16_bits(x)), bf16_np(x))
+
+
+def test_round_trip_through_the_c_reader(rng, tmp_path):
+    layers = _layers(rng)
+    path = tmp_path / "acts.safetensors"
+    meta = {"model": "synthetic", "scale": 0.125, "causal": True, "sliding_window": 0,
+            "rope_theta": 1e4, "layers.7.sliding_window": 16, "layers.7.scale": 1 / 16}
+    n = act.write(path, layers, meta)
+    assert n == path.stat().st_size
+    # The framing a safetensors reader expects: header length, JSON, data after 8-aligned header.
+    raw = path.read_bytes()
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    assert hlen % 8 == 0
+    header = json.loads(raw[8:8 + hlen])
+    assert header["layers.2.q"]["dtype"] == "BF16"
+    assert header["__metadata__"]["format"] == act.FORMAT
+
+    got, info, got_meta = act.read_with_library(path)
+    assert sorted(got) == [2, 7]
+    assert got_meta["model"] == "synthetic" and got_meta["causal"] == "1"
+    assert got_meta["heads_q"] == "4" and got_meta["head_dim"] == "64"  # from layer 2
+    assert got_meta["layers.7.heads_q"] == "2" and got_meta["layers.7.head_dim"] == "256"
+    for layer, (q, k, v) in layers.items():
+        for a, b in zip(got[layer], (q, k, v)):
+            want = act.bf16_bits(b)
+            np.testing.assert_array_equal(a, want.reshape(a.shape))
+    assert info[2] == dict(shape=(1, 4, 2, 130, 130, 64), scale=0.125, causal=True,
+                           sliding_window=0, rope_theta=1e4)
+    assert info[7]["shape"] == (1, 2, 1, 40, 40, 256)
+    assert info[7]["sliding_window"] == 16 and info[7]["scale"] == 1 / 16
+
+    # The numpy reader reads the same bits.
+    py_layers, py_meta = act.read(path)
+    assert py_meta == got_meta
+    for layer in layers:
+        for a, b in zip(py_layers[layer], got[layer]):
+            np.testing.assert_array_equal(a.reshape(b.shape), b)
+
+
+def test_uint16_input_and_f32_tensors(rng, tmp_path):
+    q = act.bf16_bits(rng.standard_normal((1, 2, 5, 64), dtype=np.float32))
+    k = act.bf16_bits(rng.standard_normal((1, 1, 5, 64), dtype=np.float32))
+    path = tmp_path / "bits.safetensors"
+    act.write(path, {0: (q, k, k)})
+    got, info, _ = act.read_with_library(path)
+    np.testing.assert_array_equal(got[0][0], q)
+    assert info[0]["scale"] == pytest.approx(1 / 8) and not info[0]["causal"]
+
+
+def test_what_the_reader_computes_on(rng, tmp_path):
+    """Causal dense attention on the tensors read back equals the numpy attention on the BF16
+    values written: the file carries exactly the inputs."""
+    layers = _layers(rng)
+    path = tmp_path / "a.safetensors"
+    act.write(path, {2: layers[2]}, {"causal": 1})
+    (q, k, v), = act.read_with_library(path)[0].values()
+    o, lse = sa.dense_attention(act.bf16_to_float32(q), act.bf16_to_float32(k),
+                                act.bf16_to_float32(v), causal=True)
+    o_ref, lse_ref = attention_np(*layers[2], causal_mask(1, 4, 130, 130))
+    np.testing.assert_allclose(np.asarray(o, np.float64), o_ref, rtol=1e-2, atol=1e-2)
+    fin = np.isfinite(lse_ref)
+    np.testing.assert_allclose(lse[fin], lse_ref[fin], rtol=1e-4, atol=1e-4)
+    assert math.isfinite(float(lse[0, 0, 0]))
+
+
+@pytest.mark.parametrize("edit, words", [
+    ((b'"format":"sparseattn.activations"', b'"format":"sparseattn.other_stuff"'), "format"),
+    ((b'"BF16"', b'"F64_"'), "dtype"),
+    ((b'"heads_kv":"2"', b'"heads_kv":"3"'), "heads_kv"),
+])
+def test_the_c_reader_refuses_bad_files(rng, tmp_path, edit, words):
+    path = tmp_path / "bad.safetensors"
+    act.write(path, {2: _layers(rng)[2]})
+    raw = path.read_bytes()
+    assert edit[0] in raw and len(edit[0]) == len(edit[1])
+    path.write_bytes(raw.replace(edit[0], edit[1], 1))
+    with pytest.raises(sa.SparseAttnError) as e:
+        act.read_with_library(path)
+    assert e.value.code == -11 and e.value.function == "sa_act_open"
+    assert words in e.value.detail
+
+
+def test_writer_checks(rng, tmp_path):
+    q, k, v = _layers(rng)[2]
+    with pytest.raises(ValueError, match="do not fit"):
+        act.write(tmp_path / "x", {0: (q[:, :3], k, v)})
+    with pytest.raises(ValueError, match="differ"):
+        act.write(tmp_path / "x", {0: (q, k, v[:, :, :10])})
+    with pytest.raises(ValueError, match="rank"):
+        act.write(tmp_path / "x", {0: (q[0, 0], k, v)})
+    with pytest.raises(TypeError):
+        act.write(tmp_path / "x", {0: (q.astype(np.int32), k, v)})
