@@ -154,6 +154,58 @@ SA_API int sa_lists_recall_counts(const struct sa_shape *s, const float *mass, i
                                   const int32_t *indices, const int32_t *counts, int k,
                                   float *recall);
 
+/* ---------------------------------------------------------------- selection quality
+ * What `sparseattn select-eval` and `sparseattn run` report, for a researcher's own harness
+ * (docs/selectors.md, "Quality functions"; selectors/sel_quality.c). Lists are passed as a
+ * selector writes them: per_query 0 for tile lists (B, Hkv, q_tiles, k), 1 for per-query lists
+ * (B, Hkv, Sq, k); counts (the rows' leading shape) NULL means every row holds k, else a row's
+ * first counts[row] entries are read. opts (NULL: defaults) is read for causal only, and must
+ * pass sa_attn_opts_check (SA_ERR_ARG); with causal = 1 pass the opts the mass and the lists were
+ * made under. */
+
+/* Summary of per-query recalls (B, Hq, Sq), as sa_lists_recall_counts writes them: *mean over
+ * the queries, *low the `percentile` quantile (the recalls sorted ascending, the entry at index
+ * floor(percentile * (n - 1)); select-eval's recall_p5 is percentile 0.05), *queries (may be
+ * NULL) the n queries counted. With opts->causal the queries that see no key (len_q > len_kv;
+ * their recall is 0 of 0 mass) are left out; *mean and *low are NaN when no query is left.
+ * recall is not modified. SA_ERR_NULL, the shape's code, SA_ERR_ARG for a percentile outside
+ * [0, 1] or bad opts, SA_ERR_NOMEM. */
+SA_API int sa_recall_summarize(const struct sa_shape *s, const float *recall,
+                               const struct sa_attn_opts *opts, double percentile, double *mean,
+                               double *low, size_t *queries);
+/* sa_lists_recall_counts and sa_recall_summarize in one call (its codes, and theirs). */
+SA_API int sa_lists_recall_stats(const struct sa_shape *s, const float *mass, int per_query,
+                                 const int32_t *indices, const int32_t *counts, int k,
+                                 const struct sa_attn_opts *opts, double percentile,
+                                 double *mean, double *low, size_t *queries);
+
+/* Overlap of lists with reference tile lists (the oracle's: (B, Hkv, q_tiles, ref_k) with
+ * ref_counts or NULL): for every row holding at least one block, the share of its blocks that
+ * the reference row of its tile also holds (a per-query row of query i is compared with tile
+ * i / 128's row); *overlap is the mean over those rows (NaN when every row is empty). Rows are
+ * expected without repeated blocks, as selectors write them. Every count and entry read is
+ * checked first: SA_ERR_COUNT (outside [0, k] or [0, ref_k]), SA_ERR_INDEX (outside
+ * [0, kv_blocks)); SA_ERR_ARG for k or ref_k outside [1, kv_blocks] or per_query not a flag. */
+SA_API int sa_lists_overlap(const struct sa_shape *s, int per_query, const int32_t *indices,
+                            const int32_t *counts, int k, const int32_t *ref,
+                            const int32_t *ref_counts, int ref_k, double *overlap);
+
+/* ||x - ref|| / ||ref|| (L2 over n floats, accumulated in double); ||x - ref|| when ref is all
+ * zeros; NaN when x or ref is NULL. */
+SA_API double sa_rel_l2(const float *x, const float *ref, size_t n);
+
+/* Output error of attention over lists against dense attention, on the CPU reference: runs
+ * sa_ref_tile_sparse / sa_ref_query_sparse over the lists (max_blocks entries per row) under opts
+ * (validated: its list codes; causal lists must hold no future block) and writes to *err the
+ * sa_rel_l2 of its FP32 output against dense_f32, the FP32 output (B, Hq, Sq, D) of
+ * sa_ref_dense_opts under the same opts. dense_f32 NULL computes it here, at a dense
+ * attention's cost per call: pass it when scoring several lists on one input. */
+SA_API int sa_lists_output_error(const struct sa_shape *s, const uint16_t *q, const uint16_t *k,
+                                 const uint16_t *v, int per_query, const int32_t *indices,
+                                 const int32_t *counts, int max_blocks,
+                                 const struct sa_attn_opts *opts, const float *dense_f32,
+                                 double *err);
+
 /* ---------------------------------------------------------------- workloads
  * Synthetic Q/K/V with structure a selector can find, reproducible from (name, shape, seed,
  * strength) on every machine. Q is (B, Hq, Sq, D), K and V (B, Hkv, Skv, D), BF16. The heads of
