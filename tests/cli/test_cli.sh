@@ -1,6 +1,7 @@
 #!/bin/bash
 # The command-line program: bad flags give one line on stderr and exit code 2, never a crash;
-# a small run succeeds and its --json line carries the fields scripts read.
+# the default run (README's first command) succeeds and shows its table, a small run's --json
+# line carries the fields scripts read.
 set -u
 cli=$1
 fail=0
@@ -34,6 +35,8 @@ expect 2 "bad head dim" "$cli" run --head-dim 96
 expect 2 "unknown selector" "$cli" run --selector nope
 expect 2 "unknown workload" "$cli" run --workload nope
 expect 2 "bad device" "$cli" run --device tpu
+expect 2 "negative strength" "$cli" run --strength -1
+expect 2 "non-numeric strength" "$cli" run --strength strong
 expect 2 "unknown benchmark" "$cli" bench nope
 expect 2 "bench reference bad flag" "$cli" bench reference --nope
 expect 2 "select-eval bad flag" "$cli" select-eval --nope
@@ -45,6 +48,33 @@ for field in '"selector":"r4"' '"workload":"local"' '"useful_gflops":' '"attenti
     case "$json" in *"$field"*) ;; *) echo "FAIL: run --json lacks $field: $json"; fail=1 ;; esac
 done
 table=$("$cli" run --len-q 256 --len-kv 1024 --heads-q 4 --topk 2) || { echo "FAIL: small run with dense"; fail=1; }
-case "$table" in *"relative L2 error"*) ;; *) echo "FAIL: run table: $table"; fail=1 ;; esac
+for row in 'err_vs_dense' $'\nr1 ' $'\noracle ' $'\nrandom ' $'\ndense '; do
+    case "$table" in *"$row"*) ;; *) echo "FAIL: run table lacks '$row': $table"; fail=1 ;; esac
+done
+table=$("$cli" run --len-q 256 --len-kv 1024 --heads-q 4 --topk 2 --no-dense --device cpu) || { echo "FAIL: run --no-dense"; fail=1; }
+case "$table" in *$'\noracle '*) echo "FAIL: run --no-dense has an oracle row: $table"; fail=1 ;; esac
+case "$table" in *"device cpu"*) ;; *) echo "FAIL: run --device cpu: $table"; fail=1 ;; esac
+
+# The default run, what README's first command shows: the r1 row beside the oracle's, on the CPU
+# where no GPU is present (its smaller default shape), in a few seconds.
+t0=$(date +%s)
+table=$("$cli" run) || { echo "FAIL: the default run"; fail=1; }
+echo "default run: $(( $(date +%s) - t0 )) s"
+for row in $'\nr1 ' $'\noracle ' $'\nrandom ' $'\ndense ' 'workload local' 'recall'; do
+    case "$table" in *"$row"*) ;; *) echo "FAIL: default run lacks '$row': $table"; fail=1 ;; esac
+done
+json=$("$cli" run --json) || { echo "FAIL: default run --json"; fail=1; }
+for field in '"selector":"r1"' '"workload":"local"' '"recall_mean":0.' '"oracle_recall_mean":0.' \
+    '"rel_err_vs_dense":0.' '"oracle_rel_err_vs_dense":0.' '"random_recall_mean":0.'; do
+    case "$json" in *"$field"*) ;; *) echo "FAIL: default run --json lacks $field: $json"; fail=1 ;; esac
+done
+if command -v python3 >/dev/null; then
+    printf '%s' "$json" | python3 -c 'import json, sys; json.load(sys.stdin)' ||
+        { echo "FAIL: default run --json is not JSON: $json"; fail=1; }
+fi
+# The oracle maximizes each tile's mass: no tile selector's mean recall exceeds it.
+field() { printf '%s' "$json" | sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
+awk -v s="$(field recall_mean)" -v o="$(field oracle_recall_mean)" 'BEGIN { exit !(s <= o + 1e-6 && o > 0.5) }' ||
+    { echo "FAIL: default run: r1's recall $(field recall_mean) vs the oracle's $(field oracle_recall_mean)"; fail=1; }
 [ $fail = 0 ] && echo "cli: all checks passed"
 exit $fail
