@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "sa_activations.h"
 #include "sparseattn.h"
 
 typedef struct abi_field {
@@ -78,6 +79,10 @@ static const abi_field table[] = {
     S(sa_kv_index_view),
     F(sa_kv_index_view, offsets), F(sa_kv_index_view, entries), F(sa_kv_index_view, tasks),
     F(sa_kv_index_view, info),
+
+    S(sa_act_layer),
+    F(sa_act_layer, layer), F(sa_act_layer, shape), F(sa_act_layer, scale),
+    F(sa_act_layer, causal), F(sa_act_layer, sliding_window), F(sa_act_layer, rope_theta),
 };
 
 #undef S

@@ -7,9 +7,11 @@
   3. every function the installed headers declare carries SA_API, and the installed library
      exports each of them; it exports nothing else but the SA_INTERNAL_API functions of the
      source tree's internal headers (for the project's own tools), and no C++ symbol;
-  4. tests/install/consumer.c and the docs/api.md example (api_example.c, extracted by
-     tests/common/extract_c_block.py) compile against the installed headers alone, link against
-     the installed library alone, and run.
+  4. a generated program checks that the ABI check (sa_abi_sizeof / sa_abi_offsetof) knows
+     every field of every struct the installed headers define, at the installed headers'
+     layout; it, tests/install/consumer.c and the docs/api.md example (api_example.c, extracted
+     by tests/common/extract_c_block.py) compile against the installed headers alone, link
+     against the installed library alone, and run.
 
 usage: test_install.py MESON BUILD_DIR SOURCE_DIR SANITIZE CONSUMER_C API_EXAMPLE_C CC [ARGS...]
 Exit 0 on success, 1 with a message on the first failure.
@@ -69,6 +71,53 @@ def declarations(path):
         s = code.strip()
         if not (s.startswith("#") or 'extern "C"' in s or (s == "}" and depth == 0)):
             depth += s.count("{") - s.count("}")
+    return out
+
+
+# abi_all.c, filled in with the structs of the installed headers.
+ABI_ALL_C = r"""#include <stddef.h>
+#include <stdio.h>
+@INCLUDES@
+static int bad;
+
+static void ck(const char *type, const char *field, size_t got, size_t want)
+{
+    if (got != want) {
+        fprintf(stderr, "%s %s: the library says %zu, the installed header %zu (common/sa_abi.c)\n",
+                type, field ? field : "(sizeof)", got, want);
+        bad = 1;
+    }
+}
+
+int main(void)
+{
+@CHECKS@
+    if (!bad)
+        printf("abi: @SUMMARY@, all known to sa_abi_sizeof / sa_abi_offsetof\n");
+    return bad;
+}
+"""
+
+
+def structs(path):
+    """{name: [fields]} of the structs a header defines with a body (`typedef struct NAME {`)."""
+    text = re.sub(r"/\*.*?\*/", "", open(path, encoding="utf-8").read(), flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    out = {}
+    for m in re.finditer(r"(?:typedef\s+)?struct\s+(\w+)\s*\{(.*?)\}", text, flags=re.S):
+        fields = []
+        for decl in m.group(2).split(";"):
+            decl = re.sub(r"\[[^]]*\]", "", decl).strip()
+            if not decl:
+                continue
+            fp = re.search(r"\(\s*\*\s*(\w+)\s*\)", decl)
+            if fp:
+                fields.append(fp.group(1))
+                continue
+            first, *rest = decl.split(",")
+            fields.append(re.findall(r"\w+", first)[-1])
+            fields += [re.findall(r"\w+", r)[-1] for r in rest]
+        out[m.group(1)] = fields
     return out
 
 
@@ -138,8 +187,24 @@ try:
         print("nm not found: export check skipped")
 
     # 4. Programs built against the installed face only, run against the installed library.
+    # abi_all.c: the ABI check (sa_abi_sizeof / sa_abi_offsetof) knows every field of every
+    # struct the installed headers define, with the layout the installed headers give it.
+    known = {}
+    for h in installed:
+        known.update(structs(os.path.join(inc, h)))
+    checks = []
+    for name, fields in sorted(known.items()):
+        checks.append('    ck("%s", NULL, sa_abi_sizeof("%s"), sizeof(%s));' % (name, name, name))
+        checks += ['    ck("%s", "%s", sa_abi_offsetof("%s", "%s"), offsetof(%s, %s));'
+                   % (name, f, name, f, name, f) for f in fields]
+    abi_c = os.path.join(tmp, "abi_all.c")
+    with open(abi_c, "w") as f:
+        f.write(ABI_ALL_C.replace("@INCLUDES@", "".join("#include <%s>\n" % h for h in installed))
+                .replace("@CHECKS@", "\n".join(checks))
+                .replace("@SUMMARY@", "%d structs, %d fields"
+                         % (len(known), len(checks) - len(known))))
     env = dict(os.environ, LD_LIBRARY_PATH=libdir)
-    for src in [consumer_c, example_c]:
+    for src in [abi_c, consumer_c, example_c]:
         exe = os.path.join(tmp, os.path.basename(src)[:-2])
         run(cc + ["-std=c11", "-Wall", "-Wextra", "-Werror", "-I", inc, src, "-o", exe,
                   "-L", libdir, "-Wl,-rpath," + libdir, "-lsparseattn", "-lm"] + san)
