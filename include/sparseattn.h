@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* SA_API marks every function of the public API (this header, sa_selectors.h, sa_kvcentric.h).
+/* SA_API marks every function of the public API (the installed headers, include/ in the tree).
  * The library is built with hidden visibility, so what it exports is exactly what is declared
  * with SA_API, plus the SA_INTERNAL_API functions of its internal headers (for the project's own
  * tools and tests; not part of this API). A caller may define SA_API itself before including. */
