@@ -73,6 +73,7 @@ void cli_progress_done(void);
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_select_eval(int argc, char **argv);
+int cmd_select_eval_activations(int argc, char **argv); /* select-eval --activations FILE */
 
 /* Benchmarks (argv starts after "bench <name>"). */
 int bench_reference(int argc, char **argv);

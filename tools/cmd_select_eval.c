@@ -42,7 +42,9 @@ static void usage(FILE *f)
             "                    visible blocks with the diagonal kept (default off)\n"
             "  --device cpu|cuda (default cpu; cuda runs the selectors that have a GPU function\n"
             "                    on the GPU and reports how many rows equal the CPU lists)\n"
-            "  --json            one JSON object per line instead of the table\n");
+            "  --json            one JSON object per line instead of the table\n"
+            "  --activations FILE  a real model's Q/K/V instead of workloads (docs/activations.md;\n"
+            "                    its flags: select-eval --activations FILE --help)\n");
     fprintf(f, "selectors:");
     for (int i = 0; i < sa_selector_count(); i++)
         fprintf(f, " %s", sa_selector_at(i)->name);
@@ -247,6 +249,10 @@ static void print_row(const eval_cfg *c, const char *wl, double strength, const 
 
 int cmd_select_eval(int argc, char **argv)
 {
+    /* --activations FILE: a real model's captured layers instead (cmd_select_eval_act.c). */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--activations"))
+            return cmd_select_eval_activations(argc, argv);
     eval_cfg c = {.s = {1, 4, 1, 4096, 4096, 128}, .topk = 8, .seed = 1, .strength = -1,
                   .device = "cpu"};
     parse(argc, argv, &c);

@@ -123,3 +123,47 @@ def test_writer_checks(rng, tmp_path):
         act.write(tmp_path / "x", {0: (q[0, 0], k, v)})
     with pytest.raises(TypeError):
         act.write(tmp_path / "x", {0: (q.astype(np.int32), k, v)})
+
+
+def _cli():
+    """build/tools/sparseattn beside the library under test, or None."""
+    import os
+    path = os.path.join(os.path.dirname(sa.library_path), "tools", "sparseattn")
+    return path if os.access(path, os.X_OK) else None
+
+
+def test_select_eval_on_a_synthetic_file(rng, tmp_path):
+    """select-eval --activations: every selector and both oracle bounds, causal as the file says;
+    the oracle bounds every tile selector's mean recall (oracle_query the per-query one's), and at
+    k = all blocks every list is complete."""
+    import subprocess
+    cli = _cli()
+    if cli is None:
+        pytest.skip("no tools/sparseattn beside %s" % sa.library_path)
+    # Keys with a few heavy blocks, so that selectors differ.
+    q = rng.standard_normal((1, 4, 520, 64), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 520, 64), dtype=np.float32)
+    k[:, :, 128:160] += 2 * q[:, ::2, 128:160].mean(axis=2, keepdims=True)
+    v = rng.standard_normal((1, 2, 520, 64), dtype=np.float32)
+    path = tmp_path / "synthetic.safetensors"
+    act.write(path, {4: (q, k, v), 9: (k[:, :1].repeat(4, 1), k, v)},
+              {"causal": 1, "scale": 0.125, "model": "synthetic"})
+    out = subprocess.run([cli, "select-eval", "--activations", str(path), "--budgets", "2,5,9",
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    names = {r["selector"] for r in rows}
+    assert {"r1", "r4", "nvfp4", "nvfp4_query", "oracle", "oracle_query", "random"} <= names
+    assert {r["layer"] for r in rows} == {4, 9} and {r["k"] for r in rows} == {2, 5}  # 9 > 5 blocks
+    for r in rows:
+        assert r["causal"] == 1 and len(r["per_head"]) == 4 and 0 <= r["recall_p5"] <= 1
+        bound = {(b["layer"], b["k"], b["per_query"]): b["recall_mean"] for b in rows
+                 if b["selector"] in ("oracle", "oracle_query")}
+        assert r["recall_mean"] <= bound[(r["layer"], r["k"], r["per_query"])] + 1e-5, r
+        if r["k"] == 5:
+            assert r["recall_mean"] == pytest.approx(1, abs=1e-5) and r["out_rel_l2"] < 1e-5
+    text = subprocess.run([cli, "select-eval", "--activations", str(path), "--layers", "9"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "layer 9" in text and "layer 4 " not in text and "mean over the layers" in text
+    bad = subprocess.run([cli, "select-eval", "--activations", str(tmp_path / "none")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "none" in bad.stderr
