@@ -411,12 +411,8 @@ extern "C" int sa_stage14_launch(const sa_gpu_attn *a)
         return SA_ERR_NO_DEVICE;
 
     const sa_shape *s = &a->shape;
-    CUtensorMap map_q, map_k, map_v;
-    const uint64_t q_rows = (uint64_t)s->batch * s->heads_q * s->len_q;
-    const uint64_t kv_rows = (uint64_t)s->batch * s->heads_kv * s->len_kv;
-    if ((rc = sa_tensor_map_bf16_2d(&map_q, a->q, q_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
-        (rc = sa_tensor_map_bf16_2d(&map_k, a->k, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
-        (rc = sa_tensor_map_bf16_2d(&map_v, a->v, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK)
+    sa_qkv_maps maps; // the check made head_dim HEAD_DIM
+    if ((rc = sa_tensor_maps_qkv(a, TILE, HALF_COLS, &maps)) != SA_OK)
         return rc;
 
     Params p;
@@ -438,8 +434,8 @@ extern "C" int sa_stage14_launch(const sa_gpu_attn *a)
     SA_CUDA_TRY(cudaFuncSetAttribute(dense_persistent_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_BYTES));
     const int grid = p.items < sms ? p.items : sms;
-    dense_persistent_kernel<<<grid, THREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(map_q, map_k,
-                                                                                  map_v, p);
+    dense_persistent_kernel<<<grid, THREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(
+        maps.q, maps.k, maps.v, p);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }

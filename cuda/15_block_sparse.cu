@@ -517,12 +517,8 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
                                              &verdict)) != SA_OK)
         return rc;
 
-    CUtensorMap map_q, map_k, map_v;
-    const uint64_t q_rows = (uint64_t)s->batch * s->heads_q * s->len_q;
-    const uint64_t kv_rows = (uint64_t)s->batch * s->heads_kv * s->len_kv;
-    if ((rc = sa_tensor_map_bf16_2d(&map_q, a->q, q_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
-        (rc = sa_tensor_map_bf16_2d(&map_k, a->k, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
-        (rc = sa_tensor_map_bf16_2d(&map_v, a->v, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK)
+    sa_qkv_maps maps; // the check made head_dim HEAD_DIM
+    if ((rc = sa_tensor_maps_qkv(a, TILE, HALF_COLS, &maps)) != SA_OK)
         return rc;
 
     Params p;
@@ -552,7 +548,7 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
     const int grid = p.items < sms ? p.items : sms;
     // Behind the list check, a programmatic dependent launch: no launch gap after the check.
     SA_CUDA_TRY(sa_launch_pdl(block_sparse_kernel, verdict != nullptr, grid, THREADS, SMEM_BYTES,
-                              (cudaStream_t)a->stream, map_q, map_k, map_v, p));
+                              (cudaStream_t)a->stream, maps.q, maps.k, maps.v, p));
     if (!verdict)
         return SA_OK;
     // This stage learns the verdict on the host; a caller's verdict gets it too (sparseattn.h).

@@ -723,12 +723,8 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
     if (a->validate && !verdict && (rc = sa_verdict_for_this_thread(&verdict)) != SA_OK)
         return rc;
 
-    CUtensorMap map_q, map_k, map_v;
-    const uint64_t q_rows = (uint64_t)s->batch * s->heads_q * s->len_q;
-    const uint64_t kv_rows = (uint64_t)s->batch * s->heads_kv * s->len_kv;
-    if ((rc = sa_tensor_map_bf16_2d(&map_q, a->q, q_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
-        (rc = sa_tensor_map_bf16_2d(&map_k, a->k, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
-        (rc = sa_tensor_map_bf16_2d(&map_v, a->v, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK)
+    sa_qkv_maps maps; // the check made head_dim HEAD_DIM
+    if ((rc = sa_tensor_maps_qkv(a, TILE, HALF_COLS, &maps)) != SA_OK)
         return rc;
 
     Params p;
@@ -765,8 +761,8 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
         smem_set = 1;
     }
     const int grid = p.items < sms ? p.items : sms;
-    split_tile_kernel<<<grid, NTHREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(map_q, map_k,
-                                                                             map_v, p);
+    split_tile_kernel<<<grid, NTHREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(maps.q, maps.k,
+                                                                             maps.v, p);
     SA_CUDA_TRY(cudaGetLastError());
     // Synchronous convenience: no verdict given, so wait for ours and return its code.
     if (a->validate && !a->verdict)

@@ -23,5 +23,14 @@
 int sa_tensor_map_bf16_2d(CUtensorMap *map, const void *base, uint64_t rows, uint64_t cols,
                           uint32_t box_rows, uint32_t box_cols);
 
+// The three maps of an attention launch over a's Q, K and V, each a (batch * heads * len) x
+// head_dim BF16 matrix read in boxes of box_rows x box_cols (as above). SA_OK or the first
+// failing map's code.
+struct sa_qkv_maps {
+    CUtensorMap q, k, v;
+};
+int sa_tensor_maps_qkv(const sa_gpu_attn *a, uint32_t box_rows, uint32_t box_cols,
+                       sa_qkv_maps *maps);
+
 // Multiprocessor count and compute capability of the current device; SA_ERR_NO_DEVICE if none.
 int sa_cuda_device_info(int *sms, int *cc_major);

@@ -70,3 +70,18 @@ int sa_tensor_map_bf16_2d(CUtensorMap *map, const void *base, uint64_t rows, uin
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? SA_OK : SA_ERR_CUDA;
 }
+
+int sa_tensor_maps_qkv(const sa_gpu_attn *a, uint32_t box_rows, uint32_t box_cols,
+                       sa_qkv_maps *maps)
+{
+    const sa_shape *s = &a->shape;
+    const uint64_t q_rows = (uint64_t)s->batch * s->heads_q * s->len_q;
+    const uint64_t kv_rows = (uint64_t)s->batch * s->heads_kv * s->len_kv;
+    const uint64_t d = (uint64_t)s->head_dim;
+    int rc;
+    if ((rc = sa_tensor_map_bf16_2d(&maps->q, a->q, q_rows, d, box_rows, box_cols)) != SA_OK ||
+        (rc = sa_tensor_map_bf16_2d(&maps->k, a->k, kv_rows, d, box_rows, box_cols)) != SA_OK ||
+        (rc = sa_tensor_map_bf16_2d(&maps->v, a->v, kv_rows, d, box_rows, box_cols)) != SA_OK)
+        return rc;
+    return SA_OK;
+}
