@@ -1,7 +1,9 @@
 /* "sparseattn select-eval": selection quality of every registered selector on every workload.
  * Per workload: the exact per-block softmax mass (sa_block_mass) and dense attention (sa_ref_dense)
  * once; per selector: its lists, their recall of the mass, the output error of attention over
- * the lists against dense, the overlap with the oracle's lists, and the selector's time.
+ * the lists against dense, the overlap with the oracle's lists (the library's quality functions,
+ * sa_selectors.h: sa_lists_recall_stats, sa_lists_output_error, sa_lists_overlap), and the
+ * selector's time.
  * --causal makes every piece causal (docs/api.md, "Causal attention"): the mass and the dense
  * output are those of causal attention, the selectors pick among visible blocks only (rows may
  * hold fewer than k), and queries that see no key are left out of the recall statistics. */
@@ -14,7 +16,7 @@
 #include "sa_gpu_bench.h"
 #endif
 
-#define RECALL_PERCENTILE 0.05
+#define RECALL_PERCENTILE 0.05 /* recall_p5 */
 
 typedef struct eval_cfg {
     sa_shape s;
@@ -120,69 +122,6 @@ static void parse(int argc, char **argv, eval_cfg *c)
                         c->selector);
 }
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-/* Mean and lower percentile of n values (sorts them). */
-static void summarize(float *x, size_t n, double *mean, double *pct)
-{
-    double acc = 0;
-    for (size_t i = 0; i < n; i++)
-        acc += x[i];
-    *mean = acc / (double)n;
-    qsort(x, n, sizeof *x, cmp_float);
-    *pct = x[(size_t)(RECALL_PERCENTILE * (double)(n - 1))];
-}
-
-/* Mean over a selector's non-empty rows of |row & oracle row of the same tile| / the row's
- * count (k without causal; counts NULL means every row holds k). */
-static double oracle_overlap(const sa_shape *s, int per_query, const int32_t *idx,
-                             const int32_t *cnt, const int32_t *oracle, const int32_t *ocnt,
-                             int k)
-{
-    const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s);
-    const size_t per = per_query ? (size_t)s->len_q : (size_t)tiles;
-    const size_t rows = (size_t)s->batch * s->heads_kv * per;
-    unsigned char *mark = calloc((size_t)n, 1);
-    if (!mark)
-        return NAN;
-    double acc = 0;
-    size_t used = 0;
-    for (size_t r = 0; r < rows; r++) {
-        size_t bh = r / per, x = r % per, orow_i = bh * tiles + (per_query ? x / SA_TILE : x);
-        const int32_t *orow = oracle + orow_i * k;
-        const int32_t *row = idx + r * k;
-        const int c = cnt ? cnt[r] : k, oc = ocnt ? ocnt[orow_i] : k;
-        if (c <= 0)
-            continue;
-        for (int j = 0; j < oc; j++)
-            mark[orow[j]] = 1;
-        int both = 0;
-        for (int j = 0; j < c; j++)
-            both += mark[row[j]];
-        for (int j = 0; j < oc; j++)
-            mark[orow[j]] = 0;
-        acc += (double)both / c;
-        used++;
-    }
-    free(mark);
-    return used ? acc / (double)used : NAN;
-}
-
-static double rel_l2(const float *x, const float *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)x[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static void die(const char *what, int err)
 {
     cli_progress_done();
@@ -192,7 +131,7 @@ static void die(const char *what, int err)
 
 typedef struct buffers {
     uint16_t *q, *k, *v, *o;
-    float *o_dense, *o_sparse, *mass, *recall;
+    float *o_dense, *mass;
     int32_t *idx, *idx_cpu, *oracle;
     int32_t *cnt, *oracle_cnt; /* the rows' counts (k each unless causal) */
 } buffers;
@@ -277,8 +216,7 @@ int cmd_select_eval(int argc, char **argv)
     }
     buffers b = {
         .q = xmalloc(nq * 2), .k = xmalloc(nkv * 2), .v = xmalloc(nkv * 2), .o = xmalloc(nq * 2),
-        .o_dense = xmalloc(nq * 4), .o_sparse = xmalloc(nq * 4),
-        .mass = xmalloc(queries * n * sizeof(float)), .recall = xmalloc(queries * sizeof(float)),
+        .o_dense = xmalloc(nq * 4), .mass = xmalloc(queries * n * sizeof(float)),
         .idx = xmalloc(max_list * 4), .idx_cpu = xmalloc(max_list * 4), .oracle = xmalloc(sa_selector_list_len(oracle, s, c.topk) * 4),
         .cnt = xmalloc(max_list / c.topk * 4),
         .oracle_cnt = xmalloc(sa_selector_list_len(oracle, s, c.topk) / c.topk * 4),
@@ -287,10 +225,6 @@ int cmd_select_eval(int argc, char **argv)
     sa_attn_opts ao;
     sa_attn_opts_default(&ao);
     ao.causal = c.causal;
-    /* Queries that see at least one key: the recall statistics run over these. */
-    size_t seen = 0;
-    for (size_t r = 0; r < queries; r++)
-        seen += !c.causal || (long long)(r % (size_t)s->len_q) + s->len_kv - s->len_q >= 0;
     sa_select_params p;
     sa_select_params_default(&p);
     p.k = c.topk;
@@ -410,37 +344,24 @@ int cmd_select_eval(int argc, char **argv)
             }
 #endif
             /* Also rejects out-of-range indices (GPU lists). The GPU lists come with no counts:
-             * every row holds topk (never causal there). */
+             * every row holds topk (never causal there). Causal: the queries that see nothing
+             * (recall 0 of 0) are left out of the statistics. */
             const int32_t *cnt = !strcmp(dev, "cuda") ? NULL : b.cnt;
-            if ((err = sa_lists_recall_counts(s, b.mass, sel->per_query, b.idx, cnt, c.topk,
-                                              b.recall)))
+            double rmean, rp5;
+            if ((err = sa_lists_recall_stats(s, b.mass, sel->per_query, b.idx, cnt, c.topk, &ao,
+                                             RECALL_PERCENTILE, &rmean, &rp5, NULL)))
                 die("recall", err);
-            if (seen < queries) { /* causal: drop the queries that see nothing (recall 0 of 0) */
-                size_t j = 0;
-                for (size_t r = 0; r < queries; r++)
-                    if ((long long)(r % (size_t)s->len_q) + s->len_kv - s->len_q >= 0)
-                        b.recall[j++] = b.recall[r];
-            }
-            double rmean = NAN, rp5 = NAN;
-            if (seen)
-                summarize(b.recall, seen, &rmean, &rp5);
             double oerr = NAN;
             if (have_dense) {
                 cli_progress("select-eval: %s: %s: sparse attention", wl->name, sel->name);
-                sa_outputs so = {b.o, b.o_sparse, NULL};
-                if (sel->per_query) {
-                    sa_query_lists l = {b.idx, cnt, c.topk};
-                    err = sa_ref_query_sparse(s, b.q, b.k, b.v, &l, &ao, &so);
-                } else {
-                    sa_tile_lists l = {b.idx, cnt, s->heads_kv, c.topk};
-                    err = sa_ref_tile_sparse(s, b.q, b.k, b.v, &l, &ao, &so);
-                }
-                if (err)
+                if ((err = sa_lists_output_error(s, b.q, b.k, b.v, sel->per_query, b.idx, cnt,
+                                                 c.topk, &ao, b.o_dense, &oerr)))
                     die("sparse attention", err);
-                oerr = rel_l2(b.o_sparse, b.o_dense, nq);
             }
-            double ov = oracle_overlap(s, sel->per_query, b.idx, cnt, b.oracle, b.oracle_cnt,
-                                       c.topk);
+            double ov;
+            if ((err = sa_lists_overlap(s, sel->per_query, b.idx, cnt, c.topk, b.oracle,
+                                        b.oracle_cnt, c.topk, &ov)))
+                die("overlap", err);
             cli_progress_done();
             print_row(&c, wl->name, strength, sel->name, dev, match, rmean, rp5, oerr, ov, ms);
         }
@@ -458,9 +379,7 @@ int cmd_select_eval(int argc, char **argv)
     free(b.v);
     free(b.o);
     free(b.o_dense);
-    free(b.o_sparse);
     free(b.mass);
-    free(b.recall);
     free(b.idx);
     free(b.idx_cpu);
     free(b.oracle);
