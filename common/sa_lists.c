@@ -22,12 +22,15 @@ size_t sa_query_rows(const sa_shape *s)
     return sa_shape_check(s) ? 0 : (size_t)sa_sz_mul3(s->batch, s->heads_kv, s->len_q);
 }
 
-/* Checks n rows of max_blocks entries. `seen` is a bitmap of kv_blocks bits; a row sets the bits
+/* sa_list_rows_check (sa_internal.h). `seen` is a bitmap of kv_blocks bits; a row sets the bits
  * of its blocks and clears them again when it is done, so a duplicate test costs O(count) per
- * row and the scratch is kv_blocks / 8 bytes. */
-static int check_rows(const int32_t *idx, const int32_t *counts, size_t rows, int max_blocks,
-                      int kv_blocks, int allow_empty)
+ * row and the scratch is kv_blocks / 8 bytes. Without causal every row sees every block, so the
+ * future test never fires and no row is exempt from the empty-row rule. */
+int sa_list_rows_check(const sa_shape *s, const int32_t *idx, const int32_t *counts, size_t rows,
+                       int max_blocks, int allow_empty, int causal, int per, int tile_rows,
+                       int allow_future)
 {
+    const int kv_blocks = sa_kv_blocks(s);
     const int64_t words = sa_sz_ceil_div(kv_blocks, 64);
     uint64_t *seen = sa_sz_malloc(words, sizeof *seen);
     if (!seen)
@@ -35,12 +38,17 @@ static int check_rows(const int32_t *idx, const int32_t *counts, size_t rows, in
     memset(seen, 0, (size_t)words * sizeof *seen);
     int err = SA_OK;
     for (size_t r = 0; r < rows && !err; r++) {
+        int visible = kv_blocks;
+        if (causal) {
+            const int x = (int)(r % (size_t)per);
+            visible = sa_geo_blocks(sa_geo_last_key(s, tile_rows ? sa_geo_tile_last_row(s, x) : x));
+        }
         int c = counts ? counts[r] : max_blocks;
         if (c < 0 || c > max_blocks) {
             err = SA_ERR_COUNT;
             break;
         }
-        if (c == 0 && !allow_empty) {
+        if (c == 0 && !allow_empty && visible > 0) {
             err = SA_ERR_EMPTY_ROW;
             break;
         }
@@ -55,6 +63,10 @@ static int check_rows(const int32_t *idx, const int32_t *counts, size_t rows, in
             uint64_t bit = (uint64_t)1 << (b & 63);
             if (seen[b >> 6] & bit) {
                 err = SA_ERR_DUPLICATE;
+                break;
+            }
+            if (b >= visible && !allow_future) {
+                err = SA_ERR_FUTURE_BLOCK;
                 break;
             }
             seen[b >> 6] |= bit;
@@ -109,8 +121,8 @@ int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_emp
         return err;
     if (!sa_flag_ok(allow_empty))
         return SA_ERR_ARG;
-    return check_rows(l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks, sa_kv_blocks(s),
-                      allow_empty);
+    return sa_list_rows_check(s, l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks,
+                              allow_empty, 0, 1, 1, 0);
 }
 
 int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_empty)
@@ -120,8 +132,8 @@ int sa_query_lists_check(const sa_shape *s, const sa_query_lists *l, int allow_e
         return err;
     if (!sa_flag_ok(allow_empty))
         return SA_ERR_ARG;
-    return check_rows(l->indices, l->counts, sa_query_rows(s), l->max_blocks, sa_kv_blocks(s),
-                      allow_empty);
+    return sa_list_rows_check(s, l->indices, l->counts, sa_query_rows(s), l->max_blocks,
+                              allow_empty, 0, 1, 0, 0);
 }
 
 /* k distinct blocks of [0, n), sorted: a partial Fisher-Yates over `perm`, then a counting pass

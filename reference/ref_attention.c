@@ -137,7 +137,7 @@ static void causal_mask(const sa_shape *s, const int32_t *idx, int count, int vi
                         int m, size_t nk, float *S, unsigned char *empty)
 {
     for (int i = 0; i < m; i++) {
-        const int last = ref_causal_last_key(s, q0 + i);
+        const int last = sa_geo_last_key(s, q0 + i);
         float *row = S + (size_t)i * nk;
         size_t col = 0, kept = 0;
         for (int j = 0; j < count; j++) {
@@ -172,7 +172,7 @@ static void tile_item(const tile_job *job, tile_scratch *sc, int b, int lh, int 
     const float scale = ref_softmax_scale(d);
 
     /* Blocks [0, visible) hold a key some query of the tile sees (all of them without causal). */
-    const int visible = job->causal ? ref_causal_blocks(ref_causal_last_key(s, q0 + m - 1)) : nb;
+    const int visible = job->causal ? sa_geo_blocks(sa_geo_last_key(s, q0 + m - 1)) : nb;
     size_t row = ((size_t)b * job->list_heads + lh) * tiles + t;
     const int32_t *idx = job->indices ? job->indices + row * (size_t)job->max_blocks : NULL;
     int count = !job->indices ? visible : job->counts ? job->counts[row] : job->max_blocks;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "sa_internal.h"
 #include "sparseattn.h"
 
 /* The largest head_dim sa_shape_check accepts (64, 128, 256): sizes per-row stack arrays. */
@@ -128,23 +129,7 @@ static inline void ref_store_row(const sa_outputs *out, size_t row, int d, const
  * (ref_attention.c): the exp is the one non-GEMM cost that matters. */
 void ref_softmax_rows(float *s, int rows, size_t n, double *sum, double *lse);
 
-/* Causal geometry for a shape that passed sa_shape_check (the public sa_causal_* check it
- * first). Query i's last visible key is i + (len_kv - len_q): at most len_kv - 1, negative when
- * the query sees no key (len_q > len_kv). A tile's last valid row is min(128 t + 127, len_q - 1).
- * A last key `last` makes blocks [0, ref_causal_blocks(last)) visible. Every value fits int. */
-static inline int ref_causal_last_key(const sa_shape *s, int i)
-{
-    return (int)((int64_t)i + s->len_kv - s->len_q);
-}
-static inline int ref_tile_last_row(const sa_shape *s, int t)
-{
-    int64_t row = (int64_t)t * SA_TILE + SA_TILE - 1;
-    return row < s->len_q ? (int)row : s->len_q - 1;
-}
-static inline int ref_causal_blocks(int last)
-{
-    return last < 0 ? 0 : last / SA_TILE + 1;
-}
+/* Causal geometry: sa_geo_last_key, sa_geo_tile_last_row, sa_geo_blocks (sa_internal.h). */
 /* Keys of block blk (len valid keys from 128 blk) a query whose last visible key is `last` sees
  * under causal: a prefix of the block, 0 .. len. */
 static inline int ref_causal_block_len(int blk, int len, int last)

@@ -75,7 +75,7 @@ static void load_group(const query_job *job, float *qg, int i)
 static int query_block_len(const query_job *job, int blk, int i)
 {
     int len = sa_block_len(job->s, blk);
-    return job->causal ? ref_causal_block_len(blk, len, ref_causal_last_key(job->s, i)) : len;
+    return job->causal ? ref_causal_block_len(blk, len, sa_geo_last_key(job->s, i)) : len;
 }
 
 /* Full attention of query i for its group: one softmax over all keys of its blocks (with causal
