@@ -72,7 +72,8 @@
 //   are issued once all earlier turns are done. The same spacing keeps each ready / free barrier
 //   within one phase of what its waiter expects, so parity (use count & 1) never aliases. (A
 //   Python model of this protocol, tests/gpu_sparse/ring_model.py, runs random schedules and
-//   counts; two slots deadlock there, three or more do not.)
+//   counts: with this stage's five slots no schedule deadlocks, and with two slots the model
+//   finds the deadlock, so the check can fail; other slot counts are not run.)
 //
 // DATAFLOW PER KV BLOCK (consumer warpgroup c, its j-th block blk = row_c[j])
 //   Stage 14's steps 1-8 with K in slot pk(j) % 5 and V in slot pv(j) % 5. New: steps 4 and 8

@@ -43,7 +43,7 @@ constexpr float SCORE_TO_LOG2 = SOFTMAX_SCALE * LOG2E;
 // O is rescaled rarely; P then stays below 2^8.
 constexpr float RESCALE_THRESHOLD = 8.0f;
 
-constexpr int CONSUMERS = 2;                     // consumer warpgroups = Q tiles per item
+constexpr int CONSUMERS = 2;                     // consumer warpgroups (14-16: a Q tile each)
 constexpr int THREADS = 128 * (1 + CONSUMERS);   // producer warpgroup + consumers
 constexpr int PRODUCER_REGS = 24;
 constexpr int CONSUMER_REGS = 240;

@@ -1,6 +1,6 @@
-/* Pieces shared by the GPU benchmarks (bench_dense.c, bench_sparse.c): flags common to both,
- * the measured copy-bandwidth ceiling, the floors and JSON output. Header-only so the two
- * benchmarks stay the only files in tools/meson.build. */
+/* Pieces shared by the GPU benchmarks (bench_dense.c, bench_sparse.c, bench_selectors.c,
+ * bench_kvcentric.c): their common flags, the measured copy-bandwidth ceiling, the floors and
+ * JSON output. Header-only so that each benchmark stays one file in tools/meson.build. */
 #ifndef SA_BENCH_GPU_H
 #define SA_BENCH_GPU_H
 
