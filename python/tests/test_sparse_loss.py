@@ -1,0 +1,40 @@
+"""tools/sparse_loss.py's pure helpers (the script itself needs a model and torch): the block
+counts behind its density column, and its all-blocks causal lists, which must make the CPU
+reference's block-sparse attention equal causal dense attention."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+import sparseattn as sa
+
+_PATH = Path(__file__).resolve().parents[2] / "tools" / "sparse_loss.py"
+_spec = importlib.util.spec_from_file_location("sparse_loss", _PATH)
+sl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sl)   # imports only the standard library at module level
+
+
+def test_block_counts():
+    for s in (1, 127, 128, 129, 2048, 4096, 5000):
+        n = -(-s // 128)
+        assert sl.visible_blocks(s) == sum(t + 1 for t in range(n))
+        assert sl.kept_blocks(s, n) == sl.visible_blocks(s)
+        for k in (1, 2, 8):
+            assert sl.kept_blocks(s, k) == sum(min(k, t + 1) for t in range(n))
+    assert sl.kept_blocks(2048, 8) / sl.visible_blocks(2048) == 100 / 136
+
+
+def test_full_causal_lists_equal_dense(rng):
+    q = rng.standard_normal((1, 4, 300, 64), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 300, 64), dtype=np.float32)
+    v = rng.standard_normal((1, 2, 300, 64), dtype=np.float32)
+    idx, cnt = sl.full_causal_lists(1, 2, 300)
+    assert idx.shape == (1, 2, 3, 3) and cnt.tolist() == [[[1, 2, 3]] * 2]
+    assert idx[0, 0].tolist() == [[0, -1, -1], [0, 1, -1], [0, 1, 2]]
+    o, lse = sa.block_sparse_attention(q, k, v, idx, cnt, causal=True)
+    od, lsed = sa.dense_attention(q, k, v, causal=True)
+    np.testing.assert_allclose(o, od, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(lse, lsed, rtol=0, atol=1e-5)
+    # The library's own causal lists at a budget of every block are the same lists.
+    si, sc = sa.select("oracle", q, k, topk=3, causal=True)
+    assert (sc == cnt).all() and (si == idx).all()
