@@ -239,3 +239,36 @@ void nv_random_counts(sa_rng *r, int32_t *counts, size_t rows, int max_blocks)
     for (size_t row = 0; row < rows; row++)
         counts[row] = sa_rng_below(r, 6) == 0 ? 0 : 1 + (int)sa_rng_below(r, (uint32_t)max_blocks);
 }
+
+const char *nv_check_partials(const nv_case *c, const int32_t *idx, const int32_t *counts, int k,
+                              int causal, const float *po, const float *pl, int *bad_slot)
+{
+    const sa_shape *s = &c->s;
+    const int d = s->head_dim;
+    const size_t qrows = sa_query_rows(s), nq = sa_lse_elems(s);
+    int32_t *one = nv_malloc(qrows * sizeof *one), *has = nv_malloc(qrows * sizeof *has);
+    nv_out slot;
+    nv_out_alloc(&slot, s);
+    const char *msg = NULL;
+    for (int j = 0; j < k && !msg; j++) {
+        for (size_t q = 0; q < qrows; q++) {
+            one[q] = idx[q * k + j];
+            has[q] = j < counts[q];
+        }
+        nv_result res;
+        nv_attention(c, &(nv_rows){NV_QUERY, one, has, 0, 1, causal}, &res);
+        for (size_t q = 0; q < nq; q++) {
+            slot.lse[q] = pl[q * k + j];
+            for (int e = 0; e < d; e++)
+                slot.of[q * d + e] = po[(q * k + j) * d + e];
+        }
+        sa_bf16_from_f32_array(slot.o, slot.of, sa_q_elems(s));
+        msg = nv_check(c, &res, slot.of, slot.o, slot.lse);
+        *bad_slot = j;
+        nv_result_free(&res);
+    }
+    nv_out_free(&slot);
+    free(one);
+    free(has);
+    return msg;
+}

@@ -57,6 +57,13 @@ int nv_out_untouched(const nv_out *o, const sa_shape *s);
 const char *nv_check(const nv_case *c, const nv_result *r, const float *of, const uint16_t *o,
                      const float *lse);
 
+/* The partials of per-query lists (idx, counts: k slots per row), po (B, Hq, Sq, k, D) and pl
+ * (B, Hq, Sq, k), slot by slot: slot j of every query against the exact attention over the one
+ * block in that slot (none past the row's count), causal or not, with nv_check. Returns NULL
+ * when every slot passes, else the first failure's message; *bad_slot is its slot. */
+const char *nv_check_partials(const nv_case *c, const int32_t *idx, const int32_t *counts, int k,
+                              int causal, const float *po, const float *pl, int *bad_slot);
+
 /* Random helpers. */
 void nv_shuffle_rows(sa_rng *r, int32_t *indices, size_t rows, int max_blocks);
 /* counts in [0, max_blocks], about one row in six empty. */

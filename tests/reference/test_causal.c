@@ -284,27 +284,10 @@ START_TEST(test_causal_partials_combine)
     }
     EXPECT_CODE(sa_ref_query_partials_opts(s, c.q, c.k, c.v, &ql, &causal_future, po, pl), SA_OK);
 
-    int32_t *one = nv_malloc(qrows * sizeof *one), *has = nv_malloc(qrows * sizeof *has);
-    nv_out slot;
-    nv_out_alloc(&slot, s);
-    for (int j = 0; j < k; j++) {
-        for (size_t q = 0; q < qrows; q++) {
-            one[q] = idx[q * k + j];
-            has[q] = j < counts[q];
-        }
-        nv_result res;
-        nv_attention(&c, &(nv_rows){NV_QUERY, one, has, 0, 1, 1}, &res);
-        for (size_t q = 0; q < nq; q++) {
-            slot.lse[q] = pl[q * k + j];
-            for (int e = 0; e < d; e++)
-                slot.of[q * d + e] = po[(q * k + j) * d + e];
-        }
-        sa_bf16_from_f32_array(slot.o, slot.of, sa_q_elems(s));
-        char what[64];
-        snprintf(what, sizeof what, "causal partial slot %d", j);
-        CHECK_OUT(&c, &res, &slot, what);
-        nv_result_free(&res);
-    }
+    int j;
+    const char *m = nv_check_partials(&c, idx, counts, k, 1, po, pl, &j);
+    ck_assert_msg(!m, "causal partial slot %d, shape #%d, seed %" PRIu64 ": %s", j, _i, sa_test_seed(),
+                  m);
 
     nv_out out, direct;
     nv_out_alloc(&out, s);
@@ -319,9 +302,6 @@ START_TEST(test_causal_partials_combine)
     nv_result_free(&res);
     nv_out_free(&out);
     nv_out_free(&direct);
-    nv_out_free(&slot);
-    free(one);
-    free(has);
     free(po);
     free(pl);
     free(idx);

@@ -277,29 +277,10 @@ START_TEST(test_partials_combine)
     sa_poison_f32(pl, np);
     ck_assert_int_eq(sa_ref_query_partials(s, c.q, c.k, c.v, &ql, po, pl), SA_OK);
 
-    /* Slot j of every query: attention over the one block in that slot (none past the count). */
-    size_t qrows = sa_query_rows(s), nq = sa_lse_elems(s);
-    int32_t *one = nv_malloc(qrows * sizeof *one), *has = nv_malloc(qrows * sizeof *has);
-    nv_out slot;
-    nv_out_alloc(&slot, s);
-    for (int j = 0; j < k; j++) {
-        for (size_t q = 0; q < qrows; q++) {
-            one[q] = idx[q * k + j];
-            has[q] = j < counts[q];
-        }
-        nv_result res;
-        nv_attention(&c, &(nv_rows){NV_QUERY, one, has, 0, 1, 0}, &res);
-        for (size_t q = 0; q < nq; q++) {
-            slot.lse[q] = pl[q * k + j];
-            for (int e = 0; e < d; e++)
-                slot.of[q * d + e] = po[(q * k + j) * d + e];
-        }
-        sa_bf16_from_f32_array(slot.o, slot.of, sa_q_elems(s));
-        char what[64];
-        snprintf(what, sizeof what, "partial slot %d", j);
-        CHECK_OUT(&c, &res, &slot, what);
-        nv_result_free(&res);
-    }
+    int j;
+    const char *m = nv_check_partials(&c, idx, counts, k, 0, po, pl, &j);
+    ck_assert_msg(!m, "partial slot %d, shape #%d, seed %" PRIu64 ": %s", j, _i, sa_test_seed(),
+                  m);
 
     nv_out out, direct;
     nv_out_alloc(&out, s);
@@ -313,9 +294,6 @@ START_TEST(test_partials_combine)
     nv_result_free(&res);
     nv_out_free(&out);
     nv_out_free(&direct);
-    nv_out_free(&slot);
-    free(one);
-    free(has);
     free(po);
     free(pl);
     free(idx);
