@@ -142,16 +142,6 @@
 #ifndef SA_STAGE17_CEILING
 #define SA_STAGE17_CEILING 0
 #endif
-// SA_STAGE17_TREE=1: row maxima and sums as 4-way trees (more independent instructions in the
-// softmax of one warp) instead of stage 14's chains. A/B variant (docs/stage17.md).
-#ifndef SA_STAGE17_TREE
-#define SA_STAGE17_TREE 0
-#endif
-// SA_STAGE17_EMU_EXP=N: of each 16 column pairs of a row, N get exp2 from a polynomial on the FMA
-// pipe instead of the MUFU (FlashAttention-4's split of the exponentials). A/B variant.
-#ifndef SA_STAGE17_EMU_EXP
-#define SA_STAGE17_EMU_EXP 0
-#endif
 
 namespace {
 
@@ -314,51 +304,6 @@ __device__ __forceinline__ int check_row(const Params &p, const int32_t *row, in
     return __any_sync(0xffffffffu, bad_index) ? SA_ERR_INDEX : SA_OK;
 }
 
-// softmax_row_max with 4-way trees for the maxima (SA_STAGE17_TREE).
-__device__ __forceinline__ bool row_max_tree(const float (&sc)[64], float (&row_max)[2],
-                                             float (&row_sum)[2], float (&factor)[2])
-{
-    bool need_any = false;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float m[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            m[q] = fmaxf(sc[4 * q + 2 * i], sc[4 * q + 2 * i + 1]);
-#pragma unroll
-        for (int jj = 4; jj < 16; jj++)
-            m[jj % 4] = fmaxf(m[jj % 4], fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
-        float mx = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mx2 = mx * SCORE_TO_LOG2;
-        const bool need = mx2 > row_max[i] + RESCALE_THRESHOLD;
-        factor[i] = 1.f;
-        if (need) {
-            factor[i] = fast_exp2(row_max[i] - mx2);
-            row_max[i] = mx2;
-            row_sum[i] *= factor[i];
-        }
-        need_any |= need;
-    }
-    return need_any;
-}
-
-// 2^x on the FMA pipe (SA_STAGE17_EMU_EXP): x = n + f with n = round(x) from the 1.5 * 2^23
-// trick, 2^f on [-0.5, 0.5] by a degree-3 polynomial (relative error below 1e-3, under P's
-// BF16 rounding), and n added to the exponent bits. x <= RESCALE_THRESHOLD here; below -126
-// the result flushes to 0 as ex2.approx.ftz does.
-__device__ __forceinline__ float exp2_fma(float x)
-{
-    constexpr float MAGIC = 12582912.f; // 1.5 * 2^23: t's low mantissa bits hold round(x)
-    x = fmaxf(x, -126.f);
-    const float t = x + MAGIC;
-    const float f = x - (t - MAGIC);
-    float p = fmaf(fmaf(fmaf(0.05550411f, f, 0.24022652f), f, 0.69314718f), f, 1.f);
-    const int bits = __float_as_int(p) + (__float_as_int(t) << 23);
-    return x <= -126.f ? 0.f : __int_as_float(bits);
-}
-
 // Step 4 of the dataflow: row max and the lazy rescaling decision (softmax_row_max), then
 // P = exp2(S * scale * log2e - max) in place of S, with O's rescale deferred: O is still being
 // accumulated by the PV in flight. Returns whether any row of this warp adopted a new max (a
@@ -375,30 +320,24 @@ __device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_ma
         factor[0] = factor[1] = 1.f;
         return false;
     }
-    const bool need_any =
-        SA_STAGE17_TREE ? row_max_tree(sc, row_max, row_sum, factor)
-                        : softmax_row_max(sc, row_max, row_sum, factor);
-    float part[2][SA_STAGE17_TREE ? 4 : 1] = {};
+    const bool need_any = softmax_row_max(sc, row_max, row_sum, factor);
+    float part[2] = {0.f, 0.f}; // this block's row sums, added to the (rescaled) running ones
 #pragma unroll
     for (int jj = 0; jj < 16; jj++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             // A row that has seen no key yet (causal) keeps max -inf: its P must be 0, not NaN.
             const float neg_max = row_max[i] == -CUDART_INF_F ? 0.f : -row_max[i];
-            const float x0 = fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max);
-            const float x1 = fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max);
-            const bool emu = jj % 16 < SA_STAGE17_EMU_EXP;
-            const float p0 = emu ? exp2_fma(x0) : fast_exp2(x0);
-            const float p1 = emu ? exp2_fma(x1) : fast_exp2(x1);
-            part[i][SA_STAGE17_TREE ? jj % 4 : 0] += p0 + p1;
+            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
+            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
+            part[i] += p0 + p1;
             sc[4 * jj + 2 * i] = p0;
             sc[4 * jj + 2 * i + 1] = p1;
         }
     }
 #pragma unroll
     for (int i = 0; i < 2; i++)
-        row_sum[i] += SA_STAGE17_TREE ? (part[i][0] + part[i][1]) + (part[i][2] + part[i][3])
-                                      : part[i][0];
+        row_sum[i] += part[i];
     return __any_sync(0xffffffffu, need_any);
 }
 
