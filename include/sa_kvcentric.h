@@ -34,7 +34,11 @@ typedef struct sa_kv_task {
     int32_t count;  /* queries in this task, 1 .. task_queries */
     int32_t chunk;  /* which piece of its bucket, from 0 */
 } sa_kv_task;
-/* Task order: larger count first; equal counts by bucket, then chunk (deterministic). */
+/* Task order: by the query window of the task's first entry, then by bucket, then by chunk
+ * (deterministic). A window is (batch, kv head, query / sa_kv_window_queries): the tasks of one
+ * window touch only that window's Q rows, and the attention kernel walks the list in order with
+ * all its CTAs at once, so the Q rows it gathers (each query once per selected block) stay in L2. */
+#define SA_KV_WINDOW_ROWS 32768 /* Q rows (query x head of the group) per window: 8 MB of BF16 at D 128 */
 
 SA_API size_t sa_kv_buckets(const struct sa_shape *s); /* B*Hkv*kv_blocks */
 SA_API size_t sa_kv_max_entries(const struct sa_shape *s,
@@ -45,6 +49,9 @@ SA_API size_t sa_kv_max_tasks(const struct sa_shape *s, const struct sa_query_li
 /* Queries per task of the GPU kernel: 128 / (heads_q / heads_kv), so a task gathers at most 128
  * rows (queries x heads of the group), one MMA tile. 0 when the group has more than 128 heads. */
 SA_API int sa_kv_task_queries(const struct sa_shape *s);
+/* Queries per window of the task order: SA_KV_WINDOW_ROWS / (heads_q / heads_kv), at least 1;
+ * 0 for a shape that fails sa_shape_check. */
+SA_API int sa_kv_window_queries(const struct sa_shape *s);
 
 /* CPU reference of part 1 (host memory). Validates the lists (sa_query_lists_check, empty rows
  * allowed), then writes offsets (buckets + 1), entries (max_entries capacity) and tasks
@@ -55,6 +62,11 @@ SA_API int sa_kv_index_ref(const struct sa_shape *s, const struct sa_query_lists
 
 /* ------------------------------------------------------------ GPU entry point */
 enum { SA_KV_PARTIAL_F32 = 0, SA_KV_PARTIAL_BF16 = 1 };
+/* Which kernel runs part 2 (sa_kv_params.attend). WGMMA, the default: a producer warpgroup gathers
+ * each task's Q rows and streams K/V with TMA, two consumer warpgroups split the task's 128 rows
+ * and run wgmma with ping-pong turns. MMA_SYNC: the earlier kernel (8 warps of mma.sync), kept for
+ * comparison. Both write the same partials. */
+enum { SA_KV_ATTEND_WGMMA = 0, SA_KV_ATTEND_MMA_SYNC = 1 };
 
 typedef struct sa_kv_params {
     struct sa_shape shape;      /* head_dim 128; heads_q / heads_kv <= 128 */
@@ -74,6 +86,7 @@ typedef struct sa_kv_params {
      * reference of the path, sa_ref_query_partials_opts and sa_ref_combine, has it). */
     int causal;
     int allow_future_blocks;
+    int attend;                 /* SA_KV_ATTEND_WGMMA (default) or SA_KV_ATTEND_MMA_SYNC */
 } sa_kv_params;
 SA_API void sa_kv_params_default(sa_kv_params *p);
 

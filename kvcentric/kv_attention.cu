@@ -433,6 +433,8 @@ extern "C" int sa_kv_attend(const sa_kv_params *p)
     int dev = 0, sms = 0;
     SA_CUDA_TRY(cudaGetDevice(&dev));
     SA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (p->attend == SA_KV_ATTEND_WGMMA)
+        return kv_attend_wgmma(p, &w, sms);
     attn_args a;
     a.q = p->q;
     a.k = p->k;

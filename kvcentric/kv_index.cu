@@ -10,8 +10,8 @@
 //      the number of tasks of each bucket.
 //   4. CUB exclusive sum of the task counts: where each bucket's tasks start.
 //   5. kv_tasks: every task slot finds its bucket by binary search and writes its task; its key
-//      is task_queries - count, so a second stable radix sort puts larger tasks first, ties in
-//      (bucket, chunk) order. Then kv_gather_tasks applies that order.
+//      is the query window of its first entry, so a second stable radix sort orders tasks by
+//      window, ties in (bucket, chunk) order. Then kv_gather_tasks applies that order.
 //   6. (validate) kv_duplicates: a row naming a block twice leaves two neighbours in one bucket
 //      with the same row.
 // The sentinel keeps a bad list from ever becoming an address, with or without validation.
@@ -105,9 +105,16 @@ __global__ void kv_offsets(const uint32_t *__restrict__ keys, long long n, int b
     }
 }
 
+// The window of a task (sa_kvcentric.h, task order): (bh, query of its first entry / wq).
+struct kv_window_args {
+    const int32_t *entries;
+    int m, len_q, blocks, wq, windows; // windows per (batch, kv head)
+    uint32_t sentinel;                 // the number of windows in all: after every real task
+};
+
 __global__ void kv_tasks(const int32_t *__restrict__ offsets, const int32_t *__restrict__ task_off,
-                         int buckets, int tq, long long max_tasks, sa_kv_task *tasks,
-                         uint32_t *tkeys, int32_t *tvals, int32_t *info)
+                         int buckets, int tq, long long max_tasks, kv_window_args wa,
+                         sa_kv_task *tasks, uint32_t *tkeys, int32_t *tvals, int32_t *info)
 {
     int total = task_off[buckets];
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -117,7 +124,7 @@ __global__ void kv_tasks(const int32_t *__restrict__ offsets, const int32_t *__r
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < max_tasks;
          t += (long long)gridDim.x * blockDim.x) {
         sa_kv_task task = {0, 0, 0, 0};
-        uint32_t key = (uint32_t)tq; // after every real task (count >= 1 gives key <= tq - 1)
+        uint32_t key = wa.sentinel;
         if (t < total) {
             // The last bucket whose first task is <= t (empty buckets share a start).
             int lo = 0, hi = buckets - 1;
@@ -132,7 +139,8 @@ __global__ void kv_tasks(const int32_t *__restrict__ offsets, const int32_t *__r
             int n = offsets[lo + 1] - offsets[lo];
             int cnt = min(tq, n - chunk * tq);
             task = {lo, offsets[lo] + chunk * tq, cnt, chunk};
-            key = (uint32_t)(tq - cnt);
+            const int q = (wa.entries[task.begin] / wa.m) % wa.len_q, bh = lo / wa.blocks;
+            key = (uint32_t)((long long)bh * wa.windows + q / wa.wq);
         }
         tasks[t] = task;
         tkeys[t] = key;
@@ -181,7 +189,7 @@ int kv_check_args(const sa_kv_params *p)
     // The option rule of every entry point (sa_checked.h): flags 0 or 1, enums in range.
     if (!sa_enum_ok(p->partial_format, SA_KV_PARTIAL_BF16 + 1) || !sa_flag_ok(p->validate) ||
         !sa_flag_ok(p->allow_empty_rows) || !sa_flag_ok(p->causal) ||
-        !sa_flag_ok(p->allow_future_blocks))
+        !sa_flag_ok(p->allow_future_blocks) || !sa_enum_ok(p->attend, SA_KV_ATTEND_MMA_SYNC + 1))
         return SA_ERR_ARG;
     if (p->causal) // no causal mask in the KV-centric kernels yet
         return SA_ERR_UNSUPPORTED;
@@ -217,7 +225,10 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
         return SA_ERR_UNSUPPORTED;
     w->partial_rows = (size_t)partial_rows;
     w->entry_bits = bits_for(w->buckets);      // keys 0 .. buckets (the sentinel)
-    w->task_bits = bits_for(w->task_queries); // keys 0 .. task_queries
+    w->window_queries = sa_kv_window_queries(s);
+    w->windows = (s->len_q + w->window_queries - 1) / w->window_queries;
+    // Keys 0 .. B * Hkv * windows (the sentinel); at most the query rows, below 2^31.
+    w->task_bits = bits_for((unsigned long long)s->batch * s->heads_kv * w->windows);
     if (cub::DeviceRadixSort::SortPairs(nullptr, w->sort_entries_tmp, (uint32_t *)nullptr,
                                         (uint32_t *)nullptr, (int32_t *)nullptr, (int32_t *)nullptr,
                                         (int)w->max_entries, 0, w->entry_bits) != cudaSuccess ||
@@ -327,8 +338,10 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
     SA_CUDA_TRY(cudaGetLastError());
     tmp = w.tmp_bytes;
     SA_CUDA_TRY(cub::DeviceScan::ExclusiveSum(w.tmp, tmp, w.task_n, w.task_off, nb + 1, st));
+    const kv_window_args wa = {w.entries, m, s->len_q, blocks, w.window_queries, w.windows,
+                               (uint32_t)((long long)s->batch * s->heads_kv * w.windows)};
     kv_tasks<<<grid_for(w.max_tasks), kThreads, 0, st>>>(w.offsets, w.task_off, nb,
-                                                         w.task_queries, nt, w.tasks_unsorted,
+                                                         w.task_queries, nt, wa, w.tasks_unsorted,
                                                          w.tkeys_in, w.tvals_in, w.info);
     SA_CUDA_TRY(cudaGetLastError());
     tmp = w.tmp_bytes;

@@ -42,6 +42,26 @@ int sa_kv_task_queries(const sa_shape *s)
     return group > SA_TILE ? 0 : SA_TILE / group;
 }
 
+int sa_kv_window_queries(const sa_shape *s)
+{
+    if (sa_shape_check(s))
+        return 0;
+    int w = SA_KV_WINDOW_ROWS / (s->heads_q / s->heads_kv);
+    return w > 0 ? w : 1;
+}
+
+/* A task and its sort key (window), for the stable sort of the task list. */
+typedef struct kv_keyed_task {
+    long long key; /* window, then the position in (bucket, chunk) order */
+    sa_kv_task task;
+} kv_keyed_task;
+
+static int keyed_cmp(const void *a, const void *b)
+{
+    long long x = ((const kv_keyed_task *)a)->key, y = ((const kv_keyed_task *)b)->key;
+    return (x > y) - (x < y);
+}
+
 void sa_kv_params_default(sa_kv_params *p)
 {
     memset(p, 0, sizeof *p);
@@ -52,7 +72,7 @@ void sa_kv_params_default(sa_kv_params *p)
 
 /* The reference builds the index the plain way: count per bucket, exclusive prefix sum, then a
  * scatter that walks the list array in entry order, which is what makes each bucket ascending.
- * Tasks: a counting sort by size (largest first) over buckets in ascending order. */
+ * Tasks: every bucket's pieces in order, then a stable sort by query window. */
 int sa_kv_index_ref(const sa_shape *s, const sa_query_lists *l, int task_queries,
                     int32_t *offsets, int32_t *entries, sa_kv_task *tasks, int *n_entries,
                     int *n_tasks)
@@ -93,24 +113,31 @@ int sa_kv_index_ref(const sa_shape *s, const sa_query_lists *l, int task_queries
     free(fill);
     *n_entries = offsets[nb];
 
-    /* Full tasks all have task_queries queries; only the last piece of a bucket can be smaller.
-     * So: every full piece in (bucket, chunk) order, then the tails, one pass per size from large
-     * to small over the buckets in order. That is size descending, then bucket, then chunk. */
+    /* Every piece of every bucket in (bucket, chunk) order, then a stable sort by the window of
+     * the piece's first query: (batch, kv head) of the bucket, query / window_queries. */
+    int64_t n_pieces = 0;
+    for (size_t k = 0; k < nb; k++)
+        n_pieces += (offsets[k + 1] - offsets[k] + task_queries - 1) / task_queries;
+    kv_keyed_task *kt = n_pieces ? sa_sz_malloc(n_pieces, sizeof *kt) : NULL;
+    if (n_pieces && !kt)
+        return SA_ERR_NOMEM;
+    const int wq = sa_kv_window_queries(s);
+    const long long windows = (s->len_q + wq - 1) / wq;
     int t = 0;
     for (size_t k = 0; k < nb; k++) {
         int n = offsets[k + 1] - offsets[k];
-        for (int ch = 0; ch < n / task_queries; ch++)
-            tasks[t++] = (sa_kv_task){(int32_t)k, offsets[k] + ch * task_queries, task_queries, ch};
-    }
-    for (int size = task_queries - 1; size >= 1; size--) {
-        for (size_t k = 0; k < nb; k++) {
-            int n = offsets[k + 1] - offsets[k];
-            if (n % task_queries != size)
-                continue;
-            int ch = n / task_queries;
-            tasks[t++] = (sa_kv_task){(int32_t)k, offsets[k] + ch * task_queries, size, ch};
+        for (int ch = 0; ch * task_queries < n; ch++, t++) {
+            int begin = offsets[k] + ch * task_queries, cnt = n - ch * task_queries;
+            long long q = (entries[begin] / m) % s->len_q, bh = (long long)k / blocks;
+            kt[t].task = (sa_kv_task){(int32_t)k, begin,
+                                      cnt < task_queries ? cnt : task_queries, ch};
+            kt[t].key = ((bh * windows + q / wq) << 31) | t; /* t < 2^31: position tie-break */
         }
     }
+    qsort(kt, (size_t)t, sizeof *kt, keyed_cmp);
+    for (int i = 0; i < t; i++)
+        tasks[i] = kt[i].task;
+    free(kt);
     *n_tasks = t;
     return SA_OK;
 }

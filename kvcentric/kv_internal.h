@@ -20,6 +20,7 @@ typedef struct kv_ws {
     // sizes
     size_t buckets, max_entries, max_tasks, partial_rows;
     int task_queries, entry_bits, task_bits;
+    int window_queries, windows; // the task order's query windows (sa_kv_window_queries)
     size_t sort_entries_tmp, sort_tasks_tmp, scan_tmp, tmp_bytes, total;
     // arrays (NULL when only the size was asked)
     unsigned long long *err;
@@ -42,6 +43,9 @@ typedef struct kv_ws {
 int kv_check_args(const sa_kv_params *p);
 // Checks the arguments and lays the workspace out; base may be NULL to size it.
 int kv_layout(const sa_kv_params *p, void *base, kv_ws *w);
+
+// Part 2 on wgmma (kv_attention_wg.cu): the same tasks in, the same partials out.
+int kv_attend_wgmma(const sa_kv_params *p, const kv_ws *w, int sms);
 
 static inline cudaStream_t kv_stream(const sa_kv_params *p) { return (cudaStream_t)p->stream; }
 

@@ -191,8 +191,12 @@ int bench_kvcentric(int argc, char **argv)
                s.batch, s.heads_q, s.heads_kv, s.len_q, s.head_dim, KV_TOPK, sa_kv_blocks(&s),
                flops / 1e12, ws / 1073741824.0);
     double kv_bf16_total = 0;
-    for (int fmt = SA_KV_PARTIAL_F32; fmt <= SA_KV_PARTIAL_BF16; fmt++) {
+    /* Both partial formats on both part-2 kernels (sa_kv_params.attend). */
+    for (int run = 0; run < 4; run++) {
+        const int fmt = run % 2 ? SA_KV_PARTIAL_BF16 : SA_KV_PARTIAL_F32;
+        const int attend = run / 2 ? SA_KV_ATTEND_MMA_SYNC : SA_KV_ATTEND_WGMMA;
         p.partial_format = fmt;
+        p.attend = attend;
         sa_kv_times t;
         CK_SA(sa_kv_time_parts(&p, f.warmup, f.reps, &t));
         /* Smoke: O and LSE fully written after a run on poisoned outputs. */
@@ -206,7 +210,10 @@ int bench_kvcentric(int argc, char **argv)
         double attend_floor = bench_byte_ms(part_bytes, e.copy_bps);
         double attend_flop_floor = bench_flop_ms(flops, f.gemm_tflops);
         double combine_floor = bench_byte_ms(part_bytes + out_bytes, e.copy_bps);
-        const char *name = fmt == SA_KV_PARTIAL_F32 ? "FP32" : "BF16";
+        const char *name = run == 0   ? "FP32 wgmma"
+                           : run == 1 ? "BF16 wgmma"
+                           : run == 2 ? "FP32 mma.sync"
+                                      : "BF16 mma.sync";
         char what[96], fw[96];
         if (!f.json)
             printf("partials %s (%.2f GB written, read back once)%s\n", name, part_bytes / 1e9,
@@ -228,10 +235,10 @@ int bench_kvcentric(int argc, char **argv)
         print_row(&f, what, t.validated, 0, "", dense_ms > 0 ? t.validated / dense_ms : 0);
         if (!f.json)
             printf("  combine moves %.2f TB/s = %.0f%% of the copy bandwidth; attention %.0f "
-                   "useful TFLOP/s; outputs NaN after a run: %zu O, %zu LSE\n",
+                   "useful TFLOP/s, the whole op %.0f; outputs NaN after a run: %zu O, %zu LSE\n",
                    (part_bytes + out_bytes) / (t.combine * 1e9), 100 * combine_floor / t.combine,
-                   bench_tflops(flops, t.attend), bad_o, bad_l);
-        if (fmt == SA_KV_PARTIAL_BF16)
+                   bench_tflops(flops, t.attend), bench_tflops(flops, t.total), bad_o, bad_l);
+        if (run == 1)
             kv_bf16_total = t.total;
     }
 

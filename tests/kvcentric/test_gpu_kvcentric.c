@@ -196,9 +196,13 @@ static void run_full(const sa_shape *s, int m, int pattern, int with_counts, sa_
     sa_outputs ref = {o_ref, of_ref, lse_ref};
     ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &host_l, NULL, &ref), SA_OK);
 
-    for (int fmt = SA_KV_PARTIAL_F32; fmt <= SA_KV_PARTIAL_BF16; fmt++) {
+    /* Both part-2 kernels, both partial formats. */
+    for (int run = 0; run < 4; run++) {
+        const int fmt = run % 2 ? SA_KV_PARTIAL_BF16 : SA_KV_PARTIAL_F32;
+        const int attend = run / 2 ? SA_KV_ATTEND_MMA_SYNC : SA_KV_ATTEND_WGMMA;
         sa_kv_params p;
         case_params(&c, with_counts, fmt, &p);
+        p.attend = attend;
         p.validate = fmt == SA_KV_PARTIAL_F32;
         poison_outputs(&c);
         ck_assert_int_eq(sa_kvcentric_attention(&p), SA_OK);
@@ -210,14 +214,14 @@ static void run_full(const sa_shape *s, int m, int pattern, int with_counts, sa_
         sa_cmp co = sa_compare_bf16(o, o_ref, c.nq), cf = sa_compare(of, of_ref, c.nq);
         double dl = sa_lse_maxdiff(lse, lse_ref, c.nl);
         ck_assert_msg(sa_cmp_ok(&co) && sa_cmp_ok(&cf) && dl <= LSE_TOL,
-                      "B%d Hq%d Hkv%d Sq%d Skv%d m%d pattern %d counts %d partials %s: O rel %.3g "
+                      "B%d Hq%d Hkv%d Sq%d Skv%d m%d pattern %d counts %d partials %s %s: O rel %.3g "
                       "max %.3g (ref max %.3g, %zu nonfinite at %zu), O_f32 rel %.3g max %.3g "
                       "(%zu nonfinite), LSE %.3g (seed %llu)",
                       s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, m, pattern,
-                      with_counts, fmt ? "bf16" : "f32", co.rel_l2, co.max_abs, co.ref_max,
+                      with_counts, fmt ? "bf16" : "f32", attend ? "mma.sync" : "wgmma", co.rel_l2, co.max_abs, co.ref_max,
                       co.nonfinite, co.first_bad, cf.rel_l2, cf.max_abs, cf.nonfinite, dl,
                       (unsigned long long)sa_test_seed());
-        if (fmt == SA_KV_PARTIAL_F32)
+        if (run == 0)
             check_index(&c, &p, &host_l);
     }
     free(o_ref);
@@ -278,6 +282,11 @@ START_TEST(test_extremes)
     /* Larger random case: more tasks than two per SM. */
     sa_shape c = shape(2, 16, 1, 1024, 4000);
     run_full(&c, 16, KV_PAT_RANDOM, 1, &r);
+    /* Several query windows (2048 queries at GQA 16, 256 at GQA 128): the task order by window. */
+    sa_shape w = shape(1, 16, 1, 5000, 3000);
+    run_full(&w, 8, KV_PAT_RANDOM, 1, &r);
+    sa_shape w128 = shape(1, 128, 1, 700, 1000);
+    run_full(&w128, 3, KV_PAT_RANDOM, 1, &r);
 }
 END_TEST
 
@@ -375,6 +384,12 @@ START_TEST(test_validation)
     p.workspace = c.d_ws;
     p.workspace_bytes = c.ws_bytes;
     p.partial_format = 2;
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
+    p.partial_format = SA_KV_PARTIAL_F32;
+    p.attend = SA_KV_ATTEND_MMA_SYNC + 1;
+    ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
+    ck_assert_int_eq(sa_kv_attend(&p), SA_ERR_ARG);
+    p.attend = -1;
     ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
     free(idx0);
     free(cnt0);

@@ -66,6 +66,42 @@ START_TEST(test_patterns)
 }
 END_TEST
 
+/* Query windows (sa_kv_window_queries): GQA 128 and 64 have windows of 256 and 512 queries, so
+ * these shapes have several and the task order differs from plain bucket order. */
+START_TEST(test_windows)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x77);
+    sa_shape s = {.batch = 2, .heads_q = 128, .heads_kv = 1, .len_q = 700, .len_kv = 1000,
+                  .head_dim = 128};
+    ck_assert_int_eq(sa_kv_window_queries(&s), SA_KV_WINDOW_ROWS / 128);
+    run_case(&s, 3, KV_PAT_RANDOM, 1, 1, &r);
+    run_case(&s, 5, KV_PAT_SAME, 1, 1, &r);
+    sa_shape t = {.batch = 1, .heads_q = 128, .heads_kv = 2, .len_q = 1500, .len_kv = 900,
+                  .head_dim = 128};
+    ck_assert_int_eq(sa_kv_window_queries(&t), SA_KV_WINDOW_ROWS / 64);
+    run_case(&t, 4, KV_PAT_RANDOM, 2, 1, &r);
+
+    /* Two queries in different windows choose block 0, one in the first window block 1: bucket
+     * order would be (b0 q0), (b0 q300), (b1 q1); window order puts (b1 q1) second. */
+    sa_shape u = {.batch = 1, .heads_q = 128, .heads_kv = 1, .len_q = 301, .len_kv = 256,
+                  .head_dim = 128};
+    int32_t idx[301], cnt[301] = {0};
+    idx[0] = 0, cnt[0] = 1;
+    idx[1] = 1, cnt[1] = 1;
+    idx[300] = 0, cnt[300] = 1;
+    sa_query_lists l = {idx, cnt, 1};
+    int32_t off[3], ent[3];
+    sa_kv_task tasks[8];
+    int ne, nt;
+    ck_assert_int_eq(sa_kv_index_ref(&u, &l, 1, off, ent, tasks, &ne, &nt), SA_OK);
+    ck_assert_int_eq(nt, 3);
+    ck_assert(tasks[0].bucket == 0 && tasks[0].begin == 0);
+    ck_assert(tasks[1].bucket == 1 && tasks[1].begin == 2);
+    ck_assert(tasks[2].bucket == 0 && tasks[2].begin == 1 && tasks[2].chunk == 1);
+}
+END_TEST
+
 /* A hand-checked case: 1 head, 3 queries, 2 blocks, tq = 1. */
 START_TEST(test_small_exact)
 {
@@ -212,6 +248,7 @@ START_TEST(test_entry_args)
     ck_assert_int_eq(p.validate, 1);
     ck_assert_int_eq(p.allow_empty_rows, 1);
     ck_assert_int_eq(p.partial_format, SA_KV_PARTIAL_F32);
+    ck_assert_int_eq(p.attend, SA_KV_ATTEND_WGMMA);
     p.shape = (sa_shape){.batch = 1, .heads_q = 2, .heads_kv = 1, .len_q = 1, .len_kv = 128,
                          .head_dim = 128};
     p.q = p.k = p.v = dummy;
@@ -252,6 +289,10 @@ START_TEST(test_entry_args)
         b = p;
         b.partial_format = i == 0 ? 2 : -1;
         ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_ARG);
+        b = p;
+        b.attend = i == 0 ? SA_KV_ATTEND_MMA_SYNC + 1 : bad_flag[i];
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_ARG);
+        ck_assert_int_eq(sa_kv_workspace_size(&b, &bytes), SA_ERR_ARG);
     }
     /* Hostile shapes: rejected by the shape check, never wrapped. */
     {
@@ -293,6 +334,7 @@ int main(void)
     Suite *s = suite_create("kv_index");
     TCase *tc = tcase_create("reference");
     tcase_add_test(tc, test_small_exact);
+    tcase_add_test(tc, test_windows);
     tcase_add_test(tc, test_random);
     tcase_add_test(tc, test_patterns);
     tcase_add_test(tc, test_errors);
