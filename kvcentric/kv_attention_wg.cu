@@ -23,16 +23,17 @@
 //   WG1  consumer of rows 0..63 (c = 0), setmaxnreg.inc to CONSUMER_REGS.
 //   WG2  consumer of rows 64..127 (c = 1).
 //
-// DATAFLOW PER TASK (u-th task of the CTA, Q buffer b = u % 2)
+// DATAFLOW PER TASK (u-th task of the CTA, Q buffer b = u % 3)
 //   producer:
 //     1. wait q-free[b]. If the task's bucket differs from the last one: wait kv-free[s] of the
 //        next K/V stage, TMA K and V of the block into it (kv-ready[s] counts the bytes).
 //     2. each thread finds the source row of one Q row (the reverse index entry), writes it to
 //        the buffer's row table; producer barrier; 16 cp.async per thread from the table.
 //     3. thread 0 writes the task record (count, K/V stage and its use, valid keys, whether this
-//        is the last task of the stage); every thread waits for its own copies, then
-//        fence.proxy.async (the copies are generic-proxy writes that wgmma reads through the
-//        async proxy) and arrives on q-ready[b].
+//        is the last task of the stage); every thread commits its copies as one group, waits
+//        for the PREVIOUS task's group (cp.async.wait_group 1), then fence.proxy.async (the
+//        copies are generic-proxy writes that wgmma reads through the async proxy) and arrives
+//        on that task's q-ready. So one task's copies are always in flight.
 //   consumer c:
 //     4. wait q-ready[b], read the record, wait kv-ready[s]; turn: S = Q_c K^T (8 wgmma); wait;
 //        arrive q-free[b] (the producer may refill the buffer for the task after next).
@@ -55,12 +56,13 @@
 //   | kv-free[s]  | mbarrier  | consumers -> producer | 8                    | the last PV on stage s done
 //   | row table   | named bar | producer threads      | 128                  | source rows of buffer b written
 //   | turn[c]     | named bar | consumer 1-c -> c     | 256                  | c may issue its next wgmma
-//   Parity: q-ready/q-free of buffer b on the CTA's u-th task: (u / 2) & 1; kv-ready/kv-free of
+//   Parity: q-ready/q-free of buffer b on the CTA's u-th task: (u / 3) & 1; kv-ready/kv-free of
 //   stage s on the stage's n-th load (the record carries n): (n / 2) & 1.
-//   No deadlock: the producer fills buffer b for task u + 2 only after both consumers finished
-//   the QK of task u; it loads stage s anew only after the last PV of the tasks using it, and
-//   those tasks' Q copies were issued before (the record of a stage's last task is written
-//   when the next task's bucket is known: the producer reads one task ahead).
+//   No deadlock: the producer fills buffer b for task u + 3 only after both consumers finished
+//   the QK of task u, whose q-ready it arrived on two iterations before; it loads stage s anew
+//   (for task u) only after the last PV of the tasks of the stage's previous load, which all
+//   come before task u - 1 and so are ready (a stage's last task is known because the
+//   producer reads one task ahead).
 //
 // B200 -> HOPPER: the study's KV-centric CTA gathered Q rows for tcgen05 MMAs with Tensor Memory
 // accumulators; here the accumulators are registers, 64 rows per warpgroup, and the gather is
@@ -80,7 +82,10 @@
 namespace {
 
 constexpr int NTHREADS = 384;
-constexpr int Q_BUFFERS = 2;
+// Three Q buffers: the copies of task u + 1 are in flight while the consumers run task u and the
+// producer waits for task u's copies to land (cp.async.wait_group 1); with two, each task's
+// gather latency was exposed (measured: see docs/kvcentric.md).
+constexpr int Q_BUFFERS = 3;
 constexpr int KV_STAGES = 2;
 // Tasks per run: a bucket has about window_queries * blocks per query / kv_blocks entries per
 // window (64 at 64K keys, 16 blocks, GQA 16), i.e. several full tasks in a row; 8 keeps the CTAs
@@ -136,10 +141,6 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void *src, 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(valid ? 16 : 0)
                  : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all()
-{
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
 }
 __device__ __forceinline__ void fence_proxy_async()
 {
@@ -247,12 +248,20 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 rc.valid = min(TILE, a.len_kv - blk * TILE);
                 rc.release = dn.bucket != d.bucket;
             }
-            cp_async_wait_all();
-            fence_proxy_async();
-            sa_mbar_arrive(&sm.q_ready[qb]);
+            // The previous task's copies (one commit group per task): landed, fenced, ready. This
+            // task's copies stay in flight while the loop goes on to the next task.
+            asm volatile("cp.async.commit_group;" ::: "memory");
+            if (u > 0) {
+                asm volatile("cp.async.wait_group 1;" ::: "memory");
+                fence_proxy_async();
+                sa_mbar_arrive(&sm.q_ready[(u - 1) % Q_BUFFERS]);
+            }
             d = dn;
             task = nxt;
         }
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        fence_proxy_async();
+        sa_mbar_arrive(&sm.q_ready[(u - 1) % Q_BUFFERS]); // u >= 1: the CTA had a task
         return;
     }
 
@@ -284,6 +293,14 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         const int release = read_lane0(&rc->release, lane);
         const int s = n % KV_STAGES;
         const bool live = 64 * c < count * a.group; // this warpgroup has a row of the task
+        // The reverse index entries of this thread's two rows, loaded now so that their latency
+        // hides under the QK and the softmax (-1: past the task's count).
+        int ent[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int qi = (64 * c + warp * 16 + lane / 4 + 8 * i) / a.group;
+            ent[i] = qi < count ? a.entries[begin + qi] : -1;
+        }
         sa_mbar_wait(&sm.kv_ready[s], (n / KV_STAGES) & 1);
 
         float sc[64], o[64];
@@ -352,15 +369,11 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const float inv = 1.f / sum;
             const int r = 64 * c + warp * 16 + lane / 4 + 8 * i;
-            const int qi = r / a.group, g = r - qi * a.group;
-            const bool ok = qi < count;
-            long long pr = 0;
-            if (ok) {
-                // e = (bh * len_q + q) * m + slot; the partial row is (head * len_q + q) * m + slot.
-                const int e = a.entries[begin + qi];
-                const int head = b * a.heads_q + hkv * a.group + g;
-                pr = (long long)(head - bh) * a.len_q * a.m + e;
-            }
+            const int g = r % a.group;
+            const bool ok = ent[i] >= 0;
+            // e = (bh * len_q + q) * m + slot; the partial row is (head * len_q + q) * m + slot.
+            const int head = b * a.heads_q + hkv * a.group + g;
+            const long long pr = ok ? (long long)(head - bh) * a.len_q * a.m + ent[i] : 0;
             if (F32) {
                 float2 *dst = reinterpret_cast<float2 *>(static_cast<float *>(a.part_o) +
                                                          pr * HEAD_DIM) + (lane % 4);
