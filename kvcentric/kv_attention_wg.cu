@@ -34,15 +34,19 @@
 //        for the PREVIOUS task's group (cp.async.wait_group 1), then fence.proxy.async (the
 //        copies are generic-proxy writes that wgmma reads through the async proxy) and arrives
 //        on that task's q-ready. So one task's copies are always in flight.
-//   consumer c:
-//     4. wait q-ready[b], read the record, wait kv-ready[s]; turn: S = Q_c K^T (8 wgmma); wait;
-//        arrive q-free[b] (the producer may refill the buffer for the task after next).
-//     5. mask the padding columns of a partial block; row max; P = exp2(S * scale log2e - max),
-//        row sums; P to BF16 A fragments.
-//     6. turn: O = P V (8 wgmma, A from registers); wait; on the stage's last task arrive
-//        kv-free[s].
-//     7. O / sum to BF16 (or FP32) partial rows, 16-byte stores after a quad transpose; LSE =
-//        (max + log2 sum) ln 2. The row -> partial row map comes from the reverse index entry.
+//   consumer c, for task u (its S already computed and turned into P during task u - 1):
+//     4. wait q-ready of task u + 1, read its record, load its rows' reverse index entries, wait
+//        its kv-ready; turn: S' = Q_c K'^T for task u + 1 (8 wgmma, commit), then O = P V for
+//        task u (8 wgmma, A = P from registers, commit); wait for S' only (wait_group 1);
+//        arrive q-free of task u + 1.
+//     5. for task u + 1, beside task u's PV: mask the padding columns of a partial block, row
+//        max, P' = exp2(S' * scale log2e - max) in place in S's registers, row sums.
+//     6. wait for the PV (wait_group 0); on the stage's last task arrive kv-free[s].
+//     7. O / sum of task u to BF16 (or FP32) partial rows, 16-byte stores after a quad
+//        transpose; LSE = (max + log2 sum) ln 2; then P' to BF16 A fragments.
+//   The first task has a turn with S alone; the last a turn with its PV alone. So each
+//   warpgroup's softmax overlaps its own PV (FlashAttention-3's intra-warpgroup overlap, across
+//   tasks here since a task has one block) as well as the other warpgroup's wgmma.
 //   The two consumers take turns (ping-pong, as stages 14-17): while one warpgroup runs its
 //   softmax or epilogue, the other's wgmma run. A warpgroup whose rows are all past the task's
 //   count still runs its wgmma on the zero-filled rows (a branch around wgmma makes ptxas
@@ -153,6 +157,139 @@ __device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
     if (lane == 0)
         v = *reinterpret_cast<const volatile int32_t *>(word);
     return __shfl_sync(0xffffffffu, v, 0);
+}
+
+// What a consumer keeps of a task between its QK and its epilogue.
+struct Cur {
+    int count, begin, bucket, stage, valid, release;
+    bool live;                     // this warpgroup has a row of the task
+    int ent[2];                    // reverse index entries of the thread's two rows (-1: none)
+    float row_max[2], row_sum[2];  // log2-domain max, per-thread partial sums
+};
+
+// Step 4's waits: q-ready of the u-th task, its record, its K/V stage. The reverse index entries
+// of the thread's two rows are loaded here, so their latency hides under the wgmma.
+template <typename S>
+__device__ __forceinline__ void take_task(S &sm, const Args &a, int c, int warp, int lane,
+                                          uint32_t u, Cur &d)
+{
+    const int qb = u % Q_BUFFERS;
+    sa_mbar_wait(&sm.q_ready[qb], (u / Q_BUFFERS) & 1);
+    const Record *rc = &sm.rec[qb];
+    d.count = read_lane0(&rc->count, lane);
+    d.begin = read_lane0(&rc->begin, lane);
+    d.bucket = read_lane0(&rc->bucket, lane);
+    const int n = read_lane0(&rc->kv_use, lane);
+    d.valid = read_lane0(&rc->valid, lane);
+    d.release = read_lane0(&rc->release, lane);
+    d.stage = n % KV_STAGES;
+    d.live = 64 * c < d.count * a.group;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int qi = (64 * c + warp * 16 + lane / 4 + 8 * i) / a.group;
+        d.ent[i] = qi < d.count ? a.entries[d.begin + qi] : -1;
+    }
+    sa_mbar_wait(&sm.kv_ready[d.stage], (n / KV_STAGES) & 1);
+}
+
+// Step 5 in place: one block, so the max is final and nothing is rescaled. S becomes
+// P = exp2(S * scale log2e - max) (FP32, still in sc); row sums per thread.
+__device__ __forceinline__ void block_softmax(float (&sc)[64], int valid, int lane,
+                                              float (&row_max)[2], float (&row_sum)[2])
+{
+    if (valid < TILE)
+        mask_tail(sc, valid, lane);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float mx = -CUDART_INF_F;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+            mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        row_max[i] = mx * SCORE_TO_LOG2; // a block has a valid key: finite
+        row_sum[i] = 0.f;
+    }
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, -row_max[i]));
+            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, -row_max[i]));
+            row_sum[i] += p0 + p1;
+            sc[4 * jj + 2 * i] = p0;
+            sc[4 * jj + 2 * i + 1] = p1;
+        }
+    }
+}
+
+// P to the BF16 A fragments of the PV (only once the previous PV has read pa).
+__device__ __forceinline__ void pack_p(const float (&sc)[64], uint32_t (&pa)[32])
+{
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]);
+}
+
+// O = P V, the first k-step overwriting O (a task sees one block: nothing to accumulate onto).
+__device__ __forceinline__ void issue_pv_first(float (&o)[64], const uint32_t (&pa)[32],
+                                               uint32_t v_lo)
+{
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+        sa_wgmma_m64n128k16_rs(o, a, sa_desc_join(v_lo + ((kk * 2 * ATOM_BYTES) >> 4), DESC_HI),
+                               kk > 0);
+    }
+}
+
+// Step 7: rows lane/4 (i = 0) and lane/4 + 8 (i = 1) of the warp's 16: O / sum as BF16 (16-byte
+// stores after a quad transpose) or FP32 (8-byte stores), and the LSE.
+template <bool F32>
+__device__ __forceinline__ void store_partials(const Args &a, const Cur &d, const float (&o)[64],
+                                               int c, int warp, int lane)
+{
+    const int bh = d.bucket / a.blocks;
+    const int b = bh / a.heads_kv, hkv = bh - b * a.heads_kv;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float sum = d.row_sum[i];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float inv = 1.f / sum;
+        const int r = 64 * c + warp * 16 + lane / 4 + 8 * i;
+        const int g = r % a.group;
+        const bool ok = d.ent[i] >= 0;
+        // e = (bh * len_q + q) * m + slot; the partial row is (head * len_q + q) * m + slot.
+        const int head = b * a.heads_q + hkv * a.group + g;
+        const long long pr = ok ? (long long)(head - bh) * a.len_q * a.m + d.ent[i] : 0;
+        if (F32) {
+            float2 *dst =
+                reinterpret_cast<float2 *>(static_cast<float *>(a.part_o) + pr * HEAD_DIM) + (lane % 4);
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++)
+                if (ok)
+                    dst[4 * jj] = make_float2(o[4 * jj + 2 * i] * inv, o[4 * jj + 2 * i + 1] * inv);
+        } else {
+            uint4 *dst =
+                reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.part_o) + pr * HEAD_DIM) + (lane % 4);
+#pragma unroll
+            for (int gq = 0; gq < 4; gq++) {
+                uint32_t w[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    w[k] = pack_bf16(o[4 * (4 * gq + k) + 2 * i] * inv,
+                                     o[4 * (4 * gq + k) + 2 * i + 1] * inv);
+                quad_transpose(w, lane);
+                if (ok)
+                    dst[4 * gq] = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+        if (ok && lane % 4 == 0)
+            a.part_lse[pr] = (d.row_max[i] + __log2f(sum)) * LN2;
+    }
 }
 
 template <bool F32>
@@ -279,126 +416,73 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     if (c == 1)
         turn_pass(c); // warpgroup 0 takes the first turn
 
-    uint32_t u = 0;
-    for (int task = first; task < ntasks; task = next_task(task), u++) {
-        const int qb = u % Q_BUFFERS;
-        // Step 4.
-        sa_mbar_wait(&sm.q_ready[qb], (u / Q_BUFFERS) & 1);
-        const Record *rc = &sm.rec[qb];
-        const int count = read_lane0(&rc->count, lane);
-        const int begin = read_lane0(&rc->begin, lane);
-        const int bucket = read_lane0(&rc->bucket, lane);
-        const int n = read_lane0(&rc->kv_use, lane);
-        const int valid = read_lane0(&rc->valid, lane);
-        const int release = read_lane0(&rc->release, lane);
-        const int s = n % KV_STAGES;
-        const bool live = 64 * c < count * a.group; // this warpgroup has a row of the task
-        // The reverse index entries of this thread's two rows, loaded now so that their latency
-        // hides under the QK and the softmax (-1: past the task's count).
-        int ent[2];
+    float sc[64], o[64];
+    uint32_t pa[32];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int qi = (64 * c + warp * 16 + lane / 4 + 8 * i) / a.group;
-            ent[i] = qi < count ? a.entries[begin + qi] : -1;
-        }
-        sa_mbar_wait(&sm.kv_ready[s], (n / KV_STAGES) & 1);
-
-        float sc[64], o[64];
-        uint32_t pa[32];
-        uint32_t q_desc = q_desc0 + qb * STAGE_STEP, k_desc = k_desc0 + s * STAGE_STEP;
-        uint32_t v_desc = v_desc0 + s * STAGE_STEP;
-        asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(v_desc));
+    for (int r = 0; r < 64; r++)
+        o[r] = 0.f;
+    Cur cur; // the task whose PV and epilogue are pending
+    uint32_t u = 0;
+    int task = first;
+    // Prologue: the first task's S and softmax alone (steps 4-5).
+    {
+        take_task(sm, a, c, warp, lane, u, cur);
+        uint32_t q_desc = q_desc0 + (u % Q_BUFFERS) * STAGE_STEP;
+        uint32_t k_desc = k_desc0 + cur.stage * STAGE_STEP;
+        asm volatile("" : "+r"(q_desc), "+r"(k_desc));
         turn_wait(c);
         sa_wgmma_fence();
         issue_qk(sc, q_desc, k_desc);
         sa_wgmma_commit();
         turn_pass(c);
         sa_wgmma_wait<0>();
-        warp_arrive(&sm.q_free[qb], lane);
-
-        // Step 5: one block, so the max is final: no rescaling.
-        float row_max[2], row_sum[2] = {0.f, 0.f};
-        {
-            if (valid < TILE)
-                mask_tail(sc, valid, lane);
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float mx = -CUDART_INF_F;
-#pragma unroll
-                for (int jj = 0; jj < 16; jj++)
-                    mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                row_max[i] = mx * SCORE_TO_LOG2; // a block has a valid key: finite
-            }
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++) {
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, -row_max[i]));
-                    const float p1 =
-                        fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, -row_max[i]));
-                    row_sum[i] += p0 + p1;
-                    pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(p0, p1);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < 64; r++)
-                o[r] = 0.f;
+        warp_arrive(&sm.q_free[u % Q_BUFFERS], lane);
+        block_softmax(sc, cur.valid, lane, cur.row_max, cur.row_sum);
+        pack_p(sc, pa);
+    }
+#pragma unroll 1
+    for (;;) {
+        task = next_task(task);
+        u++;
+        const bool more = task < ntasks;
+        Cur nxt;
+        if (more) {
+            // Steps 4 and 6 in one turn: S of the next task, then the PV of this one.
+            take_task(sm, a, c, warp, lane, u, nxt);
+            uint32_t q_desc = q_desc0 + (u % Q_BUFFERS) * STAGE_STEP;
+            uint32_t k_desc = k_desc0 + nxt.stage * STAGE_STEP;
+            uint32_t v_desc = v_desc0 + cur.stage * STAGE_STEP;
+            asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(v_desc));
+            turn_wait(c);
+            sa_wgmma_fence();
+            issue_qk(sc, q_desc, k_desc);
+            sa_wgmma_commit();
+            issue_pv_first(o, pa, v_desc);
+            sa_wgmma_commit();
+            turn_pass(c);
+            sa_wgmma_wait<1>(); // S of the next task; its PV partner may still run
+            warp_arrive(&sm.q_free[u % Q_BUFFERS], lane);
+            // Step 5 of the next task beside step 6 of this one (P stays in pa until the PV ends).
+            block_softmax(sc, nxt.valid, lane, nxt.row_max, nxt.row_sum);
+        } else {
+            uint32_t v_desc = v_desc0 + cur.stage * STAGE_STEP;
+            asm volatile("" : "+r"(v_desc));
+            turn_wait(c);
+            sa_wgmma_fence();
+            issue_pv_first(o, pa, v_desc);
+            sa_wgmma_commit();
+            turn_pass(c);
         }
-
-        // Step 6.
-        turn_wait(c);
-        sa_wgmma_fence();
-        issue_pv(o, pa, v_desc);
-        sa_wgmma_commit();
-        turn_pass(c);
         sa_wgmma_wait<0>();
-        if (release)
-            warp_arrive(&sm.kv_free[s], lane);
-        if (!live)
-            continue;
-
-        // Step 7: rows lane/4 (i = 0) and lane/4 + 8 (i = 1) of the warp's 16.
-        const int bh = bucket / a.blocks;
-        const int b = bh / a.heads_kv, hkv = bh - b * a.heads_kv;
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float sum = row_sum[i];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = 1.f / sum;
-            const int r = 64 * c + warp * 16 + lane / 4 + 8 * i;
-            const int g = r % a.group;
-            const bool ok = ent[i] >= 0;
-            // e = (bh * len_q + q) * m + slot; the partial row is (head * len_q + q) * m + slot.
-            const int head = b * a.heads_q + hkv * a.group + g;
-            const long long pr = ok ? (long long)(head - bh) * a.len_q * a.m + ent[i] : 0;
-            if (F32) {
-                float2 *dst = reinterpret_cast<float2 *>(static_cast<float *>(a.part_o) +
-                                                         pr * HEAD_DIM) + (lane % 4);
-#pragma unroll
-                for (int jj = 0; jj < 16; jj++)
-                    if (ok)
-                        dst[4 * jj] = make_float2(o[4 * jj + 2 * i] * inv, o[4 * jj + 2 * i + 1] * inv);
-            } else {
-                uint4 *dst = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.part_o) +
-                                                       pr * HEAD_DIM) + (lane % 4);
-#pragma unroll
-                for (int gq = 0; gq < 4; gq++) {
-                    uint32_t w[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-                        w[k] = pack_bf16(o[4 * (4 * gq + k) + 2 * i] * inv,
-                                         o[4 * (4 * gq + k) + 2 * i + 1] * inv);
-                    quad_transpose(w, lane);
-                    if (ok)
-                        dst[4 * gq] = make_uint4(w[0], w[1], w[2], w[3]);
-                }
-            }
-            if (ok && lane % 4 == 0)
-                a.part_lse[pr] = (row_max[i] + __log2f(sum)) * LN2;
-        }
+        if (cur.release)
+            warp_arrive(&sm.kv_free[cur.stage], lane);
+        // Step 7 for this task.
+        if (cur.live)
+            store_partials<F32>(a, cur, o, c, warp, lane);
+        if (!more)
+            break;
+        pack_p(sc, pa);
+        cur = nxt;
     }
     if (c == 0)
         turn_wait(c); // the opening pass of warpgroup 1
