@@ -239,6 +239,32 @@ SA_API int sa_ref_query_partials_opts(const sa_shape *s, const uint16_t *q, cons
                                       const uint16_t *v, const sa_query_lists *l,
                                       const sa_attn_opts *opts, float *part_o, float *part_lse);
 
+/* ---------------------------------------------------------------- CPU reference, backward
+ * The exact gradients of the forward reference calls above (docs/reference.md, "Backward"):
+ * same s, q, k, v, lists and opts as the forward call (same validation, same error codes, same
+ * masking: keys past len_kv, blocks a row does not list, causal), plus
+ *   o   FP32 (B, Hq, Sq, D): the forward's o_f32;
+ *   lse FP32 (B, Hq, Sq): the forward's lse (-inf marks a query with no key);
+ *   d_o BF16 (B, Hq, Sq, D): dL/dO, in the format of the forward's O.
+ * Outputs, FP32, every element written: dq (B, Hq, Sq, D); dk, dv (B, Hkv, Skv, D), summed over
+ * the query heads of each KV head's group. With D_i = rowsum(dO_i * O_i),
+ * P = exp(scale Q K^T - LSE) on the selected keys: dV = P^T dO, dS = P * (dO V^T - D),
+ * dQ = scale dS K, dK = scale dS^T Q. A query with no key gets dQ = 0 and adds nothing. Every
+ * pointer is required (SA_ERR_NULL); nothing is written when a call fails. */
+SA_API int sa_ref_dense_backward(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                                 const uint16_t *v, const sa_attn_opts *opts, const float *o,
+                                 const float *lse, const uint16_t *d_o, float *dq, float *dk,
+                                 float *dv);
+SA_API int sa_ref_tile_sparse_backward(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                                       const uint16_t *v, const sa_tile_lists *l,
+                                       const sa_attn_opts *opts, const float *o, const float *lse,
+                                       const uint16_t *d_o, float *dq, float *dk, float *dv);
+SA_API int sa_ref_query_sparse_backward(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                                        const uint16_t *v, const sa_query_lists *l,
+                                        const sa_attn_opts *opts, const float *o,
+                                        const float *lse, const uint16_t *d_o, float *dq,
+                                        float *dk, float *dv);
+
 /* ---------------------------------------------------------------- GPU stages */
 /* 1 when the library was built with CUDA and a CUDA device is present, else 0. */
 SA_API int sa_gpu_available(void);
