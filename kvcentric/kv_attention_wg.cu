@@ -30,10 +30,11 @@
 //     2. each thread finds the source row of one Q row (the reverse index entry), writes it to
 //        the buffer's row table; producer barrier; 16 cp.async per thread from the table.
 //     3. thread 0 writes the task record (count, K/V stage and its use, valid keys, whether this
-//        is the last task of the stage); every thread commits its copies as one group, waits
-//        for the PREVIOUS task's group (cp.async.wait_group 1), then fence.proxy.async (the
-//        copies are generic-proxy writes that wgmma reads through the async proxy) and arrives
-//        on that task's q-ready. So one task's copies are always in flight.
+//        is the last task of the stage); every thread commits its copies as one group. They
+//        land while the producer waits at the next task's step 1, where it waits for them
+//        (cp.async.wait_group 0), runs fence.proxy.async (the copies are generic-proxy writes
+//        that wgmma reads through the async proxy) and arrives on their q-ready, before any
+//        K/V wait of the next task (see No deadlock).
 //   consumer c, for task u (its S already computed and turned into P during task u - 1):
 //     4. wait q-ready of task u + 1, read its record, load its rows' reverse index entries, wait
 //        its kv-ready; turn: S' = Q_c K'^T for task u + 1 (8 wgmma, commit), then O = P V for
@@ -62,11 +63,14 @@
 //   | turn[c]     | named bar | consumer 1-c -> c     | 256                  | c may issue its next wgmma
 //   Parity: q-ready/q-free of buffer b on the CTA's u-th task: (u / 3) & 1; kv-ready/kv-free of
 //   stage s on the stage's n-th load (the record carries n): (n / 2) & 1.
-//   No deadlock: the producer fills buffer b for task u + 3 only after both consumers finished
-//   the QK of task u, whose q-ready it arrived on two iterations before; it loads stage s anew
-//   (for task u) only after the last PV of the tasks of the stage's previous load, which all
-//   come before task u - 1 and so are ready (a stage's last task is known because the
-//   producer reads one task ahead).
+//   No deadlock: a consumer issues the QK of task u + 1 before it releases task u's K/V stage,
+//   so the producer arrives on q-ready of task u + 1 before it waits for any stage (at the top
+//   of iteration u + 2). It fills buffer b for task u + 3 only after both consumers did the QK
+//   of task u, and it loads stage s anew (for task u) only after the last PV of the tasks of
+//   the stage's previous load, which all come before task u - 1 (a stage's last task is known
+//   because the producer reads one task ahead). So producer iteration u waits only on consumer
+//   work of tasks up to u - 2, and consumer work on task u only on producer iterations up to
+//   u + 1. (With the q-ready arrival after the K/V wait, the run deadlocked.)
 //
 // B200 -> HOPPER: the study's KV-centric CTA gathered Q rows for tcgen05 MMAs with Tensor Memory
 // accumulators; here the accumulators are registers, 64 rows per warpgroup, and the gather is
@@ -337,6 +341,15 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int bh = d.bucket / a.blocks, blk = d.bucket - bh * a.blocks;
             // Step 1.
             sa_mbar_wait(&sm.q_free[qb], ((u / Q_BUFFERS) & 1) ^ 1);
+            // The previous task's copies (one commit group per task) landed while we waited:
+            // fenced, ready. This comes before the K/V wait below: a consumer releases a K/V
+            // stage only after issuing the next task's QK, so q-ready of task u - 1 must never
+            // wait for a stage that task u - 2 still holds.
+            if (u > 0) {
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+                fence_proxy_async();
+                sa_mbar_arrive(&sm.q_ready[(u - 1) % Q_BUFFERS]);
+            }
             if (d.bucket != cur_bucket) {
                 kv_n++;
                 cur_bucket = d.bucket;
@@ -385,14 +398,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 rc.valid = min(TILE, a.len_kv - blk * TILE);
                 rc.release = dn.bucket != d.bucket;
             }
-            // The previous task's copies (one commit group per task): landed, fenced, ready. This
-            // task's copies stay in flight while the loop goes on to the next task.
+            // This task's copies stay in flight until the next iteration's step 1.
             asm volatile("cp.async.commit_group;" ::: "memory");
-            if (u > 0) {
-                asm volatile("cp.async.wait_group 1;" ::: "memory");
-                fence_proxy_async();
-                sa_mbar_arrive(&sm.q_ready[(u - 1) % Q_BUFFERS]);
-            }
             d = dn;
             task = nxt;
         }
