@@ -90,9 +90,8 @@
 namespace {
 
 constexpr int NTHREADS = 384;
-// Three Q buffers: the copies of task u + 1 are in flight while the consumers run task u and the
-// producer waits for task u's copies to land (cp.async.wait_group 1); with two, each task's
-// gather latency was exposed (measured: see docs/kvcentric.md).
+// Three Q buffers: the copies of task u + 1 land while the consumers run task u - 1 and the
+// producer waits for a free buffer; with two the producer had no room to run ahead.
 constexpr int Q_BUFFERS = 3;
 constexpr int KV_STAGES = 2;
 // Tasks per run: a bucket has about window_queries * blocks per query / kv_blocks entries per
