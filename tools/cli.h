@@ -81,5 +81,6 @@ int bench_dense(int argc, char **argv);
 int bench_sparse(int argc, char **argv);
 int bench_selectors(int argc, char **argv);
 int bench_kvcentric(int argc, char **argv);
+int bench_longctx(int argc, char **argv);
 
 #endif

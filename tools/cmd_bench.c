@@ -14,6 +14,7 @@ static const struct {
     {"sparse", bench_sparse, "every block-sparse GPU stage of the registry (useful TFLOP/s)"},
     {"selectors", bench_selectors, "GPU selectors and the selector -> attention pipeline"},
     {"kvcentric", bench_kvcentric, "KV-centric attention for per-query lists"},
+    {"longctx", bench_longctx, "schedules for per-query lists at long context (16K-128K)"},
 };
 #define NBENCH (int)(sizeof benches / sizeof benches[0])
 

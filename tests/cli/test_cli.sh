@@ -39,6 +39,10 @@ expect 2 "negative strength" "$cli" run --strength -1
 expect 2 "non-numeric strength" "$cli" run --strength strong
 expect 2 "unknown benchmark" "$cli" bench nope
 expect 2 "bench reference bad flag" "$cli" bench reference --nope
+expect 2 "bench longctx bad flag" "$cli" bench longctx --nope
+expect 2 "bench longctx bad length" "$cli" bench longctx --lens 16384,1000
+expect 2 "bench longctx bad structure" "$cli" bench longctx --structures overlap17
+expect 0 "bench longctx help" "$cli" bench longctx --help
 expect 2 "select-eval bad flag" "$cli" select-eval --nope
 expect 0 "help" "$cli" --help
 expect 0 "run help" "$cli" run --help
