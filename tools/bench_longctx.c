@@ -41,7 +41,8 @@ static void usage(FILE *f)
             "  --json              one JSON object per line\n"
             "shape: B=1 Hq=%d Hkv=1 D=%d, every query %d blocks of %d keys\n"
             "contenders: dense (default dense stage), qcentric-union (default tile stage on\n"
-            "  each tile's union), kvcentric-bf16 (sa_kvcentric_attention, BF16 partials)\n",
+            "  each tile's union), kvcentric-bf16 (sa_kvcentric_attention, BF16 partials, wgmma part 2),\n"
+            "  kvcentric-bf16-mma (the same, mma.sync part 2)\n",
             LC_MIN_LEN, LC_MAX_LEN, LC_TOPK, LC_HEADS_Q, LC_HEAD_DIM, LC_TOPK, SA_TILE);
 }
 
@@ -284,12 +285,21 @@ static int kv_run(const lc_cell *c, void *state)
 {
     return (void)c, sa_kvcentric_attention(state);
 }
+/* kvcentric-bf16-mma: the same with the earlier mma.sync part-2 kernel (sa_kv_params.attend). */
+static int kv_mma_setup(const lc_cell *c, void **state)
+{
+    int rc = kv_setup(c, state);
+    if (!rc)
+        ((sa_kv_params *)*state)->attend = SA_KV_ATTEND_MMA_SYNC;
+    return rc;
+}
 
 static const lc_contender contenders[] = {
     /* name, exact, workspace, setup, run, done, work */
     {"dense", exact_dense, no_memory, dense_setup, dense_run, no_done, dense_work},
     {"qcentric-union", exact_union, union_memory, union_setup, union_run, union_done, union_work},
     {"kvcentric-bf16", exact_lists, kv_memory, kv_setup, kv_run, kv_done, NULL},
+    {"kvcentric-bf16-mma", exact_lists, kv_memory, kv_mma_setup, kv_run, kv_done, NULL},
     /* ---- MORE CONTENDERS HERE (issue 17: the hybrid and the automatic schedule), one line each:
      * write their functions beside the ones above (or in a file of their own, declared in
      * bench_longctx.h and added to tools/meson.build); the lc_cell has everything a run needs.
