@@ -32,6 +32,22 @@ typedef struct sa_select_params {
      * can see, keeps its diagonal block, and holds min(k, visible blocks) entries; counts is then
      * required. Default 0. The GPU functions return SA_ERR_UNSUPPORTED for causal = 1. */
     int causal;
+    /* Head layout of the index vectors (docs/selectors.md, "Index heads"). 0 (default): the
+     * attention's layout above, q_index with Hq heads, k_index with Hkv. Hi > 0: Hi index heads
+     * as in MiniMax's MSA, q_index (B, Hi, Sq, index_dim) and k_index (B, Hi, Skv, index_dim);
+     * Hi divides Hq and divides Hkv or is a multiple of it (Hi = Hkv: one index head per KV
+     * group). Query head hq maps to index head hq * Hi / Hq; a KV head's list scores the index
+     * heads its query heads map to (max over them), so the KV heads that share one index head
+     * get the same list. Needs index vectors (SA_ERR_ARG otherwise). The GPU functions return
+     * SA_ERR_UNSUPPORTED for Hi > 0. */
+    int index_heads;
+    /* 1: always keep the block holding the row's own position, bottom-right aligned as in causal
+     * attention: block (i + len_kv - len_q) / 128 for query i, that of the tile's last valid query
+     * for a tile (sa_causal_query_blocks / sa_causal_tile_blocks minus 1). Needs len_q <= len_kv;
+     * with len_q == len_kv it is keep_diagonal's block, with causal the diagonal that causal
+     * already keeps. Default 0. The GPU functions take it only where len_q == len_kv
+     * (SA_ERR_UNSUPPORTED otherwise). */
+    int keep_local;
 } sa_select_params;
 SA_API void sa_select_params_default(sa_select_params *p);
 
@@ -63,8 +79,11 @@ SA_API const sa_selector *sa_selector_by_name(const char *name);
  *   - keep_diagonal and keep_sink are 0 or 1; keep_diagonal needs len_q == len_kv (a tile t's
  *     diagonal block is block t; for per-query lists, query i's is block i / 128); forced blocks
  *     count toward k, and k smaller than the forced blocks of some row is SA_ERR_ARG.
- *   - q_index and k_index are both NULL (index_dim must then be 0) or both set (SA_ERR_NULL
- *     otherwise) with index_dim a positive multiple of 16, at most SA_MAX_INDEX_DIM (SA_ERR_ARG).
+ *   - q_index and k_index are both NULL (index_dim and index_heads must then be 0) or both set
+ *     (SA_ERR_NULL otherwise) with index_dim a positive multiple of 16, at most SA_MAX_INDEX_DIM,
+ *     and index_heads 0 or a head count as described at the field (SA_ERR_ARG).
+ *   - keep_local is 0 or 1 and needs len_q <= len_kv; with keep_sink, k < 2 and more than one KV
+ *     block is SA_ERR_ARG (the last row's local block is the last block, not block 0).
  *   - Scores are FP32; a NaN score ranks below every number. Among equal scores the lower block
  *     index wins; rows come out sorted by block index, every row holds exactly k blocks, and
  *     counts (if not NULL) is filled with k.
@@ -223,6 +242,28 @@ SA_API const sa_workload *sa_workload_by_name(const char *name);
 /* SA_ERR_UNKNOWN for an unknown name, SA_ERR_ARG for a non-finite strength. */
 SA_API int sa_workload_generate(const char *name, const struct sa_shape *s, uint64_t seed,
                                 double strength, uint16_t *q, uint16_t *k, uint16_t *v);
+
+/* Index vectors that predict a given Q/K's attention, in the index-head layout of
+ * sa_select_params.index_heads = index_heads (> 0): q_index (B, Hi, Sq, index_dim) and k_index
+ * (B, Hi, Skv, index_dim), BF16, from q (B, Hq, Sq, D) and k (B, Hkv, Skv, D). Index head h
+ * stands for query heads [h Hq / Hi, (h + 1) Hq / Hi) and for KV heads
+ * [h Hkv / Hi, (h + 1) Hkv / Hi) when Hi <= Hkv, for KV head h Hkv / Hi (integer division) when
+ * Hi > Hkv; its vectors start from the mean (FP32, in head order) of those query heads' Q and of
+ * those KV heads' K.
+ *   method "qk":   the means themselves, rounded to BF16; index_dim must be head_dim. With one
+ *                  index head per head (Hi == Hq == Hkv) that is Q and K, bit for bit.
+ *   method "proj": the means times a Gaussian matrix R (D x index_dim, N(0, 1) entries, one per
+ *                  index head, drawn from seed, shared by Q and K and by the batch), divided by
+ *                  sqrt(index_dim): E[q' . k'] = q . k, so scores keep their order in
+ *                  expectation (Johnson-Lindenstrauss). index_dim: a positive multiple of 16 up
+ *                  to SA_MAX_INDEX_DIM.
+ * The same arguments give the same bytes on any machine and thread count; non-finite input
+ * propagates (the scorer then reports it). SA_ERR_NULL, the shape's code, SA_ERR_UNKNOWN for
+ * another method, SA_ERR_ARG for index_heads or index_dim outside those rules or an index
+ * tensor past SA_MAX_ELEMS, SA_ERR_NOMEM. */
+SA_API int sa_index_generate(const char *method, const struct sa_shape *s, const uint16_t *q,
+                             const uint16_t *k, int index_heads, int index_dim, uint64_t seed,
+                             uint16_t *q_index, uint16_t *k_index);
 
 #ifdef __cplusplus
 }

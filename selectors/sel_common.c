@@ -39,33 +39,68 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
      * row whose diagonal is not block 0, which the last row's is (block kv_blocks - 1). */
     if (p->causal && p->keep_sink && c->kv_blocks > 1 && p->k < 2)
         return SA_ERR_ARG;
+    /* keep_local: the row's own position must be a key, so len_q <= len_kv. The last row's
+     * local block is the last block, so with the sink that is two forced blocks. */
+    if (!sa_flag_ok(p->keep_local))
+        return SA_ERR_ARG;
+    if (p->keep_local && s->len_q > s->len_kv)
+        return SA_ERR_ARG;
+    if (p->keep_local && p->keep_sink && c->kv_blocks > 1 && p->k < 2)
+        return SA_ERR_ARG;
     if ((p->q_index == NULL) != (p->k_index == NULL))
         return SA_ERR_NULL;
+    int qh = s->heads_q, kh = s->heads_kv;
     if (p->q_index) {
         if (p->index_dim <= 0 || p->index_dim % 16 || p->index_dim > SA_MAX_INDEX_DIM)
             return SA_ERR_ARG;
-        /* Index vectors are tensors too: at most SA_MAX_ELEMS elements (sparseattn.h). */
-        if (!sa_sz_within(sa_sz_mul4(s->batch, s->heads_q, s->len_q, p->index_dim),
-                          SA_MAX_ELEMS) ||
-            !sa_sz_within(sa_sz_mul4(s->batch, s->heads_kv, s->len_kv, p->index_dim),
-                          SA_MAX_ELEMS))
+        if (sel_index_heads(s, p->index_heads, &qh, &kh))
             return SA_ERR_ARG;
-    } else if (p->index_dim != 0) {
+        /* Index vectors are tensors too: at most SA_MAX_ELEMS elements (sparseattn.h). */
+        if (!sa_sz_within(sa_sz_mul4(s->batch, qh, s->len_q, p->index_dim), SA_MAX_ELEMS) ||
+            !sa_sz_within(sa_sz_mul4(s->batch, kh, s->len_kv, p->index_dim), SA_MAX_ELEMS))
+            return SA_ERR_ARG;
+    } else if (p->index_dim != 0 || p->index_heads != 0) {
         return SA_ERR_ARG;
     }
     c->k_sel = p->k;
     c->keep_diagonal = p->keep_diagonal;
     c->keep_sink = p->keep_sink;
     c->causal = p->causal;
+    /* With len_q == len_kv the local block is the diagonal block (tile t: block t; query i:
+     * block i / 128), so one option carries both and the GPU functions take it as it is. */
+    if (p->keep_local && s->len_q == s->len_kv)
+        c->keep_diagonal = 1;
+    else
+        c->keep_local = p->keep_local;
     if (p->q_index && use_index) {
         c->q = p->q_index;
         c->k = p->k_index;
         c->dim = p->index_dim;
+        c->qh = qh;
+        c->kh = kh;
+        c->index_heads = p->index_heads;
     } else {
         c->q = q;
         c->k = k;
         c->dim = s->head_dim;
+        c->qh = s->heads_q;
+        c->kh = s->heads_kv;
     }
+    return SA_OK;
+}
+
+int sel_index_heads(const sa_shape *s, int index_heads, int *qh, int *kh)
+{
+    if (index_heads == 0) {
+        *qh = s->heads_q;
+        *kh = s->heads_kv;
+        return SA_OK;
+    }
+    /* Hi divides Hq, and divides Hkv or is a multiple of it. */
+    if (index_heads < 0 || s->heads_q % index_heads ||
+        (s->heads_kv % index_heads && index_heads % s->heads_kv))
+        return SA_ERR_ARG;
+    *qh = *kh = index_heads;
     return SA_OK;
 }
 
@@ -153,8 +188,15 @@ int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *
 {
     const int n = sel_row_visible(c, per_query, x);
     const int k = c->k_sel < n ? c->k_sel : n;
-    /* Causal: the block holding the row's last visible key; else keep_diagonal's block. */
-    const int diag = c->causal ? n - 1 : sel_diag_of_tile(c, per_query ? x / SA_TILE : x);
+    /* Causal: the block holding the row's last visible key; else keep_local's block, the one
+     * holding the row's own position (the same block: causal's last visible key is that
+     * position); else keep_diagonal's block. */
+    const int local = !c->keep_local ? -1
+                      : per_query    ? sa_causal_query_blocks(&c->s, x) - 1
+                                     : sa_causal_tile_blocks(&c->s, x) - 1;
+    const int diag = c->causal       ? n - 1
+                     : c->keep_local ? local
+                                     : sel_diag_of_tile(c, per_query ? x / SA_TILE : x);
     if (k > 0)
         sel_pick_row(w->score, n, k, diag, c->keep_sink, w->mark, w->top, out);
     for (int j = k; j < c->k_sel; j++)

@@ -130,8 +130,11 @@ extern "C" int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, cons
     // Sizes come from a valid shape and k; anything else the selector rejects itself (with
     // nothing copied, since its validation runs before any work).
     sa_select_params dp = *p;
+    // Heads of the index vectors (Hq and Hkv, or index_heads for both).
+    int iqh = 0, ikh = 0;
     const bool sized = sa_shape_check(s) == SA_OK && p->k > 0 && p->k <= sa_kv_blocks(s) &&
-                       p->index_dim >= 0 && p->index_dim <= SA_MAX_INDEX_DIM;
+                       p->index_dim >= 0 && p->index_dim <= SA_MAX_INDEX_DIM &&
+                       sel_index_heads(s, p->index_heads, &iqh, &ikh) == SA_OK;
     const size_t list = sized ? sa_selector_list_len(sel, s, p->k) : 0;
     const size_t rows = sized ? list / p->k : 0;
     HostRun r;
@@ -143,8 +146,8 @@ extern "C" int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, cons
          *dc = nullptr;
     int err = SA_OK;
     if (sized) {
-        const size_t qi = (size_t)s->batch * s->heads_q * s->len_q * p->index_dim;
-        const size_t ki = (size_t)s->batch * s->heads_kv * s->len_kv * p->index_dim;
+        const size_t qi = (size_t)s->batch * iqh * s->len_q * p->index_dim;
+        const size_t ki = (size_t)s->batch * ikh * s->len_kv * p->index_dim;
         if ((err = r.put(q, sa_q_elems(s) * 2, &dq)) || (err = r.put(k, sa_kv_elems(s) * 2, &dk)) ||
             (err = r.put(p->q_index, qi * 2, &dqi)) || (err = r.put(p->k_index, ki * 2, &dki)) ||
             (err = r.alloc(list * sizeof(int32_t), &di)) ||

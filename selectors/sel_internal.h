@@ -12,12 +12,33 @@ typedef struct sel_ctx {
     sa_shape s;
     const uint16_t *q, *k; /* scored vectors: the index vectors when given, else Q and K */
     int dim;               /* their length */
+    int qh, kh;            /* their heads per batch: (Hq, Hkv), or (Hi, Hi) with index_heads */
     int q_tiles, kv_blocks;
     int group;             /* heads_q / heads_kv */
     int k_sel;             /* blocks per row */
     int keep_diagonal, keep_sink;
+    int keep_local;        /* 1 only where len_q < len_kv: with len_q == len_kv sel_begin turns
+                            * it into keep_diagonal, which names the same blocks */
     int causal;            /* rows pick among their visible blocks only */
+    int index_heads;       /* sa_select_params.index_heads when the scored vectors are index
+                            * vectors, else 0 */
 } sel_ctx;
+
+/* The scored query heads of list head hkv (a KV head): *first and the returned count, the heads
+ * whose scores the list takes the max over (the GQA group with the attention's layout; with
+ * index heads the index heads the group's query heads map to). */
+static inline int sel_list_qheads(const sel_ctx *c, int hkv, int *first)
+{
+    const int hkv_n = c->s.heads_kv;
+    *first = (int)((long long)hkv * c->qh / hkv_n);
+    return c->qh >= hkv_n ? c->qh / hkv_n : 1;
+}
+
+/* The scored key head that scored query head h pairs with. */
+static inline int sel_khead_of(const sel_ctx *c, int h)
+{
+    return (int)((long long)h * c->kh / c->qh);
+}
 
 /* Validates every argument (rules in sa_selectors.h). needs_qk = 0 lets q and k be NULL.
  * use_index = 0 scores the attention's Q and K even when index vectors are given (the oracle). */
@@ -43,6 +64,10 @@ float *sel_to_f32(const uint16_t *x, size_t n);
 
 /* The diagonal block of tile t (or of the block holding position pos): -1 when not kept. */
 static inline int sel_diag_of_tile(const sel_ctx *c, int t) { return c->keep_diagonal ? t : -1; }
+
+/* Validates index_heads against the shape (rules at sa_select_params.index_heads) and gives the
+ * head counts of q_index and k_index: SA_OK or SA_ERR_ARG. index_heads 0 gives (Hq, Hkv). */
+int sel_index_heads(const sa_shape *s, int index_heads, int *qh, int *kh);
 
 /* One row: forced blocks (diag >= 0, block 0 if sink), then the best of score[0..n) until k are
  * chosen (higher score first, NaN last, ties to the lower index); writes out[0..k) sorted by

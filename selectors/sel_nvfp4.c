@@ -1,9 +1,10 @@
 /* nvfp4 / nvfp4_query: the scorer after MiniMax's MSA indexer. Index vectors (by default the
- * attention's own Q and K) are quantized to NVFP4 (nvfp4.c), and a query scores a block by the
- * largest dot product of the dequantized vectors with the block's valid keys, computed exactly
- * (block_max_scores: a double GEMM through OpenBLAS of the values without their tensor scales).
- * "nvfp4" shares one list per (tile, KV head): max over the tile's valid queries and the group's
- * heads. "nvfp4_query" keeps a list per (query, KV head): max over the group's heads. */
+ * attention's own Q and K; with index_heads, Hi index heads of their own) are quantized to NVFP4
+ * (nvfp4.c), and a query scores a block by the largest dot product of the dequantized vectors
+ * with the block's valid keys, computed exactly (block_max_scores: a double GEMM through
+ * OpenBLAS of the values without their tensor scales). "nvfp4" shares one list per (tile, KV
+ * head): max over the tile's valid queries and the group's heads (or the index heads they map
+ * to). "nvfp4_query" keeps a list per (query, KV head): max over the same heads. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -50,17 +51,18 @@ static void decode_unscaled(const sa_nvfp4 *q, size_t i0, size_t n, double *out)
     }
 }
 
-/* bmax is (B, Hq, Sq, kv_blocks): for each query, the max dot product over each block's keys;
- * with c->causal over the keys of the block the query sees (-inf for a block wholly after its
- * last visible key), so no invisible key ever raises a score. */
+/* bmax is (B, c->qh, Sq, kv_blocks): for each query of each scored query head (a query head, or
+ * an index head), the max dot product with the keys of its key head (sel_khead_of) over each
+ * block; with c->causal over the keys of the block the query sees (-inf for a block wholly after
+ * its last visible key), so no invisible key ever raises a score. */
 static int block_max_scores(const sel_ctx *c, float *bmax)
 {
     const sa_shape *s = &c->s;
     const int dim = c->dim, n = c->kv_blocks;
     sa_nvfp4 qz = {0}, kz = {0};
-    int err = nvfp4_codes(c->q, (size_t)s->batch * s->heads_q * s->len_q * dim, &qz);
+    int err = nvfp4_codes(c->q, (size_t)s->batch * c->qh * s->len_q * dim, &qz);
     if (!err)
-        err = nvfp4_codes(c->k, (size_t)s->batch * s->heads_kv * s->len_kv * dim, &kz);
+        err = nvfp4_codes(c->k, (size_t)s->batch * c->kh * s->len_kv * dim, &kz);
     /* One rounding: the exact dot (max over a block's keys) to FP32, times this FP32 product. */
     const float scale = qz.tensor_scale * kz.tensor_scale;
     const int rows_max = s->len_q < ROW_CHUNK ? s->len_q : ROW_CHUNK;
@@ -72,11 +74,13 @@ static int block_max_scores(const sel_ctx *c, float *bmax)
         if (!kd || !qd || !sc)
             err = SA_ERR_NOMEM;
     }
-    for (int bkv = 0; !err && bkv < s->batch * s->heads_kv; bkv++) {
-        int b = bkv / s->heads_kv, hkv = bkv % s->heads_kv;
+    /* The scored query heads that pair with key head hk: [hk * per, (hk + 1) * per). */
+    const int per = c->qh / c->kh;
+    for (int bkv = 0; !err && bkv < s->batch * c->kh; bkv++) {
+        int b = bkv / c->kh, hk = bkv % c->kh;
         decode_unscaled(&kz, (size_t)bkv * s->len_kv * dim, (size_t)s->len_kv * dim, kd);
-        for (int j = 0; j < c->group; j++) {
-            int bh = b * s->heads_q + hkv * c->group + j;
+        for (int j = 0; j < per; j++) {
+            int bh = b * c->qh + hk * per + j;
             for (int r0 = 0; r0 < s->len_q; r0 += ROW_CHUNK) {
                 int rows = s->len_q - r0 < ROW_CHUNK ? s->len_q - r0 : ROW_CHUNK;
                 decode_unscaled(&qz, ((size_t)bh * s->len_q + r0) * dim, (size_t)rows * dim, qd);
@@ -123,7 +127,7 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     if (err)
         return err;
     const int n = c.kv_blocks, kk = c.k_sel;
-    float *bmax = malloc((size_t)s->batch * s->heads_q * s->len_q * n * sizeof *bmax);
+    float *bmax = malloc((size_t)s->batch * c.qh * s->len_q * n * sizeof *bmax);
     if (!bmax)
         return SA_ERR_NOMEM;
     err = block_max_scores(&c, bmax);
@@ -152,8 +156,11 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             int i1 = per_query ? x + 1 : (i0 + SA_TILE < s->len_q ? i0 + SA_TILE : s->len_q);
             for (int blk = 0; blk < n; blk++)
                 score[blk] = -INFINITY;
-            for (int j = 0; j < c.group; j++) {
-                size_t hq = (size_t)b * s->heads_q + (size_t)hkv * c.group + j;
+            /* The group's query heads, or the index heads they map to. */
+            int h0;
+            const int nh = sel_list_qheads(&c, hkv, &h0);
+            for (int j = 0; j < nh; j++) {
+                size_t hq = (size_t)b * c.qh + (size_t)h0 + j;
                 for (int i = i0; i < i1; i++) {
                     const float *src = bmax + (hq * s->len_q + i) * n;
                     for (int blk = 0; blk < n; blk++)

@@ -371,6 +371,10 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         return err;
     if (c.causal) // no causal masking or top-k on the GPU yet: the CPU function has it
         return SA_ERR_UNSUPPORTED;
+    // Index heads (q_index with Hi heads, not Hq) and a local block off the diagonal
+    // (len_q < len_kv): the CPU function has them, the kernels not yet.
+    if (c.index_heads || c.keep_local)
+        return SA_ERR_UNSUPPORTED;
     if (c.dim > SEL_CUDA_NVFP4_MAX_DIM || c.kv_blocks > SEL_CUDA_MAX_BLOCKS ||
         !sel_aligned16(c.q) || !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;

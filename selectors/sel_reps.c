@@ -46,15 +46,16 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const int per = SA_TILE / span; /* groups per tile or block */
     const int qg = (s->len_q + span - 1) / span, kg = (s->len_kv + span - 1) / span;
     const int dim = c.dim, n = c.kv_blocks, kk = c.k_sel;
-    float *qr = sa_sz_malloc(sa_sz_mul4(s->batch, s->heads_q, qg, dim), sizeof *qr);
-    float *kr = sa_sz_malloc(sa_sz_mul4(s->batch, s->heads_kv, kg, dim), sizeof *kr);
+    /* Scored heads: the attention's (Hq, Hkv), or the index heads (Hi, Hi). */
+    float *qr = sa_sz_malloc(sa_sz_mul4(s->batch, c.qh, qg, dim), sizeof *qr);
+    float *kr = sa_sz_malloc(sa_sz_mul4(s->batch, c.kh, kg, dim), sizeof *kr);
     if (!qr || !kr) {
         free(qr);
         free(kr);
         return SA_ERR_NOMEM;
     }
-    group_means(c.q, s->batch * s->heads_q, s->len_q, dim, span, qr);
-    group_means(c.k, s->batch * s->heads_kv, s->len_kv, dim, span, kr);
+    group_means(c.q, s->batch * c.qh, s->len_q, dim, span, qr);
+    group_means(c.k, s->batch * c.kh, s->len_kv, dim, span, kr);
 
     const int rows = s->batch * s->heads_kv * c.q_tiles;
     int oom = 0;
@@ -71,12 +72,15 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                 continue;
             int t = r % c.q_tiles, bh = r / c.q_tiles; /* bh = b * Hkv + hkv */
             int b = bh / s->heads_kv, hkv = bh % s->heads_kv;
-            const float *kbase = kr + (size_t)bh * kg * dim;
+            int h0;
+            const int nh = sel_list_qheads(&c, hkv, &h0); /* the group's heads, or index heads */
             for (int blk = 0; blk < n; blk++) {
                 float best = -INFINITY;
-                for (int j = 0; j < c.group; j++) {
-                    int hq = hkv * c.group + j;
-                    const float *qbase = qr + ((size_t)b * s->heads_q + hq) * qg * dim;
+                for (int j = 0; j < nh; j++) {
+                    int hq = h0 + j;
+                    const float *qbase = qr + ((size_t)b * c.qh + hq) * qg * dim;
+                    const float *kbase =
+                        kr + ((size_t)b * c.kh + sel_khead_of(&c, hq)) * kg * dim;
                     for (int a = t * per; a < (t + 1) * per && a < qg; a++)
                         for (int e = blk * per; e < (blk + 1) * per && e < kg; e++) {
                             float v = dot(qbase + (size_t)a * dim, kbase + (size_t)e * dim, dim);

@@ -412,6 +412,9 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         return err;
     if (c.causal) // no causal top-k on the GPU yet: the CPU function has it (sa_selectors.h)
         return SA_ERR_UNSUPPORTED;
+    // Index heads and a local block off the diagonal: CPU only for now (sa_selectors.h).
+    if (c.index_heads || c.keep_local)
+        return SA_ERR_UNSUPPORTED;
     if (c.kv_blocks > SEL_CUDA_MAX_BLOCKS || !sel_aligned16(c.q) ||
         !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;

@@ -234,3 +234,95 @@ int sa_workload_generate(const char *name, const sa_shape *s, uint64_t seed, dou
     }
     return fail ? SA_ERR_NOMEM : SA_OK;
 }
+
+/* ---------------------------------------------------------------- index vectors
+ * sa_index_generate (sa_selectors.h): index vectors in the index-head layout from the
+ * attention's own Q and K, "qk" (the heads' mean) or "proj" (that mean through a Gaussian
+ * projection). Every output element is one fixed-order computation, so the bytes do not depend
+ * on the thread count. */
+
+#define INDEX_ROLE 0x1d3e /* the projection's RNG role, apart from the workloads' 0..group+2 */
+#define INDEX_MAX_D 256   /* the largest head_dim sa_shape_check takes (64, 128, 256) */
+
+/* One side: x is (B, heads, len, d) BF16, out (B, hi, len, dout). Index head h averages heads
+ * [h * heads / hi, + max(1, heads / hi)) in FP32, in head order, then rounds to BF16 (proj NULL,
+ * dout == d) or projects: out = (mean . R_h) / sqrt(dout) in double, one rounding to FP32 and
+ * one to BF16, with R_h the (d, dout) matrix proj + h * d * dout. */
+static void index_side(const uint16_t *x, int batch, int heads, int len, int d, int hi,
+                       const float *proj, int dout, uint16_t *out)
+{
+    const int nh = heads >= hi ? heads / hi : 1;
+    const double inv = 1.0 / sqrt((double)dout);
+    const long long rows = (long long)batch * hi * len;
+#pragma omp parallel for schedule(static)
+    for (long long r = 0; r < rows; r++) {
+        const int i = (int)(r % len), h = (int)(r / len % hi), b = (int)(r / len / hi);
+        const int h0 = (int)((long long)h * heads / hi);
+        float m[INDEX_MAX_D];
+        for (int e = 0; e < d; e++)
+            m[e] = 0.0f;
+        for (int j = 0; j < nh; j++) {
+            const uint16_t *src = x + (((size_t)b * heads + h0 + j) * len + i) * d;
+            for (int e = 0; e < d; e++)
+                m[e] += sa_bf16_to_f32(src[e]);
+        }
+        if (nh > 1)
+            for (int e = 0; e < d; e++)
+                m[e] /= (float)nh;
+        uint16_t *dst = out + (size_t)r * dout;
+        if (!proj) {
+            for (int e = 0; e < d; e++)
+                dst[e] = sa_bf16_from_f32(m[e]);
+            continue;
+        }
+        const float *rh = proj + (size_t)h * d * dout;
+        for (int o = 0; o < dout; o++) {
+            double acc = 0.0;
+            for (int e = 0; e < d; e++)
+                acc += (double)m[e] * rh[(size_t)e * dout + o];
+            dst[o] = sa_bf16_from_f32((float)(acc * inv));
+        }
+    }
+}
+
+int sa_index_generate(const char *method, const sa_shape *s, const uint16_t *q,
+                      const uint16_t *k, int index_heads, int index_dim, uint64_t seed,
+                      uint16_t *q_index, uint16_t *k_index)
+{
+    if (!method || !s || !q || !k || !q_index || !k_index)
+        return SA_ERR_NULL;
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    const int is_qk = !strcmp(method, "qk"), is_proj = !strcmp(method, "proj");
+    if (!is_qk && !is_proj)
+        return SA_ERR_UNKNOWN;
+    int qh, kh;
+    if (index_heads <= 0 || sel_index_heads(s, index_heads, &qh, &kh))
+        return SA_ERR_ARG;
+    if (is_qk ? index_dim != s->head_dim
+              : index_dim <= 0 || index_dim % 16 || index_dim > SA_MAX_INDEX_DIM)
+        return SA_ERR_ARG;
+    if (!sa_sz_within(sa_sz_mul4(s->batch, index_heads, s->len_q, index_dim), SA_MAX_ELEMS) ||
+        !sa_sz_within(sa_sz_mul4(s->batch, index_heads, s->len_kv, index_dim), SA_MAX_ELEMS))
+        return SA_ERR_ARG;
+    const int d = s->head_dim;
+    if (d > INDEX_MAX_D)
+        return SA_ERR_HEAD_DIM; /* not reached while sa_shape_check keeps its head dims */
+    float *proj = NULL;
+    if (is_proj) {
+        const size_t per = (size_t)d * index_dim;
+        proj = malloc((size_t)index_heads * per * sizeof *proj);
+        if (!proj)
+            return SA_ERR_NOMEM;
+        for (int h = 0; h < index_heads; h++) { /* one stream per index head */
+            sa_rng r;
+            stream(&r, seed, (uint64_t)h, INDEX_ROLE);
+            fill_normal(&r, proj + (size_t)h * per, per);
+        }
+    }
+    index_side(q, s->batch, s->heads_q, s->len_q, d, index_heads, proj, index_dim, q_index);
+    index_side(k, s->batch, s->heads_kv, s->len_kv, d, index_heads, proj, index_dim, k_index);
+    free(proj);
+    return SA_OK;
+}

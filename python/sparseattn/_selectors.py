@@ -43,7 +43,7 @@ def selectors():
 
 
 def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink=False, seed=0,
-           q_index=None, k_index=None, causal=False):
+           q_index=None, k_index=None, causal=False, index_heads=0, keep_local=False):
     """Run selector `name` on q and k -> (indices, counts), ready for block_sparse_attention
     (tile-list selectors) or query_sparse_attention (per-query ones).
 
@@ -56,7 +56,11 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     topk); seed drives the "random" selector. causal: a row picks only among the blocks it can
     see (bottom-right aligned), always keeps its diagonal block and holds min(topk, visible
     blocks) entries, its count, with -1 in the slots past it (CPU functions only: the GPU ones
-    answer SA_ERR_UNSUPPORTED); pass the lists on with causal=True."""
+    answer SA_ERR_UNSUPPORTED); pass the lists on with causal=True. index_heads Hi > 0: the
+    index vectors have Hi heads of their own, q_index (B, Hi, Sq, I) and k_index (B, Hi, Skv, I),
+    Hi dividing Hq and dividing or a multiple of Hkv (docs/selectors.md, "Index heads"; CPU
+    only). keep_local keeps the block holding each row's own position (bottom-right aligned,
+    len_q <= len_kv)."""
     check_layout(layout)
     sel = _c_selector(name).contents
     if (q_index is None) != (k_index is None):
@@ -68,13 +72,20 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     if not 1 <= topk <= kv_blocks(s):
         raise ValueError("topk must lie in [1, %d] (the KV blocks of len_kv=%d), got %d"
                          % (kv_blocks(s), s.len_kv, topk))
+    if not isinstance(index_heads, numbers.Integral) or isinstance(index_heads, bool) \
+            or index_heads < 0:
+        raise ValueError("index_heads must be an int >= 0, got %r" % (index_heads,))
+    if index_heads and q_index is None:
+        raise ValueError("index_heads describes q_index and k_index: pass them too")
     index_dim = 0
     if q_index is not None:
+        hq_i, hk_i = (index_heads, index_heads) if index_heads else (s.heads_q, s.heads_kv)
+        nq, nk = ("Hi", "Hi") if index_heads else ("Hq", "Hkv")
         b, h, sq, index_dim = dims4("q_index", q_index, layout, "I")
-        check_shape("q_index", (b, h, sq), (s.batch, s.heads_q, s.len_q), "(B, Hq, Sq)")
+        check_shape("q_index", (b, h, sq), (s.batch, hq_i, s.len_q), "(B, %s, Sq)" % nq)
         bk, hk, skv, ik = dims4("k_index", k_index, layout, "I")
-        check_shape("k_index", (bk, hk, skv, ik), (s.batch, s.heads_kv, s.len_kv, index_dim),
-                    "(B, Hkv, Skv, I)")
+        check_shape("k_index", (bk, hk, skv, ik), (s.batch, hk_i, s.len_kv, index_dim),
+                    "(B, %s, Skv, I)" % nk)
     p = SaSelectParams()
     lib.sa_select_params_default(ctypes.byref(p))
     p.k = int(topk)
@@ -84,7 +95,9 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
         raise ValueError("seed must be an int in [0, 2**64), got %r" % (seed,))
     p.seed = int(seed)
     p.causal = flag("causal", causal)
+    p.keep_local = flag("keep_local", keep_local)
     p.index_dim = index_dim
+    p.index_heads = int(index_heads)
     rows = s.len_q if sel.per_query else q_tiles(s)
     out_shape = (s.batch, s.heads_kv, rows, int(topk))
     if lib.sa_selector_list_len(ctypes.byref(sel), ctypes.byref(s), p.k) != math.prod(out_shape):

@@ -87,6 +87,35 @@ def test_bshd_and_index_vectors(local, rng):
     assert idx3.shape == idx.shape
 
 
+def test_index_heads_and_keep_local(local, rng):
+    """index_heads: q_index/k_index with Hi heads of their own; one index head per KV group gives
+    the lists of the attention's layout with each index head's queries copied to the group's
+    heads. keep_local forces the block holding each tile's last query position."""
+    q, k, _ = local  # Hq 4, Hkv 2, len 256 / 1024
+    qi = rng.standard_normal((1, 2, 256, 32), dtype=np.float32)
+    ki = rng.standard_normal((1, 2, 1024, 32), dtype=np.float32)
+    for name in ("nvfp4", "nvfp4_query", "r1"):
+        idx, _ = sa.select(name, q, k, 3, q_index=qi, k_index=ki, index_heads=2)
+        ref, _ = sa.select(name, q, k, 3, q_index=np.repeat(qi, 2, axis=1), k_index=ki)
+        np.testing.assert_array_equal(idx, ref)
+    one, _ = sa.select("nvfp4", q, k, 3, q_index=qi[:, :1], k_index=ki[:, :1], index_heads=1)
+    np.testing.assert_array_equal(one[0, 0], one[0, 1])  # both KV heads share the index head
+    with pytest.raises(ValueError, match=r"^q_index must have shape \(B, Hi, Sq\)"):
+        sa.select("nvfp4", q, k, 3, q_index=np.repeat(qi, 2, axis=1), k_index=ki, index_heads=2)
+    with pytest.raises(ValueError, match=r"^index_heads describes q_index"):
+        sa.select("nvfp4", q, k, 3, index_heads=2)
+    with pytest.raises(ValueError, match=r"^index_heads must be an int >= 0"):
+        sa.select("nvfp4", q, k, 3, q_index=qi, k_index=ki, index_heads=-1)
+    q3 = rng.standard_normal((1, 3, 256, 32), dtype=np.float32)
+    k3 = rng.standard_normal((1, 3, 1024, 32), dtype=np.float32)
+    with pytest.raises(sa.SparseAttnError) as e:  # 3 index heads for 4 / 2 heads
+        sa.select("nvfp4", q, k, 3, q_index=q3, k_index=k3, index_heads=3)
+    assert e.value.code == -11
+    idx, _ = sa.select("random", q, k, 1, keep_local=True)
+    # Tiles end at queries 127 and 255, positions 895 and 1023 (offset 768): blocks 6 and 7.
+    assert np.all(idx[0, :, :, 0] == [6, 7])
+
+
 def test_errors(local):
     q, k, _ = local
     with pytest.raises(ValueError, match=r"^unknown selector 'nope'; selectors: r1"):
