@@ -608,6 +608,70 @@ START_TEST(test_host_wrapper)
 }
 END_TEST
 
+/* Index heads (sa_select_params.index_heads > 0) and keep_local off the diagonal are CPU-only:
+ * the GPU functions answer SA_ERR_UNSUPPORTED after the CPU's checks (bad values keep the CPU's
+ * code), directly on device buffers of the index heads' layout and through sel_cuda_run_host
+ * (which sizes its copies by that layout). keep_local with len_q == len_kv is keep_diagonal's
+ * block: the GPU gives keep_diagonal's lists. */
+START_TEST(test_index_heads_unsupported)
+{
+    const sa_shape s = {1, 8, 4, 256, 640, 64}, sq = {1, 8, 4, 384, 384, 64};
+    const int hi = 2, dim = 32;
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x1d3e);
+    const size_t nq = sa_q_elems(&sq), nk = sa_kv_elems(&s); /* the larger of the two shapes */
+    const size_t nqi = (size_t)hi * 256 * dim, nki = (size_t)hi * 640 * dim;
+    uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hqi = malloc(nqi * 2),
+             *hki = malloc(nki * 2);
+    ck_assert(hq && hk && hqi && hki);
+    sa_rng_fill_bf16(&r, hq, nq, 1.0f);
+    sa_rng_fill_bf16(&r, hk, nk, 1.0f);
+    sa_rng_fill_bf16(&r, hqi, nqi, 1.0f);
+    sa_rng_fill_bf16(&r, hki, nki, 1.0f);
+    uint16_t *dq = dev_from_host(hq, nq * 2), *dk = dev_from_host(hk, nk * 2);
+    uint16_t *dqi = dev_from_host(hqi, nqi * 2), *dki = dev_from_host(hki, nki * 2);
+    const size_t max_rows = (size_t)4 * 384;
+    int32_t *hidx = malloc(max_rows * 4 * 4), *hcnt = malloc(max_rows * 4), *didx;
+    int32_t *a = malloc(max_rows * 4 * 4), *ca = malloc(max_rows * 4);
+    ck_assert(hidx && hcnt && a && ca);
+    CK_CUDA(cudaMalloc((void **)&didx, max_rows * 4 * 4));
+    const sa_selector *sel;
+    for (int si = 0; (sel = gpu_selector(si)); si++) {
+        sa_select_params hp, dp;
+        sa_select_params_default(&hp);
+        hp.k = 3;
+        hp.q_index = hqi, hp.k_index = hki, hp.index_dim = dim, hp.index_heads = hi;
+        dp = hp;
+        dp.q_index = dqi, dp.k_index = dki;
+        ck_assert_int_eq(sel->cpu(&s, hq, hk, &hp, hidx, NULL), SA_OK);
+        ck_assert_int_eq(sel->cuda(&s, dq, dk, &dp, didx, NULL), SA_ERR_UNSUPPORTED);
+        CK_CUDA(cudaDeviceSynchronize());
+        ck_assert_int_eq(sel_cuda_run_host(sel, &s, hq, hk, &hp, hidx, NULL, NULL),
+                         SA_ERR_UNSUPPORTED);
+        hp.index_heads = dp.index_heads = 3; /* not a layout of 8 / 4 heads */
+        same_error(sel, &s, hq, hk, dq, dk, &hp, &dp, hidx, didx, SA_ERR_ARG, "index_heads 3");
+        sa_select_params_default(&hp);
+        hp.k = 3;
+        hp.keep_local = 1;
+        ck_assert_int_eq(sel->cuda(&s, dq, dk, &hp, didx, NULL), SA_ERR_UNSUPPORTED);
+        CK_CUDA(cudaDeviceSynchronize());
+        hp.keep_local = 2;
+        same_error(sel, &s, hq, hk, dq, dk, &hp, &hp, hidx, didx, SA_ERR_ARG, "keep_local 2");
+        /* Square: keep_local runs, and gives keep_diagonal's GPU lists. */
+        hp.keep_local = 1;
+        ck_assert_int_eq(run_gpu_selector(sel, &sq, hq, hk, &hp, hidx, hcnt), SA_OK);
+        hp.keep_local = 0;
+        hp.keep_diagonal = 1;
+        ck_assert_int_eq(run_gpu_selector(sel, &sq, hq, hk, &hp, a, ca), SA_OK);
+        const size_t n = sel_rows(sel, &sq) * hp.k;
+        ck_assert_msg(!memcmp(hidx, a, n * 4), "%s: keep_local differs from keep_diagonal on "
+                      "the GPU (seed %llu)", sel->name, (unsigned long long)sa_test_seed());
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(dqi), cudaFree(dki), cudaFree(didx);
+    free(hq), free(hk), free(hqi), free(hki), free(hidx), free(hcnt), free(a), free(ca);
+}
+END_TEST
+
 int main(void)
 {
     sa_test_require_gpu();
@@ -624,6 +688,7 @@ int main(void)
     tcase_add_test(tc, test_vs_cpu);
     tcase_add_test(tc, test_many_blocks);
     tcase_add_test(tc, test_host_wrapper);
+    tcase_add_test(tc, test_index_heads_unsupported);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
