@@ -6,7 +6,9 @@
  * selector's time.
  * --causal makes every piece causal (docs/api.md, "Causal attention"): the mass and the dense
  * output are those of causal attention, the selectors pick among visible blocks only (rows may
- * hold fewer than k), and queries that see no key are left out of the recall statistics. */
+ * hold fewer than k), and queries that see no key are left out of the recall statistics.
+ * --index runs the selectors that score index vectors once per index choice: the attention's own
+ * Q/K, or index vectors in the index-head layout from sa_index_generate ("qk", "proj"). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,15 @@
 #endif
 
 #define RECALL_PERCENTILE 0.05 /* recall_p5 */
+#define MAX_CHOICES 16          /* --index entries */
+
+/* One --index choice: the attention's own Q/K (method NULL), or sa_index_generate's method at
+ * dim with the run's index heads. */
+typedef struct index_choice {
+    char label[24]; /* "own", "qk", "proj:64" */
+    const char *method;
+    int dim;
+} index_choice;
 
 typedef struct eval_cfg {
     sa_shape s;
@@ -24,7 +35,10 @@ typedef struct eval_cfg {
     uint64_t seed;
     double strength; /* negative: each workload's default */
     const char *workload, *selector, *device;
-    int json, keep_sink, keep_diagonal, causal;
+    int json, keep_sink, keep_diagonal, causal, keep_local;
+    index_choice choice[MAX_CHOICES];
+    int choices;     /* 0: no --index (the table as before) */
+    int index_heads; /* of the qk / proj choices; 0 until parsed: heads_kv */
 } eval_cfg;
 
 static void usage(FILE *f)
@@ -39,6 +53,15 @@ static void usage(FILE *f)
             "  --strength X      the workloads' knob (default: each workload's own)\n"
             "  --selector NAME   only this selector (the oracle still runs for the overlap)\n"
             "  --keep-sink --keep-diagonal   selector options (default off)\n"
+            "  --keep-local      keep the block holding each row's own position (bottom-right\n"
+            "                    aligned; needs len-q <= len-kv; default off)\n"
+            "  --index LIST      score index vectors: comma-separated choices among own (the\n"
+            "                    attention's Q/K, all heads), qk (Q/K averaged per index head),\n"
+            "                    proj:D (a Gaussian projection of those means to D dims, D a\n"
+            "                    multiple of 16 up to 1024), or all (own,qk,proj:64,proj:128).\n"
+            "                    The selectors that read index vectors run once per choice and\n"
+            "                    the table gains an index column (default: own only, no column)\n"
+            "  --index-heads N   index heads of qk / proj (default heads-kv: one per KV group)\n"
             "  --causal          causal attention, bottom-right aligned (len-q < len-kv is a\n"
             "                    chunk of prefill): causal mass, causal dense output, lists of\n"
             "                    visible blocks with the diagonal kept (default off)\n"
@@ -64,6 +87,44 @@ static double double_arg(int argc, char **argv, int *i)
     if (end == v || *end || !isfinite(x) || x < 0)
         cli_usage_error("select-eval: %s: '%s' is not a number >= 0", flag, v);
     return x;
+}
+
+/* --index LIST: own, qk, proj:D, all. */
+static void parse_choices(const char *list, eval_cfg *c)
+{
+    char buf[256];
+    if (strlen(list) >= sizeof buf)
+        cli_usage_error("select-eval: --index: list too long");
+    strcpy(buf, list);
+    c->choices = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "all")) {
+            parse_choices("own,qk,proj:64,proj:128", c);
+            return;
+        }
+        if (c->choices == MAX_CHOICES)
+            cli_usage_error("select-eval: --index: at most %d choices", MAX_CHOICES);
+        index_choice *x = &c->choice[c->choices++];
+        x->method = NULL;
+        x->dim = 0;
+        if (!strcmp(t, "qk")) {
+            x->method = "qk";
+        } else if (!strncmp(t, "proj:", 5)) {
+            char *end;
+            long d = strtol(t + 5, &end, 10);
+            if (end == t + 5 || *end || d <= 0 || d % 16 || d > SA_MAX_INDEX_DIM)
+                cli_usage_error("select-eval: --index: '%s': proj:D needs D a multiple of 16 in "
+                                "[16, %d]", t, SA_MAX_INDEX_DIM);
+            x->method = "proj";
+            x->dim = (int)d;
+        } else if (strcmp(t, "own")) {
+            cli_usage_error("select-eval: --index: unknown choice '%s' (own, qk, proj:D, all)",
+                            t);
+        }
+        snprintf(x->label, sizeof x->label, "%s", t);
+    }
+    if (!c->choices)
+        cli_usage_error("select-eval: --index: empty list");
 }
 
 static void parse(int argc, char **argv, eval_cfg *c)
@@ -94,6 +155,12 @@ static void parse(int argc, char **argv, eval_cfg *c)
             c->keep_diagonal = 1;
         else if (!strcmp(a, "--causal"))
             c->causal = 1;
+        else if (!strcmp(a, "--keep-local"))
+            c->keep_local = 1;
+        else if (!strcmp(a, "--index"))
+            parse_choices(cli_str_arg(argc, argv, &i), c);
+        else if (!strcmp(a, "--index-heads"))
+            c->index_heads = (int)cli_int_arg(argc, argv, &i, 1, 1 << 20);
         else if (!strcmp(a, "--json"))
             c->json = 1;
         else
@@ -109,6 +176,16 @@ static void parse(int argc, char **argv, eval_cfg *c)
         cli_usage_error("select-eval: --keep-diagonal needs len-q == len-kv");
     if (c->keep_diagonal && c->keep_sink && c->topk < 2)
         cli_usage_error("select-eval: --keep-diagonal with --keep-sink needs --topk >= 2");
+    if (c->keep_local && c->s.len_q > c->s.len_kv)
+        cli_usage_error("select-eval: --keep-local needs len-q <= len-kv");
+    if (c->keep_local && c->keep_sink && c->topk < 2 && sa_kv_blocks(&c->s) > 1)
+        cli_usage_error("select-eval: --keep-local with --keep-sink needs --topk >= 2");
+    if (!c->index_heads)
+        c->index_heads = c->s.heads_kv;
+    const int hi = c->index_heads;
+    if (c->s.heads_q % hi || (c->s.heads_kv % hi && hi % c->s.heads_kv))
+        cli_usage_error("select-eval: --index-heads %d must divide heads-q %d and divide or be "
+                        "a multiple of heads-kv %d", hi, c->s.heads_q, c->s.heads_kv);
     if (c->causal && c->keep_sink && c->topk < 2 && sa_kv_blocks(&c->s) > 1)
         cli_usage_error("select-eval: --causal keeps the diagonal block: with --keep-sink it "
                         "needs --topk >= 2");
@@ -144,9 +221,11 @@ static void *xmalloc(size_t n)
     return p;
 }
 
+/* ix: the row's index choice with --index (NULL: a selector that reads no index vectors), and
+ * unused without it. */
 static void print_row(const eval_cfg *c, const char *wl, double strength, const char *sel,
-                      const char *dev, double match, double rmean, double rp5, double oerr,
-                      double overlap, double ms)
+                      const index_choice *ix, const char *dev, double match, double rmean,
+                      double rp5, double oerr, double overlap, double ms)
 {
     const int cuda = !strcmp(c->device, "cuda");
     if (c->json) {
@@ -155,6 +234,14 @@ static void print_row(const eval_cfg *c, const char *wl, double strength, const 
                "\"topk\":%d,\"causal\":%d,\"seed\":%llu,",
                wl, strength, sel, c->s.batch, c->s.heads_q, c->s.heads_kv, c->s.len_q,
                c->s.len_kv, c->s.head_dim, c->topk, c->causal, (unsigned long long)c->seed);
+        if (c->keep_local)
+            printf("\"keep_local\":1,");
+        if (c->choices && ix && ix->method)
+            printf("\"index\":\"%s\",\"index_heads\":%d,\"index_dim\":%d,", ix->label,
+                   c->index_heads, ix->dim);
+        else if (c->choices)
+            printf("\"index\":%s,\"index_heads\":null,\"index_dim\":null,",
+                   ix ? "\"own\"" : "null");
         /* NaN (causal: no query or no row left to average) is null. */
         if (isfinite(rmean))
             printf("\"recall_mean\":%.6f,\"recall_p5\":%.6f,", rmean, rp5);
@@ -178,12 +265,22 @@ static void print_row(const eval_cfg *c, const char *wl, double strength, const 
             snprintf(e, sizeof e, "%.4f", oerr);
         else
             snprintf(e, sizeof e, "n/a");
-        printf("%-10s %-12s %11.4f %9.4f %11s %8.3f %10.2f", wl, sel, rmean, rp5, e, overlap, ms);
+        printf("%-10s %-12s", wl, sel);
+        if (c->choices)
+            printf(" %-9s", ix ? ix->label : "-");
+        printf(" %11.4f %9.4f %11s %8.3f %10.2f", rmean, rp5, e, overlap, ms);
         if (cuda)
             printf(" %4s %9s", dev, isfinite(match) ? (snprintf(e, sizeof e, "%.4f", match), e) : "-");
         printf("\n");
     }
     fflush(stdout);
+}
+
+/* Whether a selector reads the index vectors in sa_select_params: every one but the oracle
+ * (always the attention's Q/K) and random (reads nothing); docs/selectors.md, the table. */
+static int reads_index(const sa_selector *sel)
+{
+    return strcmp(sel->name, "oracle") && strcmp(sel->name, "random");
 }
 
 int cmd_select_eval(int argc, char **argv)
@@ -214,6 +311,21 @@ int cmd_select_eval(int argc, char **argv)
         size_t len = sa_selector_list_len(sa_selector_at(i), s, c.topk);
         max_list = len > max_list ? len : max_list;
     }
+    /* Each choice's index vectors, (B, Hi, Sq, D) and (B, Hi, Skv, D), made once per workload
+     * when a selector that reads them runs. */
+    uint16_t *qi[MAX_CHOICES] = {0}, *ki[MAX_CHOICES] = {0};
+    int need_index = 0;
+    for (int i = 0; i < sa_selector_count(); i++)
+        need_index |= reads_index(sa_selector_at(i)) &&
+                      (!c.selector || !strcmp(c.selector, sa_selector_at(i)->name));
+    for (int j = 0; j < c.choices; j++) {
+        if (!c.choice[j].method)
+            continue;
+        if (!strcmp(c.choice[j].method, "qk"))
+            c.choice[j].dim = s->head_dim;
+        qi[j] = xmalloc((size_t)s->batch * c.index_heads * s->len_q * c.choice[j].dim * 2);
+        ki[j] = xmalloc((size_t)s->batch * c.index_heads * s->len_kv * c.choice[j].dim * 2);
+    }
     buffers b = {
         .q = xmalloc(nq * 2), .k = xmalloc(nkv * 2), .v = xmalloc(nkv * 2), .o = xmalloc(nq * 2),
         .o_dense = xmalloc(nq * 4), .mass = xmalloc(queries * n * sizeof(float)),
@@ -232,6 +344,7 @@ int cmd_select_eval(int argc, char **argv)
     p.keep_sink = c.keep_sink;
     p.keep_diagonal = c.keep_diagonal;
     p.causal = c.causal;
+    p.keep_local = c.keep_local;
 
 #ifdef SA_HAVE_CUDA
     sa_gb *g = NULL;
@@ -253,20 +366,35 @@ int cmd_select_eval(int argc, char **argv)
     }
 #endif
     if (!c.json) {
+        char extra[64] = "";
+        if (c.choices)
+            snprintf(extra, sizeof extra, ", index heads %d", c.index_heads);
         printf("select-eval: batch %d, heads %d/%d, len %d/%d, head_dim %d, topk %d of %d blocks,"
-               " seed %llu%s%s%s\n",
+               " seed %llu%s%s%s%s%s\n",
                s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim, c.topk, n,
                (unsigned long long)c.seed, c.keep_sink ? ", keep_sink" : "",
-               c.keep_diagonal ? ", keep_diagonal" : "",
-               c.causal ? ", causal (rows hold up to topk visible blocks)" : "");
-        printf("%-10s %-12s %11s %9s %11s %8s %10s%s\n", "workload", "selector", "recall_mean",
-               "recall_p5", "out_rel_err", "overlap", "select_ms",
-               cuda ? "  dev cpu_match" : "");
+               c.keep_diagonal ? ", keep_diagonal" : "", c.keep_local ? ", keep_local" : "",
+               extra, c.causal ? ", causal (rows hold up to topk visible blocks)" : "");
+        printf("%-10s %-12s%s %11s %9s %11s %8s %10s%s\n", "workload", "selector",
+               c.choices ? " index    " : "", "recall_mean", "recall_p5", "out_rel_err",
+               "overlap", "select_ms", cuda ? "  dev cpu_match" : "");
     }
     int warned = 0;
     if (cuda && c.causal)
         fprintf(stderr, "sparseattn: select-eval: the GPU selectors do not support --causal yet "
                         "(SA_ERR_UNSUPPORTED): every selector runs on the CPU\n");
+    /* The GPU functions take neither index heads nor a local block off the diagonal. */
+    const int local_off_diag = c.keep_local && s->len_q != s->len_kv;
+    int any_index = 0;
+    for (int j = 0; j < c.choices; j++)
+        any_index |= c.choice[j].method != NULL;
+    if (cuda && !c.causal && (local_off_diag || any_index))
+        fprintf(stderr, "sparseattn: select-eval: the GPU selectors do not take %s yet "
+                        "(SA_ERR_UNSUPPORTED): %s on the CPU\n",
+                local_off_diag ? "--keep-local with len-q < len-kv" : "index heads",
+                local_off_diag ? "every selector runs" : "the qk and proj choices run");
+    /* Without --index one pass with the attention's Q/K, printed as before. */
+    const index_choice own = {"own", NULL, 0};
     for (int w = 0; w < sa_workload_count(); w++) {
         const sa_workload *wl = sa_workload_at(w);
         if (c.workload && strcmp(c.workload, wl->name))
@@ -291,6 +419,16 @@ int cmd_select_eval(int argc, char **argv)
                             "out_rel_err is n/a\n");
             warned = 1;
         }
+        for (int j = 0; j < c.choices && need_index; j++) {
+            const index_choice *x = &c.choice[j];
+            if (!x->method)
+                continue;
+            /* From this workload's Q/K; the projection drawn from the run's seed. */
+            cli_progress("select-eval: %s: index vectors %s", wl->name, x->label);
+            if ((err = sa_index_generate(x->method, s, b.q, b.k, c.index_heads, x->dim, c.seed,
+                                         qi[j], ki[j])))
+                die("index vectors", err);
+        }
         cli_progress("select-eval: %s: oracle", wl->name);
         double t_oracle = cli_now();
         if ((err = oracle->cpu(s, b.q, b.k, &p, b.oracle, b.oracle_cnt)))
@@ -300,70 +438,83 @@ int cmd_select_eval(int argc, char **argv)
             const sa_selector *sel = sa_selector_at(i);
             if (c.selector && strcmp(c.selector, sel->name))
                 continue;
-            cli_progress("select-eval: %s: %s", wl->name, sel->name);
-            double ms = t_oracle, match = NAN;
-            const char *dev = "cpu";
-            if (sel == oracle) { /* already run above: reuse its lists and time */
-                size_t len = sa_selector_list_len(oracle, s, c.topk);
-                memcpy(b.idx, b.oracle, len * 4);
-                memcpy(b.cnt, b.oracle_cnt, len / c.topk * 4);
-                err = SA_OK;
-            } else {
-                double t0 = cli_now();
-                err = sel->cpu(s, b.q, b.k, &p, b.idx, b.cnt);
-                ms = (cli_now() - t0) * 1e3;
-            }
-            if (err)
-                die(sel->name, err);
-#ifdef SA_HAVE_CUDA
-            if (cuda && sel->cuda && !c.causal) {
-                /* One warm-up call, then one timed call; the time includes the list download
-                 * (it synchronizes). The CPU lists stay for the comparison. */
-                size_t len = sa_selector_list_len(sel, s, c.topk);
-                memcpy(b.idx_cpu, b.idx, len * 4);
-                sa_select_params pg = p;
-                pg.stream = sa_gb_stream(g);
-                err = sel->cuda(s, dq, dk, &pg, didx, NULL);
-                double t0 = cli_now();
-                if (!err)
-                    err = sel->cuda(s, dq, dk, &pg, didx, NULL);
-                if (!err)
-                    err = sa_gb_download(b.idx, didx, len * 4);
-                if (err) {
-                    cli_progress_done();
-                    fprintf(stderr, "sparseattn: select-eval: %s on the GPU: %s (%s)\n",
-                            sel->name, sa_strerror(err), sa_gb_last_error());
-                    continue;
+            const int passes = c.choices && reads_index(sel) ? c.choices : 1;
+            for (int j = 0; j < passes; j++) {
+                const index_choice *ix = !c.choices ? &own : reads_index(sel) ? &c.choice[j] : NULL;
+                sa_select_params ps = p;
+                if (ix && ix->method) {
+                    ps.q_index = qi[j];
+                    ps.k_index = ki[j];
+                    ps.index_dim = ix->dim;
+                    ps.index_heads = c.index_heads;
                 }
-                ms = (cli_now() - t0) * 1e3;
-                dev = "cuda";
-                size_t same = 0, rows = len / c.topk;
-                for (size_t r = 0; r < rows; r++)
-                    same += !memcmp(b.idx + r * c.topk, b.idx_cpu + r * c.topk, c.topk * 4);
-                match = (double)same / rows;
-            }
+                cli_progress("select-eval: %s: %s%s%s", wl->name, sel->name, c.choices ? " " : "",
+                             c.choices && ix ? ix->label : "");
+                double ms = t_oracle, match = NAN;
+                const char *dev = "cpu";
+                if (sel == oracle) { /* already run above: reuse its lists and time */
+                    size_t len = sa_selector_list_len(oracle, s, c.topk);
+                    memcpy(b.idx, b.oracle, len * 4);
+                    memcpy(b.cnt, b.oracle_cnt, len / c.topk * 4);
+                    err = SA_OK;
+                } else {
+                    double t0 = cli_now();
+                    err = sel->cpu(s, b.q, b.k, &ps, b.idx, b.cnt);
+                    ms = (cli_now() - t0) * 1e3;
+                }
+                if (err)
+                    die(sel->name, err);
+#ifdef SA_HAVE_CUDA
+                if (cuda && sel->cuda && !c.causal && !local_off_diag && !ps.index_heads) {
+                    /* One warm-up call, then one timed call; the time includes the list download
+                     * (it synchronizes). The CPU lists stay for the comparison. */
+                    size_t len = sa_selector_list_len(sel, s, c.topk);
+                    memcpy(b.idx_cpu, b.idx, len * 4);
+                    sa_select_params pg = ps;
+                    pg.stream = sa_gb_stream(g);
+                    err = sel->cuda(s, dq, dk, &pg, didx, NULL);
+                    double t0 = cli_now();
+                    if (!err)
+                        err = sel->cuda(s, dq, dk, &pg, didx, NULL);
+                    if (!err)
+                        err = sa_gb_download(b.idx, didx, len * 4);
+                    if (err) {
+                        cli_progress_done();
+                        fprintf(stderr, "sparseattn: select-eval: %s on the GPU: %s (%s)\n",
+                                sel->name, sa_strerror(err), sa_gb_last_error());
+                        continue;
+                    }
+                    ms = (cli_now() - t0) * 1e3;
+                    dev = "cuda";
+                    size_t same = 0, rows = len / c.topk;
+                    for (size_t r = 0; r < rows; r++)
+                        same += !memcmp(b.idx + r * c.topk, b.idx_cpu + r * c.topk, c.topk * 4);
+                    match = (double)same / rows;
+                }
 #endif
-            /* Also rejects out-of-range indices (GPU lists). The GPU lists come with no counts:
-             * every row holds topk (never causal there). Causal: the queries that see nothing
-             * (recall 0 of 0) are left out of the statistics. */
-            const int32_t *cnt = !strcmp(dev, "cuda") ? NULL : b.cnt;
-            double rmean, rp5;
-            if ((err = sa_lists_recall_stats(s, b.mass, sel->per_query, b.idx, cnt, c.topk, &ao,
-                                             RECALL_PERCENTILE, &rmean, &rp5, NULL)))
-                die("recall", err);
-            double oerr = NAN;
-            if (have_dense) {
-                cli_progress("select-eval: %s: %s: sparse attention", wl->name, sel->name);
-                if ((err = sa_lists_output_error(s, b.q, b.k, b.v, sel->per_query, b.idx, cnt,
-                                                 c.topk, &ao, b.o_dense, &oerr)))
-                    die("sparse attention", err);
+                /* Also rejects out-of-range indices (GPU lists). The GPU lists come with no
+                 * counts: every row holds topk (never causal there). Causal: the queries that
+                 * see nothing (recall 0 of 0) are left out of the statistics. */
+                const int32_t *cnt = !strcmp(dev, "cuda") ? NULL : b.cnt;
+                double rmean, rp5;
+                if ((err = sa_lists_recall_stats(s, b.mass, sel->per_query, b.idx, cnt, c.topk, &ao,
+                                                 RECALL_PERCENTILE, &rmean, &rp5, NULL)))
+                    die("recall", err);
+                double oerr = NAN;
+                if (have_dense) {
+                    cli_progress("select-eval: %s: %s: sparse attention", wl->name, sel->name);
+                    if ((err = sa_lists_output_error(s, b.q, b.k, b.v, sel->per_query, b.idx, cnt,
+                                                     c.topk, &ao, b.o_dense, &oerr)))
+                        die("sparse attention", err);
+                }
+                double ov;
+                if ((err = sa_lists_overlap(s, sel->per_query, b.idx, cnt, c.topk, b.oracle,
+                                            b.oracle_cnt, c.topk, &ov)))
+                    die("overlap", err);
+                cli_progress_done();
+                print_row(&c, wl->name, strength, sel->name, ix, dev, match, rmean, rp5, oerr, ov,
+                          ms);
             }
-            double ov;
-            if ((err = sa_lists_overlap(s, sel->per_query, b.idx, cnt, c.topk, b.oracle,
-                                        b.oracle_cnt, c.topk, &ov)))
-                die("overlap", err);
-            cli_progress_done();
-            print_row(&c, wl->name, strength, sel->name, dev, match, rmean, rp5, oerr, ov, ms);
         }
     }
     cli_progress_done();
@@ -374,6 +525,10 @@ int cmd_select_eval(int argc, char **argv)
     if (g)
         sa_gb_close(g);
 #endif
+    for (int j = 0; j < c.choices; j++) {
+        free(qi[j]);
+        free(ki[j]);
+    }
     free(b.q);
     free(b.k);
     free(b.v);
