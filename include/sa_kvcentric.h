@@ -81,9 +81,12 @@ typedef struct sa_kv_params {
     void *workspace;            /* device, sa_kv_workspace_size bytes; NULL: allocated per call */
     size_t workspace_bytes;
     void *stream;               /* cudaStream_t; NULL is the default stream */
-    /* As sa_attn_opts.causal and .allow_future_blocks (flags, default 0). The GPU path has no
-     * causal mask yet: causal = 1 is SA_ERR_UNSUPPORTED at every entry point (the CPU
-     * reference of the path, sa_ref_query_partials_opts and sa_ref_combine, has it). */
+    /* As sa_attn_opts.causal and .allow_future_blocks (flags, default 0): bottom-right aligned
+     * causal attention, each query masked per key by the wgmma kernel (a block wholly in a
+     * query's future gives it a partial of LSE -inf, which the combine ignores). With validate,
+     * future blocks are SA_ERR_FUTURE_BLOCK unless allowed, and a row that sees no key may be
+     * empty even with allow_empty_rows = 0 (the host validator's rules). The mma.sync kernel has
+     * no causal mask: causal = 1 with attend = SA_KV_ATTEND_MMA_SYNC is SA_ERR_UNSUPPORTED. */
     int causal;
     int allow_future_blocks;
     int attend;                 /* SA_KV_ATTEND_WGMMA (default) or SA_KV_ATTEND_MMA_SYNC */

@@ -8,7 +8,9 @@
 // so there is no online softmax: each warpgroup takes S = Q K^T, its row max and sum, P V, and
 // writes the normalized partial and its LSE.
 // Assumptions: head_dim 128, KV blocks of 128 keys (the last may be partial: its padding
-// columns are masked to -inf), BF16 inputs, the task list of part 1 (kv_index.cu).
+// columns are masked to -inf), BF16 inputs, the task list of part 1 (kv_index.cu). Causal
+// (sa_kv_params.causal, bottom-right aligned as everywhere: query q sees key j when
+// j <= q + len_kv - len_q) masks per row; the mma.sync kernel has no causal mask.
 //
 // SCHEDULE
 //   Persistent: one CTA per SM. The task list (in window order, sa_kvcentric.h) is cut in runs of
@@ -40,8 +42,11 @@
 //        its kv-ready; turn: S' = Q_c K'^T for task u + 1 (8 wgmma, commit), then O = P V for
 //        task u (8 wgmma, A = P from registers, commit); wait for S' only (wait_group 1);
 //        arrive q-free of task u + 1.
-//     5. for task u + 1, beside task u's PV: mask the padding columns of a partial block, row
-//        max, P' = exp2(S' * scale log2e - max) in place in S's registers, row sums.
+//     5. for task u + 1, beside task u's PV: mask the padding columns of a partial block and,
+//        causally, each row's keys after its query (per row: its query comes from the reverse
+//        index entry); row max, P' = exp2(S' * scale log2e - max) in place in S's registers,
+//        row sums. A row that sees no key of the block (an allowed future block) gets P' = 0,
+//        O = 0 and LSE = -inf, which the combine weighs as nothing.
 //     6. wait for the PV (wait_group 0); on the stage's last task arrive kv-free[s].
 //     7. O / sum of task u to BF16 (or FP32) partial rows, 16-byte stores after a quad
 //        transpose; LSE = (max + log2 sum) ln 2; then P' to BF16 A fragments.
@@ -135,6 +140,7 @@ struct Args {
     float *part_lse;
     void *part_o;
     int heads_q, heads_kv, group, len_q, len_kv, blocks, m;
+    int causal, q_off; // query q sees key j when j <= q + q_off (q_off = len_kv - len_q)
 };
 
 // The schedule: the task after t for CTA `cta` of `grid` (runs of RUN_TASKS).
@@ -164,9 +170,10 @@ __device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
 
 // What a consumer keeps of a task between its QK and its epilogue.
 struct Cur {
-    int count, begin, bucket, stage, valid, release;
+    int count, begin, bucket, stage, release;
     bool live;                     // this warpgroup has a row of the task
     int ent[2];                    // reverse index entries of the thread's two rows (-1: none)
+    int lim[2];                    // their last visible column of the block (-1: none)
     float row_max[2], row_sum[2];  // log2-domain max, per-thread partial sums
 };
 
@@ -183,25 +190,43 @@ __device__ __forceinline__ void take_task(S &sm, const Args &a, int c, int warp,
     d.begin = read_lane0(&rc->begin, lane);
     d.bucket = read_lane0(&rc->bucket, lane);
     const int n = read_lane0(&rc->kv_use, lane);
-    d.valid = read_lane0(&rc->valid, lane);
+    const int valid = read_lane0(&rc->valid, lane);
     d.release = read_lane0(&rc->release, lane);
     d.stage = n % KV_STAGES;
     d.live = 64 * c < d.count * a.group;
+    const int blk = d.bucket % a.blocks;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int qi = (64 * c + warp * 16 + lane / 4 + 8 * i) / a.group;
         d.ent[i] = qi < d.count ? a.entries[d.begin + qi] : -1;
+        d.lim[i] = valid - 1;
+        if (a.causal && d.ent[i] >= 0) {
+            // Keys past the query's last visible one leave the softmax (a future block: all).
+            const int q = (d.ent[i] / a.m) % a.len_q;
+            d.lim[i] = max(-1, min(d.lim[i], q + a.q_off - blk * TILE));
+        }
     }
     sa_mbar_wait(&sm.kv_ready[d.stage], (n / KV_STAGES) & 1);
 }
 
-// Step 5 in place: one block, so the max is final and nothing is rescaled. S becomes
-// P = exp2(S * scale log2e - max) (FP32, still in sc); row sums per thread.
-__device__ __forceinline__ void block_softmax(float (&sc)[64], int valid, int lane,
+// Step 5 in place: one block, so the max is final and nothing is rescaled. Columns past each
+// row's lim (a partial block's padding; causally, keys after the row's query) go to -inf; S
+// becomes P = exp2(S * scale log2e - max) (FP32, still in sc); row sums per thread. A row that
+// sees no key of the block (a future block the lists were allowed to name) gets P = 0.
+__device__ __forceinline__ void block_softmax(float (&sc)[64], const int (&lim)[2], int lane,
                                               float (&row_max)[2], float (&row_sum)[2])
 {
-    if (valid < TILE)
-        mask_tail(sc, valid, lane);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (lim[i] < TILE - 1) {
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    if (8 * jj + 2 * (lane % 4) + e > lim[i])
+                        sc[4 * jj + 2 * i + e] = -CUDART_INF_F;
+        }
+    }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         float mx = -CUDART_INF_F;
@@ -210,15 +235,17 @@ __device__ __forceinline__ void block_softmax(float (&sc)[64], int valid, int la
             mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        row_max[i] = mx * SCORE_TO_LOG2; // a block has a valid key: finite
+        row_max[i] = mx * SCORE_TO_LOG2; // -inf only for a row that sees no key here
         row_sum[i] = 0.f;
     }
+    const float neg_max[2] = {row_max[0] == -CUDART_INF_F ? 0.f : -row_max[0],
+                              row_max[1] == -CUDART_INF_F ? 0.f : -row_max[1]};
 #pragma unroll
     for (int jj = 0; jj < 16; jj++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, -row_max[i]));
-            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, -row_max[i]));
+            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max[i]));
+            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max[i]));
             row_sum[i] += p0 + p1;
             sc[4 * jj + 2 * i] = p0;
             sc[4 * jj + 2 * i + 1] = p1;
@@ -261,7 +288,7 @@ __device__ __forceinline__ void store_partials(const Args &a, const Cur &d, cons
         float sum = d.row_sum[i];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = 1.f / sum;
+        const float inv = sum > 0.f ? 1.f / sum : 0.f; // no visible key: O = 0, LSE = -inf
         const int r = 64 * c + warp * 16 + lane / 4 + 8 * i;
         const int g = r % a.group;
         const bool ok = d.ent[i] >= 0;
@@ -291,7 +318,7 @@ __device__ __forceinline__ void store_partials(const Args &a, const Cur &d, cons
             }
         }
         if (ok && lane % 4 == 0)
-            a.part_lse[pr] = (d.row_max[i] + __log2f(sum)) * LN2;
+            a.part_lse[pr] = sum > 0.f ? (d.row_max[i] + __log2f(sum)) * LN2 : -CUDART_INF_F;
     }
 }
 
@@ -443,7 +470,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         turn_pass(c);
         sa_wgmma_wait<0>();
         warp_arrive(&sm.q_free[u % Q_BUFFERS], lane);
-        block_softmax(sc, cur.valid, lane, cur.row_max, cur.row_sum);
+        block_softmax(sc, cur.lim, lane, cur.row_max, cur.row_sum);
         pack_p(sc, pa);
     }
 #pragma unroll 1
@@ -469,7 +496,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_wgmma_wait<1>(); // S of the next task; its PV partner may still run
             warp_arrive(&sm.q_free[u % Q_BUFFERS], lane);
             // Step 5 of the next task beside step 6 of this one (P stays in pa until the PV ends).
-            block_softmax(sc, nxt.valid, lane, nxt.row_max, nxt.row_sum);
+            block_softmax(sc, nxt.lim, lane, nxt.row_max, nxt.row_sum);
         } else {
             uint32_t v_desc = v_desc0 + cur.stage * STAGE_STEP;
             asm volatile("" : "+r"(v_desc));
@@ -539,6 +566,8 @@ int kv_attend_wgmma(const sa_kv_params *p, const kv_ws *w, int sms)
     a.len_kv = s->len_kv;
     a.blocks = sa_kv_blocks(s);
     a.m = p->lists.max_blocks;
+    a.causal = p->causal;
+    a.q_off = s->len_kv - s->len_q; // both positive ints: the difference fits
     return p->partial_format == SA_KV_PARTIAL_F32 ? launch_wg<true>(a, p, sms, w->max_tasks)
                                                   : launch_wg<false>(a, p, sms, w->max_tasks);
 }

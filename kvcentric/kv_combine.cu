@@ -71,6 +71,10 @@ __global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
 #pragma unroll
         for (int off = kLanes / 2; off; off >>= 1)
             sum += __shfl_xor_sync(half, sum, off);
+        // A row whose every slot saw no key (causal: only future keys, or none) has max -inf:
+        // O = 0 and LSE = -inf, like an empty row; its slots' O (zeros) are not read.
+        if (mx == -INFINITY)
+            c = 0;
         const float lse = c ? mx + __logf(sum) : -INFINITY;
 
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};

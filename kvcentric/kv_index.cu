@@ -47,28 +47,47 @@ __device__ void record_error(unsigned long long *err, long long row, int pos, in
                        (unsigned long long)(-code));
 }
 
+// Causal geometry of the host validator (sa_geo_* in sa_internal.h): query q sees key j when
+// j <= q + q_off (q_off = len_kv - len_q), so blocks [0, visible) of its row are not "future".
+struct kv_causal_args {
+    int causal, allow_future, q_off;
+};
+
 __global__ void kv_keys(const int32_t *__restrict__ idx, const int32_t *__restrict__ counts,
                         int m, int len_q, int blocks, long long n, uint32_t sentinel,
-                        int allow_empty, uint32_t *keys, int32_t *vals, unsigned long long *err)
+                        int allow_empty, kv_causal_args ca, uint32_t *keys, int32_t *vals,
+                        unsigned long long *err)
 {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         long long row = i / m;
         int slot = (int)(i - row * m);
         int c = counts ? counts[row] : m;
+        int visible = blocks;
+        if (ca.causal) {
+            const long long last = row % len_q + ca.q_off; // the row's last visible key
+            visible = last < 0 ? 0 : (int)(last / SA_TILE) + 1;
+        }
         uint32_t key = sentinel;
         if (c < 0 || c > m) {
             if (slot == 0)
                 record_error(err, row, 0, SA_ERR_COUNT);
         } else if (c == 0) {
-            if (slot == 0 && !allow_empty)
+            // A causal row that sees no key has nothing to list: it may be empty (host rule).
+            if (slot == 0 && !allow_empty && visible > 0)
                 record_error(err, row, 0, SA_ERR_EMPTY_ROW);
         } else if (slot < c) {
             int blk = idx[i];
-            if (blk < 0 || blk >= blocks)
+            if (blk < 0 || blk >= blocks) {
                 record_error(err, row, slot + 1, SA_ERR_INDEX);
-            else
+            } else {
+                // A future block stays in its bucket (the attention masks it to nothing); with
+                // it not allowed it is an error. At the same slot a duplicate (recorded by
+                // kv_duplicates, code -6) wins over it (-18), as in the host validator.
+                if (blk >= visible && !ca.allow_future)
+                    record_error(err, row, slot + 1, SA_ERR_FUTURE_BLOCK);
                 key = (uint32_t)((row / len_q) * blocks + blk);
+            }
         }
         keys[i] = key;
         vals[i] = (int32_t)i;
@@ -191,7 +210,7 @@ int kv_check_args(const sa_kv_params *p)
         !sa_flag_ok(p->allow_empty_rows) || !sa_flag_ok(p->causal) ||
         !sa_flag_ok(p->allow_future_blocks) || !sa_enum_ok(p->attend, SA_KV_ATTEND_MMA_SYNC + 1))
         return SA_ERR_ARG;
-    if (p->causal) // no causal mask in the KV-centric kernels yet
+    if (p->causal && p->attend == SA_KV_ATTEND_MMA_SYNC) // only the wgmma kernel masks causally
         return SA_ERR_UNSUPPORTED;
     if (s->head_dim != KV_D || sa_kv_task_queries(s) == 0)
         return SA_ERR_UNSUPPORTED;
@@ -326,8 +345,9 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
     size_t tmp;
 
     SA_CUDA_TRY(cudaMemsetAsync(w.err, 0xff, sizeof *w.err, st));
+    const kv_causal_args ca = {p->causal, p->allow_future_blocks, s->len_kv - s->len_q};
     kv_keys<<<grid_for(ne), kThreads, 0, st>>>(p->lists.indices, p->lists.counts, m, s->len_q,
-                                               blocks, ne, (uint32_t)nb, p->allow_empty_rows,
+                                               blocks, ne, (uint32_t)nb, p->allow_empty_rows, ca,
                                                w.keys_in, w.vals_in, w.err);
     SA_CUDA_TRY(cudaGetLastError());
     tmp = w.tmp_bytes;

@@ -3,7 +3,7 @@
 stream)."""
 import ctypes
 
-from ._capi import (SA_ERR_NO_DEVICE, SA_ERR_NOT_BUILT, SA_ERR_UNSUPPORTED, SA_KV_PARTIAL_BF16,
+from ._capi import (SA_ERR_NO_DEVICE, SA_ERR_NOT_BUILT, SA_KV_PARTIAL_BF16,
                     SA_KV_PARTIAL_F32, SA_ROLE_DEFAULT_DENSE, SA_ROLE_DEFAULT_TILE,
                     SA_ROLE_GPU_VERDICT, SA_ROLE_SPARSE, SaGpuAttn, SaKvParams, SaQueryLists,
                     SaTileLists)
@@ -278,8 +278,6 @@ def query_sparse(q, k, v, indices, counts, s, max_blocks, layout, validate, allo
     allocator."""
     t = torch_mod()
     require_gpu()
-    # The library answers causal = 1 with SA_ERR_UNSUPPORTED until its kernels mask causally.
-    detail = "the KV-centric GPU path has no causal mask yet" if causal else None
     dev = q.device
     ind = cuda_int32("indices", indices, dev, (s.batch, s.heads_kv, s.len_q, max_blocks),
                      "(B, heads_kv, len_q, max_blocks)")
@@ -298,12 +296,12 @@ def query_sparse(q, k, v, indices, counts, s, max_blocks, layout, validate, allo
         p.stream = stream_ptr()
         size = ctypes.c_size_t(0)
         rc = lib.sa_kv_workspace_size(ctypes.byref(p), ctypes.byref(size))
-        check(rc, "sa_kv_workspace_size", detail if rc == SA_ERR_UNSUPPORTED else None)
+        check(rc, "sa_kv_workspace_size")
         # The caching allocator keeps this block for the current stream until the queued work
         # is done with it, so it may go out of scope on return.
         ws = t.empty(max(size.value, 1), dtype=t.uint8, device=dev)
         p.workspace, p.workspace_bytes = ws.data_ptr(), size.value
         rc = lib.sa_kvcentric_attention(ctypes.byref(p))
-        check(rc, "sa_kvcentric_attention", detail if rc == SA_ERR_UNSUPPORTED else None)
+        check(rc, "sa_kvcentric_attention")
     return _result(o, lse, layout)
 

@@ -190,6 +190,18 @@ def test_gpu_query_sparse_matches_reference(rng, partial_format):
 
 
 @gpu
+def test_gpu_query_sparse_causal(rng):
+    # len_q > len_kv: the first queries see no key; future blocks allowed (they add nothing).
+    q, k, v = qkv(rng, 1, 4, 1, 400, 300, 128)
+    idx, cnt = random_lists(rng, (1, 1, 400), 3, 3)
+    o_ref, lse_ref = sa.query_sparse_attention(q, k, v, idx, cnt, causal=True,
+                                               allow_future_blocks=True)
+    o, lse = sa.query_sparse_attention(*cuda_bf16(q, k, v), *cuda(idx, cnt), causal=True,
+                                       allow_future_blocks=True)
+    assert_matches(o, lse, o_ref, lse_ref)
+
+
+@gpu
 def test_gpu_selectors_agree_with_cpu():
     q, k, v = sa.workload("local", batch=1, heads_q=4, heads_kv=1, len_q=512, len_kv=2048,
                           head_dim=128, seed=5)

@@ -290,6 +290,116 @@ START_TEST(test_extremes)
 }
 END_TEST
 
+/* Causal per-query lists (bottom-right aligned): each row draws 1..m distinct blocks among the
+ * blocks its query can see, or with allow_future among all blocks (so some lie wholly in its
+ * future and must contribute nothing). The wgmma kernel against sa_ref_query_sparse with the
+ * same options; the mma.sync kernel has no causal mask and says so. */
+static void run_causal(const sa_shape *s, int m, int allow_future, sa_rng *r)
+{
+    kv_case c;
+    case_init(&c, s, m, KV_PAT_RANDOM, r);
+    case_alloc_ws(&c);
+    const int nb = sa_kv_blocks(s);
+    int *pool = malloc(nb * sizeof *pool);
+    ck_assert(pool);
+    for (size_t row = 0; row < c.rows; row++) {
+        const long long last = (long long)(row % s->len_q) + s->len_kv - s->len_q;
+        const int visible = last < 0 ? 0 : (int)(last / SA_TILE) + 1;
+        const int from = allow_future ? nb : visible;
+        const int most = from < m ? from : m;
+        for (int i = 0; i < from; i++)
+            pool[i] = i;
+        /* No empty row that sees a key, so allow_empty_rows = 0 holds: the rows that see none
+         * (len_q > len_kv) are empty, which the causal rule allows. */
+        c.cnt[row] = most ? 1 + (int)sa_rng_below(r, (uint32_t)most) : 0;
+        for (int j = 0; j < c.cnt[row]; j++) { /* a partial Fisher-Yates draw */
+            int pick = j + (int)sa_rng_below(r, (uint32_t)(from - j)), t = pool[j];
+            pool[j] = pool[pick], pool[pick] = t;
+            c.idx[row * m + j] = pool[j];
+        }
+        for (int j = c.cnt[row]; j < m; j++)
+            c.idx[row * m + j] = -7; /* past the count: never read */
+    }
+    free(pool);
+    CK_CUDA(cudaMemcpy(c.d_idx, c.idx, c.rows * m * 4, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(c.d_cnt, c.cnt, c.rows * 4, cudaMemcpyHostToDevice));
+    sa_query_lists host_l = {c.idx, c.cnt, m};
+    sa_attn_opts o;
+    sa_attn_opts_default(&o);
+    o.causal = 1;
+    o.allow_future_blocks = allow_future;
+    uint16_t *o_ref = malloc(c.nq * 2), *out = malloc(c.nq * 2);
+    float *of_ref = malloc(c.nq * 4), *of = malloc(c.nq * 4), *lse_ref = malloc(c.nl * 4),
+          *lse = malloc(c.nl * 4);
+    ck_assert(o_ref && out && of_ref && of && lse_ref && lse);
+    sa_outputs ref = {o_ref, of_ref, lse_ref};
+    ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &host_l, &o, &ref), SA_OK);
+    for (int fmt = SA_KV_PARTIAL_F32; fmt <= SA_KV_PARTIAL_BF16; fmt++) {
+        sa_kv_params p;
+        case_params(&c, 1, fmt, &p);
+        p.causal = 1;
+        p.allow_future_blocks = allow_future;
+        p.allow_empty_rows = 0;
+        p.validate = 1;
+        poison_outputs(&c);
+        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_OK);
+        CK_CUDA(cudaDeviceSynchronize());
+        download(out, c.d_o, c.nq * 2);
+        download(of, c.d_of, c.nq * 4);
+        download(lse, c.d_lse, c.nl * 4);
+        sa_cmp co = sa_compare_bf16(out, o_ref, c.nq), cf = sa_compare(of, of_ref, c.nq);
+        double dl = sa_lse_maxdiff(lse, lse_ref, c.nl);
+        ck_assert_msg(sa_cmp_ok(&co) && sa_cmp_ok(&cf) && dl <= LSE_TOL,
+                      "causal B%d Hq%d Hkv%d Sq%d Skv%d m%d future %d partials %s: O rel %.3g "
+                      "max %.3g (%zu nonfinite), O_f32 rel %.3g, LSE %.3g (seed %llu)",
+                      s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, m, allow_future,
+                      fmt ? "bf16" : "f32", co.rel_l2, co.max_abs, co.nonfinite, cf.rel_l2, dl,
+                      (unsigned long long)sa_test_seed());
+        p.attend = SA_KV_ATTEND_MMA_SYNC;
+        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_UNSUPPORTED);
+    }
+    /* Future blocks without allow_future_blocks: the host validator's code, O untouched. */
+    if (allow_future) {
+        sa_attn_opts strict = o;
+        strict.allow_future_blocks = 0;
+        int want = sa_query_lists_check_opts(s, &host_l, &strict);
+        sa_kv_params p;
+        case_params(&c, 1, SA_KV_PARTIAL_BF16, &p);
+        p.causal = 1;
+        poison_outputs(&c);
+        int got = sa_kvcentric_attention(&p);
+        ck_assert_msg(got == want, "causal validation gave %d, host %d (seed %llu)", got, want,
+                      (unsigned long long)sa_test_seed());
+        ck_assert_int_eq(want, SA_ERR_FUTURE_BLOCK); /* the draw above names future blocks */
+    }
+    free(o_ref);
+    free(out);
+    free(of_ref);
+    free(of);
+    free(lse_ref);
+    free(lse);
+    case_free(&c);
+}
+
+START_TEST(test_causal)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x44);
+    sa_shape a = shape(1, 4, 1, 300, 300); /* square: the diagonal block of every tile */
+    run_causal(&a, 3, 0, &r);
+    run_causal(&a, 3, 1, &r);
+    if (small_only())
+        return;
+    sa_shape b = shape(2, 16, 1, 700, 1000); /* len_kv > len_q, partial last block */
+    run_causal(&b, 6, 0, &r);
+    run_causal(&b, 6, 1, &r);
+    sa_shape d = shape(1, 8, 2, 1100, 600); /* len_q > len_kv: early queries see no key */
+    run_causal(&d, 4, 1, &r);
+    sa_shape e = shape(1, 2, 2, 3000, 3000); /* GQA 1 */
+    run_causal(&e, 8, 0, &r);
+}
+END_TEST
+
 /* Corrupted lists: the GPU validation returns what sa_query_lists_check returns (the first bad
  * row and slot decide), and O stays poisoned: the attention never ran. */
 static void expect_error(kv_case *c, int allow_empty, int with_counts)
@@ -438,6 +548,7 @@ int main(void)
     TCase *tc = tcase_create("kvcentric");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_small);
+    tcase_add_test(tc, test_causal);
     tcase_add_test(tc, test_validation);
     tcase_add_test(tc, test_own_workspace);
     tcase_add_test(tc, test_gqa);

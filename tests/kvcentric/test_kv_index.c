@@ -294,6 +294,18 @@ START_TEST(test_entry_args)
         ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_ARG);
         ck_assert_int_eq(sa_kv_workspace_size(&b, &bytes), SA_ERR_ARG);
     }
+    /* Causal: only the wgmma kernel masks causally; the mma.sync one refuses before any device
+     * check. */
+    {
+        sa_kv_params b = p;
+        b.causal = 1;
+        b.attend = SA_KV_ATTEND_MMA_SYNC;
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_UNSUPPORTED);
+        ck_assert_int_eq(sa_kv_workspace_size(&b, &bytes), SA_ERR_UNSUPPORTED);
+        b.attend = SA_KV_ATTEND_WGMMA;
+        if (!sa_gpu_available())
+            ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_NO_DEVICE);
+    }
     /* Hostile shapes: rejected by the shape check, never wrapped. */
     {
         sa_kv_params b = p;
