@@ -170,7 +170,7 @@ __device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
 
 // What a consumer keeps of a task between its QK and its epilogue.
 struct Cur {
-    int count, begin, bucket, stage, release;
+    int count, begin, bucket, stage, valid, release;
     bool live;                     // this warpgroup has a row of the task
     int ent[2];                    // reverse index entries of the thread's two rows (-1: none)
     int lim[2];                    // their last visible column of the block (-1: none)
@@ -179,7 +179,7 @@ struct Cur {
 
 // Step 4's waits: q-ready of the u-th task, its record, its K/V stage. The reverse index entries
 // of the thread's two rows are loaded here, so their latency hides under the wgmma.
-template <typename S>
+template <bool CAUSAL, typename S>
 __device__ __forceinline__ void take_task(S &sm, const Args &a, int c, int warp, int lane,
                                           uint32_t u, Cur &d)
 {
@@ -191,6 +191,7 @@ __device__ __forceinline__ void take_task(S &sm, const Args &a, int c, int warp,
     d.bucket = read_lane0(&rc->bucket, lane);
     const int n = read_lane0(&rc->kv_use, lane);
     const int valid = read_lane0(&rc->valid, lane);
+    d.valid = valid;
     d.release = read_lane0(&rc->release, lane);
     d.stage = n % KV_STAGES;
     d.live = 64 * c < d.count * a.group;
@@ -200,7 +201,7 @@ __device__ __forceinline__ void take_task(S &sm, const Args &a, int c, int warp,
         const int qi = (64 * c + warp * 16 + lane / 4 + 8 * i) / a.group;
         d.ent[i] = qi < d.count ? a.entries[d.begin + qi] : -1;
         d.lim[i] = valid - 1;
-        if (a.causal && d.ent[i] >= 0) {
+        if (CAUSAL && d.ent[i] >= 0) {
             // Keys past the query's last visible one leave the softmax (a future block: all).
             const int q = (d.ent[i] / a.m) % a.len_q;
             d.lim[i] = max(-1, min(d.lim[i], q + a.q_off - blk * TILE));
@@ -213,12 +214,18 @@ __device__ __forceinline__ void take_task(S &sm, const Args &a, int c, int warp,
 // row's lim (a partial block's padding; causally, keys after the row's query) go to -inf; S
 // becomes P = exp2(S * scale log2e - max) (FP32, still in sc); row sums per thread. A row that
 // sees no key of the block (a future block the lists were allowed to name) gets P = 0.
-__device__ __forceinline__ void block_softmax(float (&sc)[64], const int (&lim)[2], int lane,
-                                              float (&row_max)[2], float (&row_sum)[2])
+// Without CAUSAL every row sees a valid key and only the partial block is masked: the code of
+// the non-causal kernel stays free of the per-row limits and guards (measured 7% slower with
+// them, 2026-12-01).
+template <bool CAUSAL>
+__device__ __forceinline__ void block_softmax(float (&sc)[64], int valid, const int (&lim)[2],
+                                              int lane, float (&row_max)[2], float (&row_sum)[2])
 {
+    if (!CAUSAL && valid < TILE)
+        mask_tail(sc, valid, lane);
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        if (lim[i] < TILE - 1) {
+        if (CAUSAL && lim[i] < TILE - 1) {
 #pragma unroll
             for (int jj = 0; jj < 16; jj++)
 #pragma unroll
@@ -238,8 +245,11 @@ __device__ __forceinline__ void block_softmax(float (&sc)[64], const int (&lim)[
         row_max[i] = mx * SCORE_TO_LOG2; // -inf only for a row that sees no key here
         row_sum[i] = 0.f;
     }
-    const float neg_max[2] = {row_max[0] == -CUDART_INF_F ? 0.f : -row_max[0],
-                              row_max[1] == -CUDART_INF_F ? 0.f : -row_max[1]};
+    float neg_max[2] = {-row_max[0], -row_max[1]};
+    if (CAUSAL) {
+        neg_max[0] = row_max[0] == -CUDART_INF_F ? 0.f : neg_max[0];
+        neg_max[1] = row_max[1] == -CUDART_INF_F ? 0.f : neg_max[1];
+    }
 #pragma unroll
     for (int jj = 0; jj < 16; jj++) {
 #pragma unroll
@@ -277,7 +287,7 @@ __device__ __forceinline__ void issue_pv_first(float (&o)[64], const uint32_t (&
 
 // Step 7: rows lane/4 (i = 0) and lane/4 + 8 (i = 1) of the warp's 16: O / sum as BF16 (16-byte
 // stores after a quad transpose) or FP32 (8-byte stores), and the LSE.
-template <bool F32>
+template <bool F32, bool CAUSAL>
 __device__ __forceinline__ void store_partials(const Args &a, const Cur &d, const float (&o)[64],
                                                int c, int warp, int lane)
 {
@@ -288,7 +298,8 @@ __device__ __forceinline__ void store_partials(const Args &a, const Cur &d, cons
         float sum = d.row_sum[i];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f; // no visible key: O = 0, LSE = -inf
+        // Causally a row may see no key of the block: O = 0, LSE = -inf.
+        const float inv = !CAUSAL || sum > 0.f ? 1.f / sum : 0.f;
         const int r = 64 * c + warp * 16 + lane / 4 + 8 * i;
         const int g = r % a.group;
         const bool ok = d.ent[i] >= 0;
@@ -318,11 +329,12 @@ __device__ __forceinline__ void store_partials(const Args &a, const Cur &d, cons
             }
         }
         if (ok && lane % 4 == 0)
-            a.part_lse[pr] = sum > 0.f ? (d.row_max[i] + __log2f(sum)) * LN2 : -CUDART_INF_F;
+            a.part_lse[pr] =
+                !CAUSAL || sum > 0.f ? (d.row_max[i] + __log2f(sum)) * LN2 : -CUDART_INF_F;
     }
 }
 
-template <bool F32>
+template <bool F32, bool CAUSAL>
 __global__ void __launch_bounds__(NTHREADS, 1)
     kv_attention_wg(const __grid_constant__ CUtensorMap map_k,
                     const __grid_constant__ CUtensorMap map_v, const Args a)
@@ -459,7 +471,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     int task = first;
     // Prologue: the first task's S and softmax alone (steps 4-5).
     {
-        take_task(sm, a, c, warp, lane, u, cur);
+        take_task<CAUSAL>(sm, a, c, warp, lane, u, cur);
         uint32_t q_desc = q_desc0 + (u % Q_BUFFERS) * STAGE_STEP;
         uint32_t k_desc = k_desc0 + cur.stage * STAGE_STEP;
         asm volatile("" : "+r"(q_desc), "+r"(k_desc));
@@ -470,7 +482,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         turn_pass(c);
         sa_wgmma_wait<0>();
         warp_arrive(&sm.q_free[u % Q_BUFFERS], lane);
-        block_softmax(sc, cur.lim, lane, cur.row_max, cur.row_sum);
+        block_softmax<CAUSAL>(sc, cur.valid, cur.lim, lane, cur.row_max, cur.row_sum);
         pack_p(sc, pa);
     }
 #pragma unroll 1
@@ -481,7 +493,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         Cur nxt;
         if (more) {
             // Steps 4 and 6 in one turn: S of the next task, then the PV of this one.
-            take_task(sm, a, c, warp, lane, u, nxt);
+            take_task<CAUSAL>(sm, a, c, warp, lane, u, nxt);
             uint32_t q_desc = q_desc0 + (u % Q_BUFFERS) * STAGE_STEP;
             uint32_t k_desc = k_desc0 + nxt.stage * STAGE_STEP;
             uint32_t v_desc = v_desc0 + cur.stage * STAGE_STEP;
@@ -496,7 +508,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_wgmma_wait<1>(); // S of the next task; its PV partner may still run
             warp_arrive(&sm.q_free[u % Q_BUFFERS], lane);
             // Step 5 of the next task beside step 6 of this one (P stays in pa until the PV ends).
-            block_softmax(sc, nxt.lim, lane, nxt.row_max, nxt.row_sum);
+            block_softmax<CAUSAL>(sc, nxt.valid, nxt.lim, lane, nxt.row_max, nxt.row_sum);
         } else {
             uint32_t v_desc = v_desc0 + cur.stage * STAGE_STEP;
             asm volatile("" : "+r"(v_desc));
@@ -511,7 +523,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             warp_arrive(&sm.kv_free[cur.stage], lane);
         // Step 7 for this task.
         if (cur.live)
-            store_partials<F32>(a, cur, o, c, warp, lane);
+            store_partials<F32, CAUSAL>(a, cur, o, c, warp, lane);
         if (!more)
             break;
         pack_p(sc, pa);
@@ -521,7 +533,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         turn_wait(c); // the opening pass of warpgroup 1
 }
 
-template <bool F32> int launch_wg(const Args &a, const sa_kv_params *p, int sms, size_t max_tasks)
+template <bool F32, bool CAUSAL> int launch_wg(const Args &a, const sa_kv_params *p, int sms, size_t max_tasks)
 {
     const sa_shape *s = &p->shape;
     CUtensorMap mk, mv;
@@ -530,16 +542,16 @@ template <bool F32> int launch_wg(const Args &a, const sa_kv_params *p, int sms,
     if ((rc = sa_tensor_map_bf16_2d(&mk, p->k, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK ||
         (rc = sa_tensor_map_bf16_2d(&mv, p->v, kv_rows, HEAD_DIM, TILE, HALF_COLS)) != SA_OK)
         return rc;
-    static int smem_set[2];
-    if (!smem_set[F32]) {
-        SA_CUDA_TRY(cudaFuncSetAttribute(kv_attention_wg<F32>,
+    static int smem_set;
+    if (!smem_set) {
+        SA_CUDA_TRY(cudaFuncSetAttribute(kv_attention_wg<F32, CAUSAL>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)SMEM_BYTES));
-        smem_set[F32] = 1;
+        smem_set = 1;
     }
     size_t runs = (max_tasks + RUN_TASKS - 1) / RUN_TASKS;
     const unsigned grid = (unsigned)(runs < (size_t)sms ? (runs ? runs : 1) : (size_t)sms);
-    kv_attention_wg<F32><<<grid, NTHREADS, SMEM_BYTES, kv_stream(p)>>>(mk, mv, a);
+    kv_attention_wg<F32, CAUSAL><<<grid, NTHREADS, SMEM_BYTES, kv_stream(p)>>>(mk, mv, a);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }
@@ -568,6 +580,10 @@ int kv_attend_wgmma(const sa_kv_params *p, const kv_ws *w, int sms)
     a.m = p->lists.max_blocks;
     a.causal = p->causal;
     a.q_off = s->len_kv - s->len_q; // both positive ints: the difference fits
-    return p->partial_format == SA_KV_PARTIAL_F32 ? launch_wg<true>(a, p, sms, w->max_tasks)
-                                                  : launch_wg<false>(a, p, sms, w->max_tasks);
+    const bool f32 = p->partial_format == SA_KV_PARTIAL_F32;
+    if (p->causal)
+        return f32 ? launch_wg<true, true>(a, p, sms, w->max_tasks)
+                   : launch_wg<false, true>(a, p, sms, w->max_tasks);
+    return f32 ? launch_wg<true, false>(a, p, sms, w->max_tasks)
+               : launch_wg<false, false>(a, p, sms, w->max_tasks);
 }
