@@ -75,7 +75,7 @@ static const abi_field table[] = {
     F(sa_kv_params, partial_format), F(sa_kv_params, validate),
     F(sa_kv_params, allow_empty_rows), F(sa_kv_params, workspace),
     F(sa_kv_params, workspace_bytes), F(sa_kv_params, stream), F(sa_kv_params, causal),
-    F(sa_kv_params, allow_future_blocks), F(sa_kv_params, attend),
+    F(sa_kv_params, allow_future_blocks), F(sa_kv_params, attend), F(sa_kv_params, schedule),
 
     S(sa_kv_index_view),
     F(sa_kv_index_view, offsets), F(sa_kv_index_view, entries), F(sa_kv_index_view, tasks),

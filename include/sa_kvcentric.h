@@ -67,6 +67,18 @@ enum { SA_KV_PARTIAL_F32 = 0, SA_KV_PARTIAL_BF16 = 1 };
  * and run wgmma with ping-pong turns. MMA_SYNC: the earlier kernel (8 warps of mma.sync), kept for
  * comparison. Both write the same partials. */
 enum { SA_KV_ATTEND_WGMMA = 0, SA_KV_ATTEND_MMA_SYNC = 1 };
+/* How the work is split between schedules (sa_kv_params.schedule).
+ * KV: every (query, block) pair runs KV-centric (parts 1-3 below).
+ * HYBRID: planned on the GPU, with no host synchronization: per 128-query tile, the blocks that
+ *   EVERY query of the tile lists run Q-centric, once for the whole tile (the registry's default
+ *   tile-list stage, whose output is one more partial per query), and only the rest of each
+ *   query's list runs KV-centric; the combine merges both by their LSE. Exact in every case: a
+ *   tile whose queries agree is all Q-centric, one whose queries share nothing all KV-centric.
+ *   Needs attend = SA_KV_ATTEND_WGMMA and a default tile stage that takes the shape; tiles over
+ *   more than SA_KV_PLAN_MAX_BLOCKS KV blocks are planned all KV-centric. The reverse index then
+ *   leaves the Q-centric entries out (sa_kv_index_get shows what the KV-centric part runs). */
+enum { SA_KV_SCHEDULE_KV = 0, SA_KV_SCHEDULE_HYBRID = 1 };
+#define SA_KV_PLAN_MAX_BLOCKS 12288 /* the planner's per-tile histogram: 48 KB of shared memory */
 
 typedef struct sa_kv_params {
     struct sa_shape shape;      /* head_dim 128; heads_q / heads_kv <= 128 */
@@ -90,6 +102,7 @@ typedef struct sa_kv_params {
     int causal;
     int allow_future_blocks;
     int attend;                 /* SA_KV_ATTEND_WGMMA (default) or SA_KV_ATTEND_MMA_SYNC */
+    int schedule;               /* SA_KV_SCHEDULE_KV (default) or SA_KV_SCHEDULE_HYBRID */
 } sa_kv_params;
 SA_API void sa_kv_params_default(sa_kv_params *p);
 

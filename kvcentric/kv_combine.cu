@@ -5,7 +5,8 @@
 // Memory-bound: a half-warp owns one output row; each lane owns 8 of the 128 dims, so one slot
 // of a BF16 partial is one 16-byte load per lane (two for FP32), coalesced across the row. Slots
 // at or past the row's count were never written and are never read. Loads are streaming
-// (.cs): partials are read once.
+// (.cs): partials are read once. With the hybrid schedule the Q-centric pass's output (already
+// in o) is one more partial, weighed by its LSE; a row it covered whole is left as it is.
 #include <cuda_bf16.h>
 
 #include "kv_internal.h"
@@ -23,6 +24,11 @@ struct combine_args {
     float *o_f32, *lse;
     int heads_q, group, len_q, m;
     long long rows; // B * Hq * Sq
+    // The hybrid schedule (kv_plan.cu): tile_cnt NULL without it. A row's tile ran tile_cnt of
+    // its blocks Q-centric into o (BF16) and shared_lse: one more partial of this row.
+    const int32_t *tile_cnt;
+    const float *shared_lse;
+    int q_tiles;
 };
 
 __device__ __forceinline__ void load8(const float *p, float (&v)[8])
@@ -58,8 +64,18 @@ __global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
         int c = a.counts ? a.counts[lrow] : a.m;
         c = c < 0 ? 0 : (c > a.m ? a.m : c); // lists were validated; this keeps reads in bounds
         const float *pl = a.part_lse + row * a.m;
+        // The hybrid's Q-centric partial: its planned blocks are in every list of the tile.
+        int planned = 0;
+        float lse_s = -INFINITY;
+        if (a.tile_cnt) {
+            planned = a.tile_cnt[(lrow / a.len_q) * a.q_tiles + q / SA_TILE];
+            if (planned >= c && !a.o_f32)
+                continue; // the Q-centric pass wrote this row's O and LSE whole
+            if (planned > 0)
+                lse_s = a.shared_lse[row];
+        }
 
-        float mx = -INFINITY;
+        float mx = lse_s;
         for (int j = sub; j < c; j += kLanes)
             mx = fmaxf(mx, pl[j]);
 #pragma unroll
@@ -68,6 +84,8 @@ __global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
         float sum = 0.f;
         for (int j = sub; j < c; j += kLanes)
             sum += __expf(pl[j] - mx);
+        if (sub == 0 && lse_s > -INFINITY)
+            sum += __expf(lse_s - mx);
 #pragma unroll
         for (int off = kLanes / 2; off; off >>= 1)
             sum += __shfl_xor_sync(half, sum, off);
@@ -78,9 +96,21 @@ __global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
         const float lse = c ? mx + __logf(sum) : -INFINITY;
 
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (c && lse_s > -INFINITY) {
+            float v[8];
+            load8(reinterpret_cast<const __nv_bfloat16 *>(a.o) + row * KV_D + sub * 8, v);
+            const float w = __expf(lse_s - lse);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc[i] = w * v[i];
+        }
         const T *src = part + row * a.m * KV_D + sub * 8;
 #pragma unroll 4
         for (int j = 0; j < c; j++) {
+            // A slot of LSE -inf adds nothing and may never have been written (the hybrid's
+            // planned slots): its O is not read.
+            if (pl[j] == -INFINITY)
+                continue;
             float v[8];
             load8(src + (size_t)j * KV_D, v);
             float w = __expf(pl[j] - lse);
@@ -128,6 +158,10 @@ extern "C" int sa_kv_combine(const sa_kv_params *p)
     a.len_q = s->len_q;
     a.m = p->lists.max_blocks;
     a.rows = (long long)s->batch * s->heads_q * s->len_q;
+    const bool hybrid = p->schedule == SA_KV_SCHEDULE_HYBRID;
+    a.tile_cnt = hybrid ? w.tile_cnt : nullptr;
+    a.shared_lse = hybrid ? kv_shared_lse(p, &w) : nullptr;
+    a.q_tiles = sa_q_tiles(s);
     long long blocks = (a.rows * kLanes + kThreads - 1) / kThreads;
     unsigned grid = (unsigned)(blocks < (1 << 20) ? blocks : (1 << 20));
     if (p->partial_format == SA_KV_PARTIAL_F32)

@@ -53,10 +53,34 @@ struct kv_causal_args {
     int causal, allow_future, q_off;
 };
 
+// The hybrid schedule (kv_plan.cu): entries whose block is in their tile's plan run Q-centric.
+// They get the key sentinel + 1 + bucket: out of every bucket (no task), yet still sorted next to
+// each other, so kv_duplicates sees a row that names such a block twice. Their partial slots get
+// LSE = -inf, which the combine skips.
+struct kv_hybrid_args {
+    const int32_t *tile_idx, *tile_cnt; // NULL: no plan
+    int q_tiles, heads_q, heads_kv;
+    float *part_lse;
+};
+
+// Whether block b is in the ascending plan list of n entries.
+__device__ bool kv_planned(const int32_t *list, int n, int b)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (list[mid] < b)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && list[lo] == b;
+}
+
 __global__ void kv_keys(const int32_t *__restrict__ idx, const int32_t *__restrict__ counts,
                         int m, int len_q, int blocks, long long n, uint32_t sentinel,
-                        int allow_empty, kv_causal_args ca, uint32_t *keys, int32_t *vals,
-                        unsigned long long *err)
+                        int allow_empty, kv_causal_args ca, kv_hybrid_args ha, uint32_t *keys,
+                        int32_t *vals, unsigned long long *err)
 {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -87,6 +111,21 @@ __global__ void kv_keys(const int32_t *__restrict__ idx, const int32_t *__restri
                 if (blk >= visible && !ca.allow_future)
                     record_error(err, row, slot + 1, SA_ERR_FUTURE_BLOCK);
                 key = (uint32_t)((row / len_q) * blocks + blk);
+                if (ha.tile_idx) {
+                    const long long bh = row / len_q;
+                    const int q = (int)(row - bh * len_q);
+                    const long long tr = bh * ha.q_tiles + q / SA_TILE;
+                    if (kv_planned(ha.tile_idx + tr * m, ha.tile_cnt[tr], blk)) {
+                        key += sentinel + 1;
+                        // The slot's partial, for every head of the group: nothing to add.
+                        const int group = ha.heads_q / ha.heads_kv;
+                        const long long b = bh / ha.heads_kv, hkv = bh - b * ha.heads_kv;
+                        for (int g = 0; g < group; g++) {
+                            const long long head = b * ha.heads_q + hkv * group + g;
+                            ha.part_lse[(head - bh) * len_q * m + i] = -INFINITY;
+                        }
+                    }
+                }
             }
         }
         keys[i] = key;
@@ -175,14 +214,15 @@ __global__ void kv_gather_tasks(const sa_kv_task *__restrict__ in, const int32_t
         out[t] = in[order[t]];
 }
 
+// Over every sorted key but the sentinel (unused slots, bad entries): the hybrid's planned
+// entries sort after it (kv_keys) and are checked too.
 __global__ void kv_duplicates(const uint32_t *__restrict__ keys, const int32_t *__restrict__ entries,
-                              const int32_t *__restrict__ info, int m, unsigned long long *err)
+                              long long n, uint32_t sentinel, int m, unsigned long long *err)
 {
-    long long n = info[0];
     for (long long p = 1 + blockIdx.x * (long long)blockDim.x + threadIdx.x; p < n;
          p += (long long)gridDim.x * blockDim.x) {
         int e = entries[p], prev = entries[p - 1];
-        if (keys[p] == keys[p - 1] && e / m == prev / m)
+        if (keys[p] == keys[p - 1] && keys[p] != sentinel && e / m == prev / m)
             record_error(err, e / m, e % m + 1, SA_ERR_DUPLICATE);
     }
 }
@@ -208,8 +248,12 @@ int kv_check_args(const sa_kv_params *p)
     // The option rule of every entry point (sa_checked.h): flags 0 or 1, enums in range.
     if (!sa_enum_ok(p->partial_format, SA_KV_PARTIAL_BF16 + 1) || !sa_flag_ok(p->validate) ||
         !sa_flag_ok(p->allow_empty_rows) || !sa_flag_ok(p->causal) ||
-        !sa_flag_ok(p->allow_future_blocks) || !sa_enum_ok(p->attend, SA_KV_ATTEND_MMA_SYNC + 1))
+        !sa_flag_ok(p->allow_future_blocks) || !sa_enum_ok(p->attend, SA_KV_ATTEND_MMA_SYNC + 1) ||
+        !sa_enum_ok(p->schedule, SA_KV_SCHEDULE_HYBRID + 1))
         return SA_ERR_ARG;
+    // The hybrid's KV-centric part runs on the wgmma kernel (the plan's tiles are 128 queries).
+    if (p->schedule == SA_KV_SCHEDULE_HYBRID && p->attend != SA_KV_ATTEND_WGMMA)
+        return SA_ERR_UNSUPPORTED;
     if (p->causal && p->attend == SA_KV_ATTEND_MMA_SYNC) // only the wgmma kernel masks causally
         return SA_ERR_UNSUPPORTED;
     if (s->head_dim != KV_D || sa_kv_task_queries(s) == 0)
@@ -243,7 +287,8 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     if (partial_rows < 0)
         return SA_ERR_UNSUPPORTED;
     w->partial_rows = (size_t)partial_rows;
-    w->entry_bits = bits_for(w->buckets);      // keys 0 .. buckets (the sentinel)
+    // Keys 0 .. buckets (the sentinel); the hybrid's planned entries 2 * buckets at most.
+    w->entry_bits = bits_for(p->schedule == SA_KV_SCHEDULE_HYBRID ? 2 * w->buckets : w->buckets);
     w->window_queries = sa_kv_window_queries(s);
     w->windows = (s->len_q + w->window_queries - 1) / w->window_queries;
     // Keys 0 .. B * Hkv * windows (the sentinel); at most the query rows, below 2^31.
@@ -293,6 +338,12 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     KV_CARVE(tasks_unsorted, ntask);
     KV_CARVE(tasks, ntask);
     KV_CARVE(tmp, (int64_t)w->tmp_bytes);
+    if (p->schedule == SA_KV_SCHEDULE_HYBRID) {
+        const int64_t tiles = sa_sz_mul3(s->batch, s->heads_kv, sa_q_tiles(s));
+        KV_CARVE(tile_idx, sa_sz_mul3(tiles, p->lists.max_blocks, sizeof(int32_t)));
+        KV_CARVE(tile_cnt, sa_sz_mul(tiles, sizeof(int32_t)));
+        KV_CARVE(shared_lse, sa_sz_mul(sa_sz_lse_elems(s), sizeof(float)));
+    }
     KV_CARVE(part_lse, sa_sz_mul(partial_rows, sizeof(float)));
     KV_CARVE(part_o, sa_sz_mul3(partial_rows, KV_D, part_elem));
 #undef KV_CARVE
@@ -346,9 +397,14 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
 
     SA_CUDA_TRY(cudaMemsetAsync(w.err, 0xff, sizeof *w.err, st));
     const kv_causal_args ca = {p->causal, p->allow_future_blocks, s->len_kv - s->len_q};
+    const bool hybrid = p->schedule == SA_KV_SCHEDULE_HYBRID;
+    if (hybrid && (err = kv_plan(p, &w)) != SA_OK)
+        return err;
+    const kv_hybrid_args ha = {hybrid ? w.tile_idx : nullptr, w.tile_cnt, sa_q_tiles(s),
+                               s->heads_q, s->heads_kv, w.part_lse};
     kv_keys<<<grid_for(ne), kThreads, 0, st>>>(p->lists.indices, p->lists.counts, m, s->len_q,
                                                blocks, ne, (uint32_t)nb, p->allow_empty_rows, ca,
-                                               w.keys_in, w.vals_in, w.err);
+                                               ha, w.keys_in, w.vals_in, w.err);
     SA_CUDA_TRY(cudaGetLastError());
     tmp = w.tmp_bytes;
     SA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.keys_in, w.keys_out, w.vals_in,
@@ -372,7 +428,8 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
     SA_CUDA_TRY(cudaGetLastError());
     if (!p->validate)
         return SA_OK;
-    kv_duplicates<<<grid_for(ne), kThreads, 0, st>>>(w.keys_out, w.entries, w.info, m, w.err);
+    kv_duplicates<<<grid_for(ne), kThreads, 0, st>>>(w.keys_out, w.entries, ne, (uint32_t)nb, m,
+                                                     w.err);
     SA_CUDA_TRY(cudaGetLastError());
     unsigned long long first = 0;
     SA_CUDA_TRY(cudaMemcpyAsync(&first, w.err, sizeof first, cudaMemcpyDeviceToHost, st));

@@ -35,6 +35,10 @@ typedef struct kv_ws {
     int32_t *tvals_in, *tvals_out;
     sa_kv_task *tasks_unsorted, *tasks;
     void *tmp;
+    // SA_KV_SCHEDULE_HYBRID only: the plan (per tile the blocks all its queries list, as tile
+    // lists with list_heads = Hkv) and the Q-centric pass's LSE when the caller gave none.
+    int32_t *tile_idx, *tile_cnt; // (B, Hkv, q_tiles, max_blocks), (B, Hkv, q_tiles)
+    float *shared_lse;             // (B, Hq, Sq)
     float *part_lse;    // (B, Hq, Sq, max_blocks)
     void *part_o;       // (B, Hq, Sq, max_blocks, D), FP32 or BF16
 } kv_ws;
@@ -43,6 +47,16 @@ typedef struct kv_ws {
 int kv_check_args(const sa_kv_params *p);
 // Checks the arguments and lays the workspace out; base may be NULL to size it.
 int kv_layout(const sa_kv_params *p, void *base, kv_ws *w);
+
+// The hybrid schedule's plan (kv_plan.cu): per tile, the blocks every query of the tile lists,
+// into w->tile_idx / w->tile_cnt (ascending, at most max_blocks).
+int kv_plan(const sa_kv_params *p, const kv_ws *w);
+// Its Q-centric pass: the default tile stage over the plan, into p->o and the shared LSE.
+int kv_shared_pass(const sa_kv_params *p, const kv_ws *w);
+static inline float *kv_shared_lse(const sa_kv_params *p, const kv_ws *w)
+{
+    return p->lse ? p->lse : w->shared_lse;
+}
 
 // Part 2 on wgmma (kv_attention_wg.cu): the same tasks in, the same partials out.
 int kv_attend_wgmma(const sa_kv_params *p, const kv_ws *w, int sms);

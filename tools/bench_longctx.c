@@ -42,7 +42,8 @@ static void usage(FILE *f)
             "shape: B=1 Hq=%d Hkv=1 D=%d, every query %d blocks of %d keys\n"
             "contenders: dense (default dense stage), qcentric-union (default tile stage on\n"
             "  each tile's union), kvcentric-bf16 (sa_kvcentric_attention, BF16 partials, wgmma part 2),\n"
-            "  kvcentric-bf16-mma (the same, mma.sync part 2)\n",
+            "  kvcentric-bf16-mma (the same, mma.sync part 2), hybrid (SA_KV_SCHEDULE_HYBRID:\n"
+            "  per tile the blocks all its queries list Q-centric, the rest KV-centric)\n",
             LC_MIN_LEN, LC_MAX_LEN, LC_TOPK, LC_HEADS_Q, LC_HEAD_DIM, LC_TOPK, SA_TILE);
 }
 
@@ -285,6 +286,36 @@ static int kv_run(const lc_cell *c, void *state)
 {
     return (void)c, sa_kvcentric_attention(state);
 }
+/* hybrid: sa_kvcentric_attention with SA_KV_SCHEDULE_HYBRID (per tile the blocks all its queries
+ * list run Q-centric, the rest KV-centric; planned on the GPU, exact). */
+static void hybrid_params(const lc_cell *c, sa_kv_params *p)
+{
+    kv_params(c, p);
+    p->schedule = SA_KV_SCHEDULE_HYBRID;
+}
+static int hybrid_memory(const lc_cell *c, size_t *bytes)
+{
+    sa_kv_params p;
+    hybrid_params(c, &p);
+    return sa_kv_workspace_size(&p, bytes);
+}
+static int hybrid_setup(const lc_cell *c, void **state)
+{
+    sa_kv_params *p = calloc(1, sizeof *p);
+    if (!p)
+        return SA_ERR_NOMEM;
+    hybrid_params(c, p);
+    int rc = sa_kv_workspace_size(p, &p->workspace_bytes);
+    if (!rc)
+        rc = sa_gb_alloc(&p->workspace, p->workspace_bytes);
+    if (rc) {
+        kv_done(p);
+        return rc;
+    }
+    *state = p;
+    return SA_OK;
+}
+
 /* kvcentric-bf16-mma: the same with the earlier mma.sync part-2 kernel (sa_kv_params.attend). */
 static int kv_mma_setup(const lc_cell *c, void **state)
 {
@@ -300,6 +331,7 @@ static const lc_contender contenders[] = {
     {"qcentric-union", exact_union, union_memory, union_setup, union_run, union_done, union_work},
     {"kvcentric-bf16", exact_lists, kv_memory, kv_setup, kv_run, kv_done, NULL},
     {"kvcentric-bf16-mma", exact_lists, kv_memory, kv_mma_setup, kv_run, kv_done, NULL},
+    {"hybrid", exact_lists, hybrid_memory, hybrid_setup, kv_run, kv_done, NULL},
     /* ---- MORE CONTENDERS HERE (issue 17: the hybrid and the automatic schedule), one line each:
      * write their functions beside the ones above (or in a file of their own, declared in
      * bench_longctx.h and added to tools/meson.build); the lc_cell has everything a run needs.

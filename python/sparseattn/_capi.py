@@ -124,7 +124,7 @@ class SaKvParams(ctypes.Structure):
                 ("partial_format", c_int), ("validate", c_int), ("allow_empty_rows", c_int),
                 ("workspace", c_void_p), ("workspace_bytes", c_size_t), ("stream", c_void_p),
                 ("causal", c_int), ("allow_future_blocks", c_int),
-                ("attend", c_int)]
+                ("attend", c_int), ("schedule", c_int)]
 
 
 # C name -> mirror; every one is checked against the library at import.

@@ -400,6 +400,181 @@ START_TEST(test_causal)
 }
 END_TEST
 
+/* The hybrid schedule (SA_KV_SCHEDULE_HYBRID): lists where each 128-query tile shares `nshared`
+ * blocks (in every row, in a random place of the row) and each row adds 0..extra blocks of its
+ * own; `agree` tiles (every third) add none, so the Q-centric pass covers them whole. Causally
+ * every block is drawn among those the row's query sees, the shared ones among those the tile's
+ * first query sees. Against sa_ref_query_sparse, with and without o_f32 (a row covered whole is
+ * then left as the Q-centric pass wrote it); the plan must have taken entries away from the
+ * KV-centric part, or the test would not test it. */
+static void run_hybrid(const sa_shape *s, int m, int nshared, int causal, sa_rng *r)
+{
+    kv_case c;
+    case_init(&c, s, m, KV_PAT_RANDOM, r);
+    {
+        /* The hybrid's workspace: the plan and the shared LSE beside the FP32 partials. */
+        sa_kv_params p;
+        case_params(&c, 1, SA_KV_PARTIAL_F32, &p);
+        p.schedule = SA_KV_SCHEDULE_HYBRID;
+        ck_assert_int_eq(sa_kv_workspace_size(&p, &c.ws_bytes), SA_OK);
+        c.d_ws = dev_upload(NULL, c.ws_bytes);
+    }
+    const int nb = sa_kv_blocks(s), tiles = sa_q_tiles(s);
+    int *pool = malloc(nb * sizeof *pool), *shared = malloc(nshared * sizeof *shared);
+    ck_assert(pool && shared);
+    size_t total = 0;
+    for (size_t bh = 0; bh < (size_t)s->batch * s->heads_kv; bh++) {
+        for (int t = 0; t < tiles; t++) {
+            /* The tile's shared blocks: visible to its first query when causal. */
+            const long long last0 = (long long)t * SA_TILE + s->len_kv - s->len_q;
+            int vis0 = causal ? (last0 < 0 ? 0 : (int)(last0 / SA_TILE) + 1) : nb;
+            int ns = nshared < vis0 ? nshared : vis0;
+            for (int i = 0; i < nb; i++)
+                pool[i] = i;
+            for (int j = 0; j < ns; j++) {
+                int pick = j + (int)sa_rng_below(r, (uint32_t)(vis0 - j)), tmp = pool[j];
+                pool[j] = pool[pick], pool[pick] = tmp;
+                shared[j] = pool[j];
+            }
+            const int agree = t % 3 == 0;
+            for (int qi = 0; qi < SA_TILE && t * SA_TILE + qi < s->len_q; qi++) {
+                const size_t row = bh * s->len_q + (size_t)t * SA_TILE + qi;
+                const long long last = (long long)(t * SA_TILE + qi) + s->len_kv - s->len_q;
+                const int vis = causal ? (last < 0 ? 0 : (int)(last / SA_TILE) + 1) : nb;
+                int32_t *dst = c.idx + row * m;
+                int n = 0;
+                for (int j = 0; j < ns; j++)
+                    dst[n++] = shared[j];
+                /* Own blocks among the visible ones that are not shared. */
+                int own = agree ? 0 : (int)sa_rng_below(r, (uint32_t)(m - ns) + 1);
+                int np = 0;
+                for (int b = 0; b < vis; b++) {
+                    int is_shared = 0;
+                    for (int j = 0; j < ns; j++)
+                        is_shared |= shared[j] == b;
+                    if (!is_shared)
+                        pool[np++] = b;
+                }
+                for (int j = 0; j < own && np > 0; j++) {
+                    int pick = (int)sa_rng_below(r, (uint32_t)np);
+                    dst[n++] = pool[pick];
+                    pool[pick] = pool[--np];
+                }
+                for (int j = n - 1; j > 0; j--) { /* the shared blocks anywhere in the row */
+                    int k = (int)sa_rng_below(r, (uint32_t)j + 1), tmp = dst[j];
+                    dst[j] = dst[k], dst[k] = tmp;
+                }
+                c.cnt[row] = n;
+                total += n;
+                for (int j = n; j < m; j++)
+                    dst[j] = -3;
+            }
+        }
+    }
+    free(pool);
+    free(shared);
+    CK_CUDA(cudaMemcpy(c.d_idx, c.idx, c.rows * m * 4, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(c.d_cnt, c.cnt, c.rows * 4, cudaMemcpyHostToDevice));
+    sa_query_lists host_l = {c.idx, c.cnt, m};
+    sa_attn_opts o;
+    sa_attn_opts_default(&o);
+    o.causal = causal;
+    uint16_t *o_ref = malloc(c.nq * 2), *out = malloc(c.nq * 2);
+    float *of_ref = malloc(c.nq * 4), *of = malloc(c.nq * 4), *lse_ref = malloc(c.nl * 4),
+          *lse = malloc(c.nl * 4);
+    ck_assert(o_ref && out && of_ref && of && lse_ref && lse);
+    sa_outputs ref = {o_ref, of_ref, lse_ref};
+    ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &host_l, &o, &ref), SA_OK);
+    size_t ws = 0;
+    for (int run = 0; run < 4; run++) {
+        sa_kv_params p;
+        case_params(&c, 1, run % 2 ? SA_KV_PARTIAL_BF16 : SA_KV_PARTIAL_F32, &p);
+        p.schedule = SA_KV_SCHEDULE_HYBRID;
+        p.causal = causal;
+        p.validate = run < 2;
+        if (run >= 2)
+            p.o_f32 = NULL; /* rows the Q-centric pass covered whole are left as it wrote them */
+        ck_assert_int_eq(sa_kv_workspace_size(&p, &ws), SA_OK);
+        ck_assert_uint_le(ws, c.ws_bytes);
+        poison_outputs(&c);
+        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_OK);
+        CK_CUDA(cudaDeviceSynchronize());
+        download(out, c.d_o, c.nq * 2);
+        download(of, c.d_of, c.nq * 4);
+        download(lse, c.d_lse, c.nl * 4);
+        sa_cmp co = sa_compare_bf16(out, o_ref, c.nq), cf = sa_compare(of, of_ref, c.nq);
+        double dl = sa_lse_maxdiff(lse, lse_ref, c.nl);
+        ck_assert_msg(sa_cmp_ok(&co) && (run >= 2 || sa_cmp_ok(&cf)) && dl <= LSE_TOL,
+                      "hybrid B%d Hq%d Hkv%d Sq%d Skv%d m%d shared %d causal %d run %d: O rel %.3g "
+                      "max %.3g (%zu nonfinite at %zu), O_f32 rel %.3g, LSE %.3g (seed %llu)",
+                      s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, m, nshared, causal,
+                      run, co.rel_l2, co.max_abs, co.nonfinite, co.first_bad, cf.rel_l2, dl,
+                      (unsigned long long)sa_test_seed());
+        if (run == 0) {
+            sa_kv_index_view v;
+            ck_assert_int_eq(sa_kv_index_get(&p, &v), SA_OK);
+            int32_t used = -1;
+            CK_CUDA(cudaMemcpy(&used, v.info, sizeof used, cudaMemcpyDeviceToHost));
+            ck_assert_msg(nshared == 0 ? (size_t)used == total : (size_t)used < total,
+                          "the plan left %d of %zu entries to the KV-centric part (seed %llu)",
+                          used, total, (unsigned long long)sa_test_seed());
+        }
+    }
+    /* A row that names a planned block twice: the host validator's code, O untouched. */
+    if (nshared > 0 && c.cnt[0] >= 2 && c.cnt[0] < m) {
+        int32_t keep = c.idx[c.cnt[0]];
+        c.idx[c.cnt[0]] = c.idx[0];
+        c.cnt[0]++;
+        CK_CUDA(cudaMemcpy(c.d_idx, c.idx, c.rows * m * 4, cudaMemcpyHostToDevice));
+        CK_CUDA(cudaMemcpy(c.d_cnt, c.cnt, c.rows * 4, cudaMemcpyHostToDevice));
+        int want = sa_query_lists_check_opts(s, &host_l, &o);
+        ck_assert_int_eq(want, SA_ERR_DUPLICATE);
+        sa_kv_params p;
+        case_params(&c, 1, SA_KV_PARTIAL_BF16, &p);
+        p.schedule = SA_KV_SCHEDULE_HYBRID;
+        p.causal = causal;
+        ck_assert_int_eq(sa_kvcentric_attention(&p), want);
+        c.cnt[0]--;
+        c.idx[c.cnt[0]] = keep;
+    }
+    {
+        sa_kv_params p;
+        case_params(&c, 1, SA_KV_PARTIAL_BF16, &p);
+        p.schedule = SA_KV_SCHEDULE_HYBRID;
+        p.attend = SA_KV_ATTEND_MMA_SYNC;
+        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_UNSUPPORTED);
+        p.attend = SA_KV_ATTEND_WGMMA;
+        p.schedule = 2;
+        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
+    }
+    free(o_ref);
+    free(out);
+    free(of_ref);
+    free(of);
+    free(lse_ref);
+    free(lse);
+    case_free(&c);
+}
+
+START_TEST(test_hybrid)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x55);
+    sa_shape a = shape(1, 4, 1, 300, 1300); /* 3 tiles, 11 blocks, partial last tile */
+    run_hybrid(&a, 6, 3, 0, &r);
+    if (small_only())
+        return;
+    sa_shape b = shape(2, 16, 1, 700, 3000);
+    run_hybrid(&b, 8, 5, 0, &r);
+    run_hybrid(&b, 8, 0, 0, &r); /* nothing shared: all KV-centric */
+    run_hybrid(&b, 8, 8, 0, &r); /* all shared: all Q-centric */
+    sa_shape d = shape(1, 8, 2, 900, 1200); /* causal, len_kv > len_q */
+    run_hybrid(&d, 6, 3, 1, &r);
+    sa_shape e = shape(1, 2, 2, 600, 600); /* GQA 1, square causal */
+    run_hybrid(&e, 4, 2, 1, &r);
+}
+END_TEST
+
 /* Corrupted lists: the GPU validation returns what sa_query_lists_check returns (the first bad
  * row and slot decide), and O stays poisoned: the attention never ran. */
 static void expect_error(kv_case *c, int allow_empty, int with_counts)
@@ -549,6 +724,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_small);
     tcase_add_test(tc, test_causal);
+    tcase_add_test(tc, test_hybrid);
     tcase_add_test(tc, test_validation);
     tcase_add_test(tc, test_own_workspace);
     tcase_add_test(tc, test_gqa);
