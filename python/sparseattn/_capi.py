@@ -25,6 +25,7 @@ SA_ROLE_GPU_VERDICT = 1 << 3
 
 SA_LISTS_INDEPENDENT, SA_LISTS_PAIRED = 0, 1
 SA_KV_PARTIAL_F32, SA_KV_PARTIAL_BF16 = 0, 1
+SA_KV_SCHEDULE_KV, SA_KV_SCHEDULE_HYBRID = 0, 1  # sa_kv_params.schedule
 
 # sa_status (sparseattn.h). The texts come from the library's sa_strerror.
 STATUS_NAMES = {

@@ -3,7 +3,8 @@
 stream)."""
 import ctypes
 
-from ._capi import (SA_ERR_NO_DEVICE, SA_ERR_NOT_BUILT, SA_KV_PARTIAL_BF16,
+from ._capi import (SA_ERR_NO_DEVICE, SA_ERR_NOT_BUILT, SA_KV_PARTIAL_BF16, SA_KV_SCHEDULE_HYBRID,
+                    SA_KV_SCHEDULE_KV,
                     SA_KV_PARTIAL_F32, SA_ROLE_DEFAULT_DENSE, SA_ROLE_DEFAULT_TILE,
                     SA_ROLE_GPU_VERDICT, SA_ROLE_SPARSE, SaGpuAttn, SaKvParams, SaQueryLists,
                     SaTileLists)
@@ -273,7 +274,7 @@ def dense(q, k, v, s, layout, causal, stage):
 
 
 def query_sparse(q, k, v, indices, counts, s, max_blocks, layout, validate, allow_empty_rows,
-                 causal, allow_future_blocks, partial_format):
+                 causal, allow_future_blocks, partial_format, schedule):
     """The KV-centric GPU entry point (sa_kvcentric_attention), workspace from torch's
     allocator."""
     t = torch_mod()
@@ -293,6 +294,7 @@ def query_sparse(q, k, v, indices, counts, s, max_blocks, layout, validate, allo
         p.partial_format = {"f32": SA_KV_PARTIAL_F32, "bf16": SA_KV_PARTIAL_BF16}[partial_format]
         p.validate, p.allow_empty_rows = validate, allow_empty_rows
         p.causal, p.allow_future_blocks = causal, allow_future_blocks
+        p.schedule = {"kv": SA_KV_SCHEDULE_KV, "hybrid": SA_KV_SCHEDULE_HYBRID}[schedule]
         p.stream = stream_ptr()
         size = ctypes.c_size_t(0)
         rc = lib.sa_kv_workspace_size(ctypes.byref(p), ctypes.byref(size))

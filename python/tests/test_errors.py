@@ -70,6 +70,8 @@ def test_options(inputs):
         sa.block_sparse_attention(q, k, v, idx, verdict=object())
     with pytest.raises(ValueError, match=r"^partial_format must be"):
         sa.query_sparse_attention(q, k, v, idx, partial_format="fp8")
+    with pytest.raises(ValueError, match=r"^schedule must be"):
+        sa.query_sparse_attention(q, k, v, idx, schedule="auto")
 
 
 @pytest.mark.parametrize("case,code,name", [

@@ -190,6 +190,32 @@ def test_gpu_query_sparse_matches_reference(rng, partial_format):
 
 
 @gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_query_sparse_hybrid(rng, causal):
+    # Tiles of 128 queries that share 3 blocks (in every list) and add 0..2 of their own.
+    q, k, v = qkv(rng, 1, 4, 1, 256, 1024, 128)
+    idx = np.full((1, 1, 256, 5), -1, np.int32)
+    cnt = np.zeros((1, 1, 256), np.int32)
+    for t in range(2):
+        # Causally (len_kv - len_q = 768) query qq sees blocks 0 .. (qq + 768) // 128; the shared
+        # blocks are drawn among those the tile's first query sees.
+        vis0 = (t * 128 + 768) // 128 + 1 if causal else 8
+        shared = [int(b) for b in rng.permutation(vis0)[:3]]
+        for i in range(128):
+            qq = t * 128 + i
+            vis = (qq + 768) // 128 + 1 if causal else 8
+            own = [int(b) for b in rng.permutation(vis) if b not in shared]
+            own = own[:int(rng.integers(0, 3))]
+            row = shared + own
+            idx[0, 0, qq, :len(row)] = row
+            cnt[0, 0, qq] = len(row)
+    o_ref, lse_ref = sa.query_sparse_attention(q, k, v, idx, cnt, causal=causal)
+    o, lse = sa.query_sparse_attention(*cuda_bf16(q, k, v), *cuda(idx, cnt), causal=causal,
+                                       schedule="hybrid")
+    assert_matches(o, lse, o_ref, lse_ref)
+
+
+@gpu
 def test_gpu_query_sparse_causal(rng):
     # len_q > len_kv: the first queries see no key; future blocks allowed (they add nothing).
     q, k, v = qkv(rng, 1, 4, 1, 400, 300, 128)
