@@ -509,9 +509,10 @@ START_TEST(test_causal_empty_rows)
 }
 END_TEST
 
-/* The KV-centric GPU path has no causal mask yet: its entry points say so (before any CUDA
- * call, so host pointers do here), and apply the flag rule to both new fields. */
-START_TEST(test_kvcentric_refuses_causal)
+/* The KV-centric GPU path masks causally on its wgmma kernel only: with the mma.sync kernel its
+ * entry points say so (before any CUDA call, so host pointers do here); the flag rule holds for
+ * both fields. */
+START_TEST(test_kvcentric_causal_args)
 {
     static uint16_t dummy[64];
     static int32_t lists[1];
@@ -526,9 +527,14 @@ START_TEST(test_kvcentric_refuses_causal)
     const int built = sa_selector_by_name("r1")->cuda != NULL; /* a CUDA build */
     size_t bytes = 0;
     p.causal = 1;
+    p.attend = SA_KV_ATTEND_MMA_SYNC;
     const int unsupported = built ? SA_ERR_UNSUPPORTED : SA_ERR_NOT_BUILT;
     ck_assert_int_eq(sa_kv_workspace_size(&p, &bytes), unsupported);
     ck_assert_int_eq(sa_kvcentric_attention(&p), unsupported);
+    p.attend = SA_KV_ATTEND_WGMMA; /* accepted: without a device, that is what it answers */
+    if (!sa_gpu_available())
+        ck_assert_int_eq(sa_kvcentric_attention(&p),
+                         built ? SA_ERR_NO_DEVICE : SA_ERR_NOT_BUILT);
     p.causal = 2;
     ck_assert_int_eq(sa_kv_workspace_size(&p, &bytes), built ? SA_ERR_ARG : SA_ERR_NOT_BUILT);
     p.causal = 0;
@@ -550,7 +556,7 @@ int main(void)
     tcase_add_loop_test(tc, test_causal_all_blocks_is_dense, 0, NSHAPES);
     tcase_add_loop_test(tc, test_causal_empty_rows, 0, NSHAPES);
     tcase_add_test(tc, test_causal_validator_codes);
-    tcase_add_test(tc, test_kvcentric_refuses_causal);
+    tcase_add_test(tc, test_kvcentric_causal_args);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
