@@ -36,6 +36,7 @@ typedef struct run_cfg {
     int stage;            /* GPU stage id, 0 = choose */
     int json;
     int skip_dense;
+    int causal; /* --causal: the selectors, the mass and every attention row causal */
     /* resolved */
     int cuda;           /* runs on the GPU */
     int reduced; /* shape fields that took the CPU's default where the GPU's differs: 1 heads_q,
@@ -66,6 +67,10 @@ static void run_usage(FILE *f)
             "                    selector writes tile lists, else cpu)\n"
             "  --no-dense        skip everything that needs the dense scores: dense attention,\n"
             "                    the recall, and the oracle and random rows\n"
+            "  --causal          causal attention, bottom-right aligned (query i sees key j when\n"
+            "                    j <= i + len_kv - len_q): the selectors, the recall's exact mass\n"
+            "                    and every attention row; runs on the CPU (the GPU selectors have\n"
+            "                    no causal mask yet)\n"
             "  --json            one machine-readable line instead of the table\n"
             "selectors:",
             RUN_TOPK, RUN_SELECTOR, RUN_WORKLOAD, RUN_STRENGTH, RUN_WORKLOAD);
@@ -93,10 +98,15 @@ static double double_arg(int argc, char **argv, int *i)
 static void resolve_device(run_cfg *c)
 {
     const sa_selector *sel = sa_selector_by_name(c->selector);
+    if (c->causal && !strcmp(c->device, "cuda"))
+        cli_usage_error("run: --causal runs on the CPU (the GPU selectors have no causal mask "
+                        "yet): use --device cpu or auto");
     if (!strcmp(c->device, "cuda"))
         c->cuda = 1;
     else if (!strcmp(c->device, "auto")) {
-        if (!sa_gpu_available())
+        if (c->causal)
+            c->why_cpu = "--causal: the GPU selectors have no causal mask yet";
+        else if (!sa_gpu_available())
             c->why_cpu = "no GPU found";
         else if (sel->per_query)
             c->why_cpu = "the selector writes per-query lists, which the GPU stages do not read";
@@ -151,6 +161,8 @@ static void parse(int argc, char **argv, run_cfg *c)
             c->json = 1;
         else if (!strcmp(a, "--no-dense"))
             c->skip_dense = 1;
+        else if (!strcmp(a, "--causal"))
+            c->causal = 1;
         else
             cli_usage_error("run: unknown flag '%s' (sparseattn run --help)", a);
     }
@@ -178,9 +190,21 @@ static void parse(int argc, char **argv, run_cfg *c)
                         sa_kv_blocks(&c->s), c->s.len_kv);
 }
 
-/* Keys attended by all query rows: sum over rows of the valid keys of their selected blocks,
- * times the heads that read each row. */
-static double selected_keys_tiles(const sa_shape *s, const int32_t *idx, int k)
+/* The keys of block b that query i attends: its valid keys, causally only those up to the
+ * query's last visible key (sa_causal_last_key). */
+static int visible_keys(const sa_shape *s, int causal, int i, int b)
+{
+    int len = sa_block_len(s, b);
+    if (!causal)
+        return len;
+    long long n = (long long)sa_causal_last_key(s, i) - (long long)b * SA_TILE + 1;
+    return n < 0 ? 0 : (n > len ? len : (int)n);
+}
+
+/* Keys attended by all query rows: sum over rows of the keys of their selected blocks that
+ * they attend, times the heads that read each row. */
+static double selected_keys_tiles(const sa_shape *s, int causal, const int32_t *idx,
+                                  const int32_t *cnt, int k)
 {
     double keys = 0;
     size_t rows = (size_t)s->batch * s->heads_kv * sa_q_tiles(s);
@@ -188,21 +212,35 @@ static double selected_keys_tiles(const sa_shape *s, const int32_t *idx, int k)
     for (size_t r = 0; r < rows; r++) {
         int tile = (int)(r % (size_t)sa_q_tiles(s));
         int queries = s->len_q - tile * SA_TILE < SA_TILE ? s->len_q - tile * SA_TILE : SA_TILE;
-        for (int j = 0; j < k; j++)
-            keys += (double)queries * group * sa_block_len(s, idx[r * k + j]);
+        for (int j = 0; j < (cnt ? cnt[r] : k); j++)
+            for (int i = 0; i < queries; i++)
+                keys += (double)group * visible_keys(s, causal, tile * SA_TILE + i, idx[r * k + j]);
     }
     return keys;
 }
 
-static double selected_keys_queries(const sa_shape *s, const int32_t *idx, int k)
+static double selected_keys_queries(const sa_shape *s, int causal, const int32_t *idx,
+                                    const int32_t *cnt, int k)
 {
     double keys = 0;
     size_t rows = sa_query_rows(s);
     int group = s->heads_q / s->heads_kv;
     for (size_t r = 0; r < rows; r++)
-        for (int j = 0; j < k; j++)
-            keys += (double)group * sa_block_len(s, idx[r * k + j]);
+        for (int j = 0; j < (cnt ? cnt[r] : k); j++)
+            keys += (double)group *
+                    visible_keys(s, causal, (int)(r % (size_t)s->len_q), idx[r * k + j]);
     return keys;
+}
+
+/* Keys of dense attention over all query rows and heads. */
+static double dense_keys(const sa_shape *s, int causal)
+{
+    double keys = 0;
+    for (int i = 0; i < s->len_q; i++) {
+        long long n = causal ? (long long)sa_causal_last_key(s, i) + 1 : s->len_kv;
+        keys += n < 0 ? 0 : (double)n;
+    }
+    return keys * s->batch * s->heads_q;
 }
 
 static void die_status(const char *what, int err)
@@ -226,13 +264,14 @@ typedef struct run_row {
     const char *select_on; /* "cpu", "cuda", or "-" */
     int per_query;
     int32_t *idx;          /* NULL for dense */
+    int32_t *cnt;          /* per-row counts (causal selectors), else NULL: every row holds k */
     double select_s, attn_s, useful_flops;
     double recall_mean, recall_p5, err_dense;
 } run_row;
 
 static void row_init(run_row *r, const char *name, const char *select_on)
 {
-    *r = (run_row){name, select_on, 0, NULL, NAN, NAN, NAN, NAN, NAN, NAN};
+    *r = (run_row){name, select_on, 0, NULL, NULL, NAN, NAN, NAN, NAN, NAN, NAN};
 }
 
 /* The lists of `sel` into r->idx, on the CPU, timed. */
@@ -240,9 +279,12 @@ static void select_cpu(const sa_selector *sel, const sa_shape *s, const uint16_t
                        const uint16_t *k, const sa_select_params *p, run_row *r)
 {
     r->per_query = sel->per_query;
-    r->idx = xmalloc(sa_selector_list_len(sel, s, p->k) * sizeof *r->idx);
+    const size_t len = sa_selector_list_len(sel, s, p->k);
+    r->idx = xmalloc(len * sizeof *r->idx);
+    /* Causally a row lists only the blocks it can see: the selector writes counts. */
+    r->cnt = p->causal ? xmalloc(len / (size_t)p->k * sizeof *r->cnt) : NULL;
     double t0 = cli_now();
-    int err = sel->cpu(s, q, k, p, r->idx, NULL);
+    int err = sel->cpu(s, q, k, p, r->idx, r->cnt);
     r->select_s = cli_now() - t0;
     if (err)
         die_status(sel->name, err);
@@ -250,17 +292,17 @@ static void select_cpu(const sa_selector *sel, const sa_shape *s, const uint16_t
 
 /* Block-sparse attention on the CPU reference over r's lists, timed; FP32 output into of. */
 static void attend_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                       int topk, run_row *r, uint16_t *o, float *of)
+                       int topk, const sa_attn_opts *opts, run_row *r, uint16_t *o, float *of)
 {
     sa_outputs out = {o, of, NULL};
     double t0 = cli_now();
     int err;
     if (r->per_query) {
-        sa_query_lists l = {r->idx, NULL, topk};
-        err = sa_ref_query_sparse(s, q, k, v, &l, NULL, &out);
+        sa_query_lists l = {r->idx, r->cnt, topk};
+        err = sa_ref_query_sparse(s, q, k, v, &l, opts, &out);
     } else {
-        sa_tile_lists l = {r->idx, NULL, s->heads_kv, topk};
-        err = sa_ref_tile_sparse(s, q, k, v, &l, NULL, &out);
+        sa_tile_lists l = {r->idx, r->cnt, s->heads_kv, topk};
+        err = sa_ref_tile_sparse(s, q, k, v, &l, opts, &out);
     }
     r->attn_s = cli_now() - t0;
     if (err)
@@ -416,9 +458,10 @@ static void print_table(const run_cfg *c, const run_row *rows, int nrows, const 
                  "in seconds (the GPU's: %s, %g times the work); the shape flags change %s",
                  mine, nred > 1 ? "are" : "is", nred > 1 ? "s" : "", gpus, work,
                  nred > 1 ? "them" : "it");
-    snprintf(line, sizeof line, "shape B=%d Hq=%d Hkv=%d Sq=%d Skv=%d D=%d, seed %llu%s",
+    snprintf(line, sizeof line, "shape B=%d Hq=%d Hkv=%d Sq=%d Skv=%d D=%d%s, seed %llu%s",
              s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim,
-             (unsigned long long)c->seed, note);
+             c->causal ? ", causal (bottom-right aligned)" : "", (unsigned long long)c->seed,
+             note);
     wrap(line, 2, 4);
     snprintf(line, sizeof line, "workload %s, strength %g: %s", wl->name, c->strength,
              wl->description);
@@ -516,6 +559,10 @@ int cmd_run(int argc, char **argv)
     sa_select_params_default(&p);
     p.k = c.topk;
     p.seed = c.seed; /* the "random" selector draws its lists from the run's seed */
+    p.causal = c.causal;
+    sa_attn_opts opts; /* of the CPU reference rows and the mass */
+    sa_attn_opts_default(&opts);
+    opts.causal = c.causal;
 
     /* Rows: the selector, then (unless --no-dense) the oracle and random where the selector is
      * neither, then dense. */
@@ -552,19 +599,21 @@ int cmd_run(int argc, char **argv)
                 select_cpu(others[i], s, q, k, &p, r);
             }
     for (int i = 0; i < nrows; i++)
-        rows[i].useful_flops = 4.0 * s->head_dim *
-                               (rows[i].per_query ? selected_keys_queries(s, rows[i].idx, c.topk)
-                                                  : selected_keys_tiles(s, rows[i].idx, c.topk));
+        rows[i].useful_flops =
+            4.0 * s->head_dim *
+            (rows[i].per_query
+                 ? selected_keys_queries(s, c.causal, rows[i].idx, rows[i].cnt, c.topk)
+                 : selected_keys_tiles(s, c.causal, rows[i].idx, rows[i].cnt, c.topk));
 
     /* Recall of the exact mass (CPU, either device). */
     if (!c.skip_dense) {
         cli_progress("run: exact attention mass per block");
         float *mass = xmalloc(nl * (size_t)sa_kv_blocks(s) * sizeof(float));
-        if ((err = sa_block_mass(s, q, k, mass)))
+        if ((err = sa_block_mass_opts(s, q, k, &opts, mass)))
             die_status("block mass", err);
         for (int i = 0; i < nrows; i++)
-            if ((err = sa_lists_recall_stats(s, mass, rows[i].per_query, rows[i].idx, NULL,
-                                             c.topk, NULL, RUN_PERCENTILE, &rows[i].recall_mean,
+            if ((err = sa_lists_recall_stats(s, mass, rows[i].per_query, rows[i].idx, rows[i].cnt,
+                                             c.topk, &opts, RUN_PERCENTILE, &rows[i].recall_mean,
                                              &rows[i].recall_p5, NULL)))
                 die_status("recall", err);
         free(mass);
@@ -574,8 +623,7 @@ int cmd_run(int argc, char **argv)
     row_init(&dense_row, "dense", "-");
     dense_row.recall_mean = dense_row.recall_p5 = c.skip_dense ? NAN : 1.0;
     dense_row.err_dense = c.skip_dense ? NAN : 0.0;
-    dense_row.useful_flops = 4.0 * s->batch * s->heads_q * (double)s->len_q * s->len_kv *
-                             s->head_dim;
+    dense_row.useful_flops = 4.0 * s->head_dim * dense_keys(s, c.causal);
     const char *attn_on = "the CPU reference (OpenMP + OpenBLAS)", *stage_name = "reference";
     char device_line[512];
     double err_ref = NAN;
@@ -591,14 +639,14 @@ int cmd_run(int argc, char **argv)
             cli_progress("run: dense attention");
             sa_outputs dout = {o, dense_f, NULL};
             double t0 = cli_now();
-            err = sa_ref_dense(s, q, k, v, &dout);
+            err = sa_ref_dense_opts(s, q, k, v, &opts, &dout);
             dense_row.attn_s = cli_now() - t0;
             if (err)
                 die_status("dense attention", err);
         }
         for (int i = 0; i < nrows; i++) {
             cli_progress("run: block-sparse attention (%s)", rows[i].name);
-            attend_cpu(s, q, k, v, c.topk, &rows[i], o, of);
+            attend_cpu(s, q, k, v, c.topk, &opts, &rows[i], o, of);
             if (have_dense)
                 rows[i].err_dense = sa_rel_l2(of, dense_f, nq);
         }
@@ -668,10 +716,11 @@ int cmd_run(int argc, char **argv)
         printf("{\"command\":\"run\",\"device\":\"%s\",\"device_flag\":\"%s\",\"selector\":\"%s\","
                "\"select_on\":\"%s\",\"workload\":\"%s\",\"strength\":%g,\"attention\":\"%s\","
                "\"batch\":%d,\"heads_q\":%d,\"heads_kv\":%d,\"len_q\":%d,\"len_kv\":%d,"
-               "\"head_dim\":%d,\"topk\":%d,\"seed\":%llu,\"cpu_default_shape\":%s",
+               "\"head_dim\":%d,\"topk\":%d,\"seed\":%llu,\"cpu_default_shape\":%s,\"causal\":%s",
                c.cuda ? "cuda" : "cpu", c.device, c.selector, m->select_on, c.workload,
                c.strength, stage_name, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv,
-               s->head_dim, c.topk, (unsigned long long)c.seed, c.reduced ? "true" : "false");
+               s->head_dim, c.topk, (unsigned long long)c.seed, c.reduced ? "true" : "false",
+               c.causal ? "true" : "false");
         json_num("select_s", m->select_s, "%.6f");
         json_num("attention_s", m->attn_s, "%.6f");
         json_num("useful_gflops", m->useful_flops / m->attn_s * 1e-9, "%.3f");
@@ -706,7 +755,7 @@ int cmd_run(int argc, char **argv)
         print_table(&c, all, nrows + (c.skip_dense ? 0 : 1), attn_on, device_line, err_ref);
     }
     for (int i = 0; i < nrows; i++)
-        free(rows[i].idx);
+        free(rows[i].idx), free(rows[i].cnt);
     free(q), free(k), free(v), free(o), free(of), free(lse), free(dense_f);
     return 0;
 }

@@ -58,6 +58,21 @@ done
 table=$("$cli" run --len-q 256 --len-kv 1024 --heads-q 4 --topk 2 --no-dense --device cpu) || { echo "FAIL: run --no-dense"; fail=1; }
 case "$table" in *$'\noracle '*) echo "FAIL: run --no-dense has an oracle row: $table"; fail=1 ;; esac
 case "$table" in *"device cpu"*) ;; *) echo "FAIL: run --device cpu: $table"; fail=1 ;; esac
+# --causal: on the CPU (the GPU selectors have no causal mask), every row causal; a causal
+# run's dense row does about half the work of the same run without it.
+expect 2 "run --causal --device cuda" "$cli" run --causal --device cuda
+cj=$("$cli" run --len-q 512 --len-kv 512 --heads-q 2 --topk 2 --causal --json) || { echo "FAIL: run --causal"; fail=1; }
+nj=$("$cli" run --len-q 512 --len-kv 512 --heads-q 2 --topk 2 --device cpu --json) || { echo "FAIL: run without --causal"; fail=1; }
+case "$cj" in *'"causal":true'*'"device":"cpu"'*|*'"device":"cpu"'*'"causal":true'*) ;; *) echo "FAIL: run --causal --json: $cj"; fail=1 ;; esac
+case "$nj" in *'"causal":false'*) ;; *) echo "FAIL: run --json without --causal: $nj"; fail=1 ;; esac
+python3 - "$cj" "$nj" <<'PY' || { echo "FAIL: causal dense work is not about half"; fail=1; }
+import json, sys
+c, n = (json.loads(a) for a in sys.argv[1:3])
+# useful GFLOP/s x seconds = the work: causal 512 x 512 attends 512 * 513 / 2 pairs of 512 * 512.
+wc, wn = c["dense_gflops"] * c["dense_s"], n["dense_gflops"] * n["dense_s"]
+assert abs(wc / wn - 513 / 1024) < 1e-3, (wc, wn)
+assert 0 < c["recall_mean"] <= 1
+PY
 
 # The default run, what README's first command shows: the r1 row beside the oracle's, on the CPU
 # where no GPU is present (its smaller default shape), in a few seconds.
