@@ -134,7 +134,8 @@ int sa_kv_index_ref(const sa_shape *s, const sa_query_lists *l, int task_queries
             kt[t].key = ((bh * windows + q / wq) << 31) | t; /* t < 2^31: position tie-break */
         }
     }
-    qsort(kt, (size_t)t, sizeof *kt, keyed_cmp);
+    if (t > 0) /* qsort's base must not be NULL, even for 0 elements */
+        qsort(kt, (size_t)t, sizeof *kt, keyed_cmp);
     for (int i = 0; i < t; i++)
         tasks[i] = kt[i].task;
     free(kt);
