@@ -134,8 +134,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="smollm2, gemma3 or a .gguf path")
-    ap.add_argument("--text", default="/usr/share/common-licenses/GFDL-1.3",
-                    help="file, .gz or folder (default: GFDL-1.3, held out from the captures)")
+    ap.add_argument("--text", action="append",
+                    help="file, .gz or folder, repeatable, read in the order given (default: "
+                         "GFDL-1.3, held out from the captures)")
     ap.add_argument("--tokens", type=int, default=2048, help="tokens of text, from its start")
     ap.add_argument("--selectors", default="r1,r4,nvfp4,oracle")
     ap.add_argument("--budgets", default="4,8,12", help="blocks of 128 keys per query tile")
@@ -168,7 +169,7 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32,
                                                  attn_implementation="sdpa").eval()
     t_load = time.time() - t0
-    ids, used = cap.read_text([a.text], tok, a.tokens)
+    ids, used = cap.read_text(a.text or ["/usr/share/common-licenses/GFDL-1.3"], tok, a.tokens)
     cfg = model.config
     types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
 
