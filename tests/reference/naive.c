@@ -272,3 +272,64 @@ const char *nv_check_partials(const nv_case *c, const int32_t *idx, const int32_
     free(has);
     return msg;
 }
+
+long long nv_last_key(const sa_shape *s, int i) { return (long long)i + s->len_kv - s->len_q; }
+
+int nv_visible_blocks(long long last) { return last < 0 ? 0 : (int)(last / 128) + 1; }
+
+int nv_tile_visible(const sa_shape *s, int t)
+{
+    int row = t * 128 + 127 < s->len_q ? t * 128 + 127 : s->len_q - 1; /* last valid row */
+    return nv_visible_blocks(nv_last_key(s, row));
+}
+
+size_t nv_tile_rows(const sa_shape *s, int lh) { return (size_t)s->batch * lh * sa_q_tiles(s); }
+
+void nv_fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *counts, size_t rows,
+                  int per, int tiles, int k, int causal, int future, int last_empty)
+{
+    const int nb = sa_kv_blocks(s);
+    int32_t *perm = nv_malloc((size_t)nb * sizeof *perm);
+    for (size_t row = 0; row < rows; row++) {
+        int x = (int)(row % (size_t)per);
+        int vis = !causal  ? nb
+                  : tiles ? nv_tile_visible(s, x)
+                          : nv_visible_blocks(nv_last_key(s, x));
+        int most = k < vis ? k : vis;
+        int c = most == 0 || (last_empty && rows > 1 && row == rows - 1) || sa_rng_below(r, 6) == 0
+                    ? 0
+                    : 1 + (int)sa_rng_below(r, (uint32_t)most);
+        for (int b = 0; b < vis; b++)
+            perm[b] = b;
+        for (int j = 0; j < c; j++) {
+            int m = j + (int)sa_rng_below(r, (uint32_t)(vis - j));
+            int32_t t = perm[j];
+            perm[j] = perm[m];
+            perm[m] = t;
+        }
+        int32_t *out = idx + row * (size_t)k;
+        for (int j = 0; j < k; j++)
+            out[j] = j < c ? perm[j] : -1;
+        if (future && c < k && vis < nb) {
+            int at = (int)sa_rng_below(r, (uint32_t)c + 1);
+            out[c] = out[at];
+            out[at] = vis + (int)sa_rng_below(r, (uint32_t)(nb - vis));
+            c++;
+        }
+        counts[row] = c;
+    }
+    free(perm);
+}
+
+int nv_has_future(const sa_shape *s, const int32_t *idx, const int32_t *counts, size_t rows,
+                  int per, int tiles, int k)
+{
+    for (size_t row = 0; row < rows; row++) {
+        int x = (int)(row % (size_t)per);
+        int vis = tiles ? nv_tile_visible(s, x) : nv_visible_blocks(nv_last_key(s, x));
+        for (int j = 0; j < counts[row]; j++)
+            if (idx[row * k + j] >= vis)
+                return 1;
+    }
+    return 0;
+}

@@ -70,4 +70,24 @@ void nv_shuffle_rows(sa_rng *r, int32_t *indices, size_t rows, int max_blocks);
 void nv_random_counts(sa_rng *r, int32_t *counts, size_t rows, int max_blocks);
 void *nv_malloc(size_t bytes);
 
+/* Causal geometry from the definition (not from the library's helpers): query i's last visible
+ * key, the blocks [0, n) a last key makes visible, the blocks tile t's last valid row sees, and
+ * the rows of tile lists with lh list heads. */
+long long nv_last_key(const sa_shape *s, int i);
+int nv_visible_blocks(long long last);
+int nv_tile_visible(const sa_shape *s, int t);
+size_t nv_tile_rows(const sa_shape *s, int lh);
+
+/* Random list rows of k slots, `per` rows per (batch, head) (tiles when `tiles`, else queries):
+ * a count in [0, min(k, usable)], usable = every block, or with causal the row's visible ones
+ * (about one row in six empty, and with last_empty the last row when there are several);
+ * distinct blocks in random order, -1 past the count. With `future` (causal), a row that has
+ * room and lies before the last block also gets one block wholly after its last visible key, at
+ * a random slot. */
+void nv_fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *counts, size_t rows,
+                  int per, int tiles, int k, int causal, int future, int last_empty);
+/* 1 when some row of such lists names a block past its visible prefix (causally). */
+int nv_has_future(const sa_shape *s, const int32_t *idx, const int32_t *counts, size_t rows,
+                  int per, int tiles, int k);
+
 #endif

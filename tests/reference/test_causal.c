@@ -43,70 +43,6 @@ static sa_rng rng_for(int test, int i)
                       sa_test_seed());                                                           \
     } while (0)
 
-/* The definition, written out here: query i's last visible key, and the blocks [0, n) a last
- * key makes visible. */
-static long long last_key(const sa_shape *s, int i) { return (long long)i + s->len_kv - s->len_q; }
-static int visible_blocks(long long last) { return last < 0 ? 0 : (int)(last / 128) + 1; }
-static int tile_visible(const sa_shape *s, int t)
-{
-    int row = t * 128 + 127 < s->len_q ? t * 128 + 127 : s->len_q - 1; /* last valid row */
-    return visible_blocks(last_key(s, row));
-}
-
-/* Random rows of k slots: a count in [0, min(k, visible)] (about one row in six empty), then
- * distinct visible blocks in random order. With `future`, a row that has room and lies before
- * the last block also gets one block wholly after its last visible key, at a random slot. */
-static void fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *counts, size_t rows,
-                      int per, int tiles, int k, int future)
-{
-    const int nb = sa_kv_blocks(s);
-    int32_t *perm = nv_malloc((size_t)nb * sizeof *perm);
-    for (size_t row = 0; row < rows; row++) {
-        int x = (int)(row % (size_t)per);
-        int vis = tiles ? tile_visible(s, x) : visible_blocks(last_key(s, x));
-        int most = k < vis ? k : vis;
-        int c = most == 0 || sa_rng_below(r, 6) == 0 ? 0 : 1 + (int)sa_rng_below(r, (uint32_t)most);
-        for (int b = 0; b < vis; b++)
-            perm[b] = b;
-        for (int j = 0; j < c; j++) {
-            int m = j + (int)sa_rng_below(r, (uint32_t)(vis - j));
-            int32_t t = perm[j];
-            perm[j] = perm[m];
-            perm[m] = t;
-        }
-        int32_t *out = idx + row * (size_t)k;
-        for (int j = 0; j < k; j++)
-            out[j] = j < c ? perm[j] : -1;
-        if (future && c < k && vis < nb) {
-            int at = (int)sa_rng_below(r, (uint32_t)c + 1);
-            out[c] = out[at];
-            out[at] = vis + (int)sa_rng_below(r, (uint32_t)(nb - vis));
-            c++;
-        }
-        counts[row] = c;
-    }
-    free(perm);
-}
-
-static size_t tile_rows_of(const sa_shape *s, int lh)
-{
-    return (size_t)s->batch * lh * sa_q_tiles(s);
-}
-
-/* 1 when some row of these lists names a block past its visible prefix. */
-static int has_future(const sa_shape *s, const int32_t *idx, const int32_t *counts, size_t rows,
-                      int per, int tiles, int k)
-{
-    for (size_t row = 0; row < rows; row++) {
-        int x = (int)(row % (size_t)per);
-        int vis = tiles ? tile_visible(s, x) : visible_blocks(last_key(s, x));
-        for (int j = 0; j < counts[row]; j++)
-            if (idx[row * k + j] >= vis)
-                return 1;
-    }
-    return 0;
-}
-
 static const sa_attn_opts causal_on = {.allow_empty_rows = 1, .validate = 1, .causal = 1};
 static const sa_attn_opts causal_future = {
     .allow_empty_rows = 1, .validate = 1, .causal = 1, .allow_future_blocks = 1};
@@ -116,17 +52,17 @@ START_TEST(test_geometry)
 {
     const sa_shape *s = &shapes[_i];
     for (int i = -1; i <= s->len_q; i++) {
-        long long want = i < 0 || i >= s->len_q ? -1 : last_key(s, i);
+        long long want = i < 0 || i >= s->len_q ? -1 : nv_last_key(s, i);
         if (want < 0)
             want = -1;
         int got = sa_causal_last_key(s, i);
         ck_assert_msg((got < 0 ? -1 : got) == want, "last key of query %d: %d", i, got);
-        int vb = i < 0 || i >= s->len_q ? 0 : visible_blocks(last_key(s, i));
+        int vb = i < 0 || i >= s->len_q ? 0 : nv_visible_blocks(nv_last_key(s, i));
         ck_assert_int_eq(sa_causal_query_blocks(s, i), vb);
     }
     for (int t = -1; t <= sa_q_tiles(s); t++)
         ck_assert_int_eq(sa_causal_tile_blocks(s, t),
-                         t < 0 || t >= sa_q_tiles(s) ? 0 : tile_visible(s, t));
+                         t < 0 || t >= sa_q_tiles(s) ? 0 : nv_tile_visible(s, t));
     sa_shape bad = *s;
     bad.heads_q = 3 * s->heads_kv + (s->heads_kv > 1);
     bad.len_kv = 0;
@@ -182,14 +118,14 @@ START_TEST(test_causal_tile)
     for (int h = 0; h < 2; h++)
         for (int future = 0; future < 2; future++) {
             int k = 1 + (int)sa_rng_below(&r, (uint32_t)nb);
-            size_t rows = tile_rows_of(s, heads[h]);
+            size_t rows = nv_tile_rows(s, heads[h]);
             int32_t *idx = nv_malloc(rows * k * sizeof *idx);
             int32_t *counts = nv_malloc(rows * sizeof *counts);
-            fill_rows(&r, s, idx, counts, rows, tiles, 1, k, future);
+            nv_fill_rows(&r, s, idx, counts, rows, tiles, 1, k, 1, future, 0);
             sa_tile_lists l = {idx, counts, heads[h], k};
             nv_result res;
             nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, heads[h], k, 1}, &res);
-            if (future && has_future(s, idx, counts, rows, tiles, 1, k)) {
+            if (future && nv_has_future(s, idx, counts, rows, tiles, 1, k)) {
                 nv_out_poison(&out, s);
                 EXPECT_CODE(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &causal_on, &out.out),
                             SA_ERR_FUTURE_BLOCK);
@@ -232,11 +168,11 @@ START_TEST(test_causal_query)
         size_t rows = sa_query_rows(s);
         int32_t *idx = nv_malloc(rows * k * sizeof *idx);
         int32_t *counts = nv_malloc(rows * sizeof *counts);
-        fill_rows(&r, s, idx, counts, rows, s->len_q, 0, k, future);
+        nv_fill_rows(&r, s, idx, counts, rows, s->len_q, 0, k, 1, future, 0);
         sa_query_lists l = {idx, counts, k};
         nv_result res;
         nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 1}, &res);
-        if (future && has_future(s, idx, counts, rows, s->len_q, 0, k)) {
+        if (future && nv_has_future(s, idx, counts, rows, s->len_q, 0, k)) {
             nv_out_poison(&out, s);
             EXPECT_CODE(sa_ref_query_sparse(s, c.q, c.k, c.v, &l, &causal_on, &out.out),
                         SA_ERR_FUTURE_BLOCK);
@@ -271,12 +207,12 @@ START_TEST(test_causal_partials_combine)
     const int d = s->head_dim, k = 1 + (int)sa_rng_below(&r, (uint32_t)sa_kv_blocks(s));
     size_t qrows = sa_query_rows(s), nq = sa_lse_elems(s), np = nq * k;
     int32_t *idx = nv_malloc(qrows * k * sizeof *idx), *counts = nv_malloc(qrows * sizeof *counts);
-    fill_rows(&r, s, idx, counts, qrows, s->len_q, 0, k, 1);
+    nv_fill_rows(&r, s, idx, counts, qrows, s->len_q, 0, k, 1, 1, 0);
     sa_query_lists ql = {idx, counts, k};
     float *po = nv_malloc(np * d * sizeof *po), *pl = nv_malloc(np * sizeof *pl);
     sa_poison_f32(po, np * d);
     sa_poison_f32(pl, np);
-    if (has_future(s, idx, counts, qrows, s->len_q, 0, k)) {
+    if (nv_has_future(s, idx, counts, qrows, s->len_q, 0, k)) {
         EXPECT_CODE(sa_ref_query_partials_opts(s, c.q, c.k, c.v, &ql, &causal_on, po, pl),
                     SA_ERR_FUTURE_BLOCK);
         for (size_t i = 0; i < np; i++)
@@ -324,12 +260,12 @@ START_TEST(test_causal_all_blocks_is_dense)
     nv_out_alloc(&dense, s);
     nv_out_alloc(&out, s);
     ck_assert_int_eq(sa_ref_dense_opts(s, c.q, c.k, c.v, &causal_on, &dense.out), SA_OK);
-    size_t rows = tile_rows_of(s, s->heads_kv);
+    size_t rows = nv_tile_rows(s, s->heads_kv);
     int32_t *idx = nv_malloc(rows * nb * sizeof *idx), *counts = nv_malloc(rows * sizeof *counts);
     for (size_t row = 0; row < rows; row++) {
         for (int j = 0; j < nb; j++)
             idx[row * nb + j] = j;
-        counts[row] = tile_visible(s, (int)(row % (size_t)tiles));
+        counts[row] = nv_tile_visible(s, (int)(row % (size_t)tiles));
     }
     sa_tile_lists l = {idx, counts, s->heads_kv, nb};
     ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &causal_on, &out.out), SA_OK);
@@ -339,7 +275,7 @@ START_TEST(test_causal_all_blocks_is_dense)
                   sa_test_seed());
     l.counts = NULL;
     nv_out_poison(&out, s);
-    int want = tile_visible(s, 0) < nb ? SA_ERR_FUTURE_BLOCK : SA_OK;
+    int want = nv_tile_visible(s, 0) < nb ? SA_ERR_FUTURE_BLOCK : SA_OK;
     EXPECT_CODE(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &causal_on, &out.out), want);
     nv_out_poison(&out, s);
     ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &causal_future, &out.out), SA_OK);
@@ -471,10 +407,10 @@ START_TEST(test_causal_empty_rows)
     nv_out out;
     nv_out_alloc(&out, s);
     /* Each tile lists its diagonal block only (none where it sees nothing). */
-    size_t rows = tile_rows_of(s, s->heads_kv);
+    size_t rows = nv_tile_rows(s, s->heads_kv);
     int32_t *idx = nv_malloc(rows * sizeof *idx), *counts = nv_malloc(rows * sizeof *counts);
     for (size_t row = 0; row < rows; row++) {
-        int vis = tile_visible(s, (int)(row % (size_t)tiles));
+        int vis = nv_tile_visible(s, (int)(row % (size_t)tiles));
         idx[row] = vis ? vis - 1 : -1;
         counts[row] = vis ? 1 : 0;
     }

@@ -312,55 +312,6 @@ static const char *bw_compare(const bw_case *k, const nv_rows *rows)
 
 /* ---------------------------------------------------------------- lists */
 
-static long long last_key(const sa_shape *s, int i) { return (long long)i + s->len_kv - s->len_q; }
-static int visible_blocks(long long last) { return last < 0 ? 0 : (int)(last / 128) + 1; }
-static int tile_visible(const sa_shape *s, int t)
-{
-    int row = t * 128 + 127 < s->len_q ? t * 128 + 127 : s->len_q - 1;
-    return visible_blocks(last_key(s, row));
-}
-
-/* Random rows of k slots, `per` rows per (batch, head) (tiles or queries): a count in
- * [0, min(k, usable)], usable = every block, or with causal the row's visible ones; distinct
- * blocks in random order; the last row (when there are several) and about one in six others
- * empty. With `future` (causal), a row with room also gets one block wholly after its last
- * visible key. */
-static void fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *counts, size_t rows,
-                      int per, int tiles, int k, int causal, int future)
-{
-    const int nb = sa_kv_blocks(s);
-    int32_t *perm = nv_malloc((size_t)nb * sizeof *perm);
-    for (size_t row = 0; row < rows; row++) {
-        int x = (int)(row % (size_t)per);
-        int vis = !causal ? nb : tiles ? tile_visible(s, x) : visible_blocks(last_key(s, x));
-        int most = k < vis ? k : vis;
-        int c = most == 0 || (rows > 1 && row == rows - 1) || sa_rng_below(r, 6) == 0
-                    ? 0
-                    : 1 + (int)sa_rng_below(r, (uint32_t)most);
-        for (int b = 0; b < vis; b++)
-            perm[b] = b;
-        for (int j = 0; j < c; j++) {
-            int m = j + (int)sa_rng_below(r, (uint32_t)(vis - j));
-            int32_t t = perm[j];
-            perm[j] = perm[m];
-            perm[m] = t;
-        }
-        int32_t *out = idx + row * (size_t)k;
-        for (int j = 0; j < k; j++)
-            out[j] = j < c ? perm[j] : -1;
-        if (future && c < k && vis < nb) {
-            int at = (int)sa_rng_below(r, (uint32_t)c + 1);
-            out[c] = out[at];
-            out[at] = vis + (int)sa_rng_below(r, (uint32_t)(nb - vis));
-            c++;
-        }
-        counts[row] = c;
-    }
-    free(perm);
-}
-
-static size_t tile_rows_of(const sa_shape *s, int lh) { return (size_t)s->batch * lh * sa_q_tiles(s); }
-
 static const sa_attn_opts plain = {.allow_empty_rows = 1, .validate = 1};
 static const sa_attn_opts causal_on = {.allow_empty_rows = 1, .validate = 1, .causal = 1};
 static const sa_attn_opts causal_future = {
@@ -420,34 +371,28 @@ START_TEST(test_tile)
         for (int mode = 0; mode < 3; mode++) { /* plain, causal, causal with future blocks */
             const int causal = mode > 0, future = mode == 2;
             int kk = 1 + (int)sa_rng_below(&r, (uint32_t)nb);
-            size_t rows = tile_rows_of(s, heads[h]);
+            size_t rows = nv_tile_rows(s, heads[h]);
             int32_t *idx = nv_malloc(rows * kk * sizeof *idx);
             int32_t *counts = nv_malloc(rows * sizeof *counts);
-            fill_rows(&r, s, idx, counts, rows, tiles, 1, kk, causal, future);
+            nv_fill_rows(&r, s, idx, counts, rows, tiles, 1, kk, causal, future, 1);
             nv_rows nr = {NV_TILE, idx, counts, heads[h], kk, causal};
             const sa_attn_opts *o = !causal ? &plain : future ? &causal_future : &causal_on;
             EXPECT_OK(bw_run(&k, &nr, o), "tile backward");
             CHECK_BW(&k, &nr, !causal ? "tile lists" : future ? "causal tile lists, future"
                                                               : "causal tile lists");
-            if (future) {
-                int has = 0;
-                for (size_t row = 0; row < rows; row++)
-                    for (int j = 0; j < counts[row]; j++)
-                        has |= idx[row * kk + j] >= tile_visible(s, (int)(row % tiles));
-                if (has) {
-                    bw_poison(&k);
-                    sa_tile_lists l = {idx, counts, heads[h], kk};
-                    int got = sa_ref_tile_sparse_backward(s, k.c.q, k.c.k, k.c.v, &l, &causal_on,
-                                                          k.o, k.lse, k.d_o, k.dq, k.dk, k.dv);
-                    ck_assert_int_eq(got, SA_ERR_FUTURE_BLOCK);
-                    ck_assert_msg(bw_untouched(&k), "wrote gradients before failing");
-                }
+            if (future && nv_has_future(s, idx, counts, rows, tiles, 1, kk)) {
+                bw_poison(&k);
+                sa_tile_lists l = {idx, counts, heads[h], kk};
+                int got = sa_ref_tile_sparse_backward(s, k.c.q, k.c.k, k.c.v, &l, &causal_on,
+                                                      k.o, k.lse, k.d_o, k.dq, k.dk, k.dv);
+                ck_assert_int_eq(got, SA_ERR_FUTURE_BLOCK);
+                ck_assert_msg(bw_untouched(&k), "wrote gradients before failing");
             }
             free(idx);
             free(counts);
         }
     /* A duplicated block under validate = 0 (the forward then counts its keys twice). */
-    size_t rows = tile_rows_of(s, s->heads_q);
+    size_t rows = nv_tile_rows(s, s->heads_q);
     int32_t *idx = nv_malloc(rows * 2 * sizeof *idx);
     for (size_t row = 0; row < rows; row++)
         idx[2 * row] = idx[2 * row + 1] = (int32_t)sa_rng_below(&r, (uint32_t)nb);
@@ -475,26 +420,19 @@ START_TEST(test_query)
         size_t rows = sa_query_rows(s);
         int32_t *idx = nv_malloc(rows * kk * sizeof *idx);
         int32_t *counts = nv_malloc(rows * sizeof *counts);
-        fill_rows(&r, s, idx, counts, rows, s->len_q, 0, kk, causal, future);
+        nv_fill_rows(&r, s, idx, counts, rows, s->len_q, 0, kk, causal, future, 1);
         nv_rows nr = {NV_QUERY, idx, counts, 0, kk, causal};
         const sa_attn_opts *o = !causal ? &plain : future ? &causal_future : &causal_on;
         EXPECT_OK(bw_run(&k, &nr, o), "query backward");
         CHECK_BW(&k, &nr, !causal ? "query lists" : future ? "causal query lists, future"
                                                             : "causal query lists");
-        if (future) {
-            int has = 0;
-            for (size_t row = 0; row < rows; row++)
-                for (int j = 0; j < counts[row]; j++)
-                    has |= idx[row * kk + j] >=
-                           visible_blocks(last_key(s, (int)(row % (size_t)s->len_q)));
-            if (has) {
-                bw_poison(&k);
-                sa_query_lists l = {idx, counts, kk};
-                int got = sa_ref_query_sparse_backward(s, k.c.q, k.c.k, k.c.v, &l, &causal_on,
-                                                       k.o, k.lse, k.d_o, k.dq, k.dk, k.dv);
-                ck_assert_int_eq(got, SA_ERR_FUTURE_BLOCK);
-                ck_assert_msg(bw_untouched(&k), "wrote gradients before failing");
-            }
+        if (future && nv_has_future(s, idx, counts, rows, s->len_q, 0, kk)) {
+            bw_poison(&k);
+            sa_query_lists l = {idx, counts, kk};
+            int got = sa_ref_query_sparse_backward(s, k.c.q, k.c.k, k.c.v, &l, &causal_on,
+                                                   k.o, k.lse, k.d_o, k.dq, k.dk, k.dv);
+            ck_assert_int_eq(got, SA_ERR_FUTURE_BLOCK);
+            ck_assert_msg(bw_untouched(&k), "wrote gradients before failing");
         }
         free(idx);
         free(counts);
@@ -535,13 +473,13 @@ START_TEST(test_all_blocks_is_dense)
         memcpy(dq, k.dq, nq * sizeof *dq);
         memcpy(dk, k.dk, nkv * sizeof *dk);
         memcpy(dv, k.dv, nkv * sizeof *dv);
-        size_t rows = tile_rows_of(s, s->heads_kv);
+        size_t rows = nv_tile_rows(s, s->heads_kv);
         int32_t *idx = nv_malloc(rows * nb * sizeof *idx);
         int32_t *counts = nv_malloc(rows * sizeof *counts);
         for (size_t row = 0; row < rows; row++) {
             for (int j = 0; j < nb; j++)
                 idx[row * nb + j] = j;
-            counts[row] = causal ? tile_visible(s, (int)(row % (size_t)tiles)) : nb;
+            counts[row] = causal ? nv_tile_visible(s, (int)(row % (size_t)tiles)) : nb;
         }
         nv_rows nr = {NV_TILE, idx, counts, s->heads_kv, nb, causal};
         EXPECT_OK(bw_run(&k, &nr, o), "tile backward");
@@ -671,10 +609,10 @@ START_TEST(test_finite_differences)
             long long empty_q = -1; /* a query element of a row with no key, if any */
             if (kind == 1 || kind == 2) {
                 int lh = kind == 1 ? s->heads_kv : s->heads_q;
-                size_t rows = tile_rows_of(s, lh);
+                size_t rows = nv_tile_rows(s, lh);
                 idx = nv_malloc(rows * kk * sizeof *idx);
                 counts = nv_malloc(rows * sizeof *counts);
-                fill_rows(&r, s, idx, counts, rows, tiles, 1, kk, causal, 0);
+                nv_fill_rows(&r, s, idx, counts, rows, tiles, 1, kk, causal, 0, 1);
                 nr = (nv_rows){NV_TILE, idx, counts, lh, kk, causal};
                 if (rows > 1) /* the last row is empty: its first query, head lh * hpl */
                     empty_q = (((long long)s->batch * s->heads_q - s->heads_q / lh) * s->len_q +
@@ -683,7 +621,7 @@ START_TEST(test_finite_differences)
                 size_t rows = sa_query_rows(s);
                 idx = nv_malloc(rows * kk * sizeof *idx);
                 counts = nv_malloc(rows * sizeof *counts);
-                fill_rows(&r, s, idx, counts, rows, s->len_q, 0, kk, causal, 0);
+                nv_fill_rows(&r, s, idx, counts, rows, s->len_q, 0, kk, causal, 0, 1);
                 nr = (nv_rows){NV_QUERY, idx, counts, 0, kk, causal};
                 if (rows > 1) /* the last row is empty: last query, first head of the group */
                     empty_q = (((long long)s->batch * s->heads_q - s->heads_q / s->heads_kv) *
@@ -749,7 +687,7 @@ static void setup(void)
         ek.o[i] = (float)sa_rng_normal(&r);
     for (size_t i = 0; i < sa_lse_elems(&good); i++)
         ek.lse[i] = 3.0f + (float)sa_rng_uniform(&r);
-    trows = tile_rows_of(&good, good.heads_kv);
+    trows = nv_tile_rows(&good, good.heads_kv);
     qrows = sa_query_rows(&good);
     tidx = nv_malloc(trows * K * sizeof *tidx);
     tcnt = nv_malloc(trows * sizeof *tcnt);
@@ -902,7 +840,7 @@ START_TEST(test_tile_errors)
     /* Causal: tile 0 (rows 0..127, last key 297) sees blocks 0..2 of 3, so no block of this
      * shape is future for it; a shape with len_q > len_kv has future blocks. */
     const sa_shape wide = {1, 2, 1, 300, 130, 64}; /* tile 0: last key 127 - 170 < 0 */
-    const size_t wrows = tile_rows_of(&wide, wide.heads_kv);
+    const size_t wrows = nv_tile_rows(&wide, wide.heads_kv);
     int32_t *widx = nv_malloc(wrows * sizeof *widx), *wcnt = nv_malloc(wrows * sizeof *wcnt);
     for (size_t i = 0; i < wrows; i++) {
         widx[i] = 0;
