@@ -74,6 +74,18 @@ static void js_ws(js *j)
         j->p++;
 }
 
+/* After a member or an element: skips white space and a ',' (1: another one follows), else
+ * leaves the closing bracket to the caller (0). */
+static int js_comma(js *j)
+{
+    js_ws(j);
+    if (j->p < j->end && *j->p == ',') {
+        j->p++;
+        return 1;
+    }
+    return 0;
+}
+
 static int js_bad(js *j, const char *what)
 {
     return fail(j->e, SA_ERR_ARG, "bad JSON header near byte %ld of %ld: %s",
@@ -264,11 +276,8 @@ static int js_skip(js *j, int depth)
             }
             if ((rc = js_skip(j, depth + 1)))
                 return rc;
-            js_ws(j);
-            if (j->p < j->end && *j->p == ',') {
-                j->p++;
+            if (js_comma(j))
                 continue;
-            }
             return js_expect(j, close);
         }
     }
@@ -345,11 +354,8 @@ static int parse_tensor(js *j, act_tensor *t)
                         free(key);
                         return rc;
                     }
-                    js_ws(j);
-                    if (j->p < j->end && *j->p == ',') {
-                        j->p++;
+                    if (js_comma(j))
                         continue;
-                    }
                     if ((rc = js_expect(j, ']'))) {
                         free(key);
                         return rc;
@@ -374,11 +380,8 @@ static int parse_tensor(js *j, act_tensor *t)
             return rc;
         }
         free(key);
-        js_ws(j);
-        if (j->p < j->end && *j->p == ',') {
-            j->p++;
+        if (js_comma(j))
             continue;
-        }
         if ((rc = js_expect(j, '}')))
             return rc;
         break;
@@ -435,11 +438,8 @@ static int parse_metadata(js *j, sa_act_file *f)
         }
         f->meta_key[f->n_meta] = key;
         f->meta_val[f->n_meta++] = val;
-        js_ws(j);
-        if (j->p < j->end && *j->p == ',') {
-            j->p++;
+        if (js_comma(j))
             continue;
-        }
         return js_expect(j, '}');
     }
 }
@@ -485,11 +485,8 @@ static int parse_header(js *j, sa_act_file *f)
                 if ((rc = parse_tensor(j, t)))
                     return rc;
             }
-            js_ws(j);
-            if (j->p < j->end && *j->p == ',') {
-                j->p++;
+            if (js_comma(j))
                 continue;
-            }
             if ((rc = js_expect(j, '}')))
                 return rc;
             break;
