@@ -462,10 +462,17 @@ done:
 }
 
 /* Pointer checks shared by the three entry points, after their own (s, q, k, v, lists). */
-static int check_grad_ptrs(const float *o, const float *lse, const uint16_t *d_o, const float *dq,
-                           const float *dk, const float *dv)
+/* The checks every backward entry point starts with, in the forward's order: the pointers
+ * (SA_ERR_NULL), the shape, the options (resolved into *op). */
+static int check_common(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                        const uint16_t *v, const sa_attn_opts *opts, const float *o,
+                        const float *lse, const uint16_t *d_o, const float *dq, const float *dk,
+                        const float *dv, sa_attn_opts *op)
 {
-    return o && lse && d_o && dq && dk && dv ? SA_OK : SA_ERR_NULL;
+    if (!s || !q || !k || !v || !o || !lse || !d_o || !dq || !dk || !dv)
+        return SA_ERR_NULL;
+    int err = sa_shape_check(s);
+    return err ? err : ref_resolve_opts(opts, op);
 }
 
 /* Backward of dense attention (sa_ref_dense_opts), all keys or with opts->causal each query's
@@ -483,13 +490,9 @@ int sa_ref_dense_backward(const sa_shape *s, const uint16_t *q, const uint16_t *
                           const uint16_t *v, const sa_attn_opts *opts, const float *o,
                           const float *lse, const uint16_t *d_o, float *dq, float *dk, float *dv)
 {
-    if (!s || !q || !k || !v)
-        return SA_ERR_NULL;
-    int err = check_grad_ptrs(o, lse, d_o, dq, dk, dv);
-    if (err || (err = sa_shape_check(s)))
-        return err;
     sa_attn_opts op;
-    if ((err = ref_resolve_opts(opts, &op)))
+    int err = check_common(s, q, k, v, opts, o, lse, d_o, dq, dk, dv, &op);
+    if (err)
         return err;
     bwd_job job = {.s = s, .q = q, .d_o = d_o, .lse = lse, .dq = dq, .dk = dk, .dv = dv,
                    .kind = BWD_TILE, .list_heads = s->heads_kv, .causal = op.causal,
@@ -506,13 +509,11 @@ int sa_ref_tile_sparse_backward(const sa_shape *s, const uint16_t *q, const uint
                                 const sa_attn_opts *opts, const float *o, const float *lse,
                                 const uint16_t *d_o, float *dq, float *dk, float *dv)
 {
-    if (!s || !q || !k || !v || !l || !l->indices)
+    if (!l || !l->indices)
         return SA_ERR_NULL;
-    int err = check_grad_ptrs(o, lse, d_o, dq, dk, dv);
-    if (err || (err = sa_shape_check(s)))
-        return err;
     sa_attn_opts op;
-    if ((err = ref_resolve_opts(opts, &op)))
+    int err = check_common(s, q, k, v, opts, o, lse, d_o, dq, dk, dv, &op);
+    if (err)
         return err;
     if ((err = sa_tile_lists_check_args(s, l)))
         return err;
@@ -534,13 +535,11 @@ int sa_ref_query_sparse_backward(const sa_shape *s, const uint16_t *q, const uin
                                  const sa_attn_opts *opts, const float *o, const float *lse,
                                  const uint16_t *d_o, float *dq, float *dk, float *dv)
 {
-    if (!s || !q || !k || !v || !l || !l->indices)
+    if (!l || !l->indices)
         return SA_ERR_NULL;
-    int err = check_grad_ptrs(o, lse, d_o, dq, dk, dv);
-    if (err || (err = sa_shape_check(s)))
-        return err;
     sa_attn_opts op;
-    if ((err = ref_resolve_opts(opts, &op)))
+    int err = check_common(s, q, k, v, opts, o, lse, d_o, dq, dk, dv, &op);
+    if (err)
         return err;
     if ((err = sa_query_lists_check_args(s, l)))
         return err;
