@@ -266,12 +266,14 @@ static void kv_done(void *state)
         sa_gb_free(((sa_kv_params *)state)->workspace);
     free(state);
 }
-static int kv_setup(const lc_cell *c, void **state)
+/* A KV-centric contender's state: the parameters `params` sets and a workspace allocated once. */
+static int kv_setup_with(const lc_cell *c, void **state,
+                         void (*params)(const lc_cell *, sa_kv_params *))
 {
     sa_kv_params *p = calloc(1, sizeof *p);
     if (!p)
         return SA_ERR_NOMEM;
-    kv_params(c, p);
+    params(c, p);
     int rc = sa_kv_workspace_size(p, &p->workspace_bytes);
     if (!rc)
         rc = sa_gb_alloc(&p->workspace, p->workspace_bytes);
@@ -282,6 +284,7 @@ static int kv_setup(const lc_cell *c, void **state)
     *state = p;
     return SA_OK;
 }
+static int kv_setup(const lc_cell *c, void **state) { return kv_setup_with(c, state, kv_params); }
 static int kv_run(const lc_cell *c, void *state)
 {
     return (void)c, sa_kvcentric_attention(state);
@@ -301,28 +304,18 @@ static int hybrid_memory(const lc_cell *c, size_t *bytes)
 }
 static int hybrid_setup(const lc_cell *c, void **state)
 {
-    sa_kv_params *p = calloc(1, sizeof *p);
-    if (!p)
-        return SA_ERR_NOMEM;
-    hybrid_params(c, p);
-    int rc = sa_kv_workspace_size(p, &p->workspace_bytes);
-    if (!rc)
-        rc = sa_gb_alloc(&p->workspace, p->workspace_bytes);
-    if (rc) {
-        kv_done(p);
-        return rc;
-    }
-    *state = p;
-    return SA_OK;
+    return kv_setup_with(c, state, hybrid_params);
 }
 
 /* kvcentric-bf16-mma: the same with the earlier mma.sync part-2 kernel (sa_kv_params.attend). */
+static void kv_mma_params(const lc_cell *c, sa_kv_params *p)
+{
+    kv_params(c, p);
+    p->attend = SA_KV_ATTEND_MMA_SYNC;
+}
 static int kv_mma_setup(const lc_cell *c, void **state)
 {
-    int rc = kv_setup(c, state);
-    if (!rc)
-        ((sa_kv_params *)*state)->attend = SA_KV_ATTEND_MMA_SYNC;
-    return rc;
+    return kv_setup_with(c, state, kv_mma_params);
 }
 
 static const lc_contender contenders[] = {
