@@ -727,10 +727,53 @@ PEER_LABEL = {"cudnn": "cuDNN SDPA", "flash": "FlashAttention SDPA", "flex": "Fl
               "fa4": "FA4 (flash_attn.cute, BSHD)"}
 
 
+class AllBlocks:
+    """The default tile-list stage with every KV block listed for every Q tile: dense attention
+    through the sparse kernel (issue #13 asks it to match FA4 dense). Validated, with a device
+    verdict when the stage records one (read once per shape after timing), else synchronously."""
+
+    def __init__(self, torch, st, verdict):
+        self.torch, self.st, self.verdict = torch, st, verdict
+        self.label = st.label + " all blocks"
+        self.roles = 0  # never the dense reference: that stays the dense stage
+
+    def has_role(self, bit):
+        return False
+
+    def attn(self, q, k, v, o, lse):
+        B, _, Sq, _ = q.shape
+        nb, tiles = k.shape[2] // TILE, (Sq + TILE - 1) // TILE
+        lists = self.torch.arange(nb, device="cuda", dtype=self.torch.int32).expand(
+            B, 1, tiles, nb).contiguous()  # group-shared: one list head
+        return self.st.attn(q, k, v, o, lse, lists=lists, verdict=self.verdict)
+
+    def check(self, a):
+        return self.st.check(a)
+
+    def call(self, a):
+        return self.st.call(a)
+
+
 def run_dense(torch, F, lib, args, gemm, copy, summary):
     stages = [OurStage(torch, lib, s) for s in lib.stages() if not s.sparse] if lib else []
     if not stages:
         log("dense: no dense stage in the registry (or library not loaded): ours n/a")
+    verdict = None
+    tile = [OurStage(torch, lib, s) for s in lib.stages() if s.sparse] if lib else []
+    tile = [st for st in tile if st.has_role(SA_ROLE_DEFAULT_TILE)]
+    if tile:
+        if tile[0].has_role(SA_ROLE_GPU_VERDICT) and lib.has_verdict:
+            verdict = lib.verdict_create()
+        stages.append(AllBlocks(torch, tile[0], verdict))
+    try:
+        run_dense_shapes(torch, F, lib, args, gemm, copy, summary, stages, verdict)
+    finally:
+        if verdict is not None:
+            torch.cuda.synchronize()
+            lib.verdict_destroy(verdict)
+
+
+def run_dense_shapes(torch, F, lib, args, gemm, copy, summary, stages, verdict):
     peers, peer_why = dense_peers(torch, F, args)
     for key, w in peer_why.items():
         log("dense: peer %s n/a: %s" % (key, w))
@@ -852,6 +895,10 @@ def run_dense(torch, F, lib, args, gemm, copy, summary):
                        checks.get((side, key)), paired={p: {"median": m, "min": lo, "max": hi,
                                                             "rounds": n}
                                                         for p, (m, lo, hi, n) in paired.items()})
+        if verdict is not None:
+            rc = lib.verdict_read(verdict, torch.cuda.current_stream().cuda_stream)
+            row["check"]["verdict"] = "SA_OK" if rc == 0 else lib.strerror(rc)
+            log("  all-blocks verdict after timing: %s" % row["check"]["verdict"])
         for side, key in timers:
             row[side].setdefault(key, None)
         summary["dense"].append(row)

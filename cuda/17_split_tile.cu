@@ -74,8 +74,9 @@
 //      as stage 14 (a new max is adopted only when it exceeds the running one by more than
 //      RESCALE_THRESHOLD); P = exp2(S * scale * log2e - max) computed in place in S's
 //      registers, row sums updated. All of it while step 2's PV runs.
-//   5. wait for the PV (wait_group 0); arrive v-free of block j-1's stage; rescale O if a row
-//      of this warp adopted a new max; pack P to BF16 (the A operand of the next PV).
+//   5. wait for the PV (wait_group 0, one copy in each arm of the rescale branch: pv_wait);
+//      rescale O if a row of this warp adopted a new max; pack P to BF16 (the A operand of the
+//      next PV); arrive v-free of block j-1's stage.
 //   Block 0 has a turn with S alone and its softmax; the item ends with a turn holding only the
 //   last PV. Epilogue as stage 14 for 64 rows: reduce the row sums over the quad, O /= sum, 16-byte
 //   stores after a quad transpose, LSE = (max + log2(sum)) ln 2.
@@ -132,6 +133,11 @@
 // runs; 1 waits for the item's last QK. A/B variant.
 #ifndef SA_STAGE17_Q_BUFFERS
 #define SA_STAGE17_Q_BUFFERS 2
+#endif
+// 1: step 5's PV wait stands in each arm of the rescale branch (pv_wait); 0: one wait after the
+// softmax, which ptxas hoists above it (the first version of this stage). A/B variant.
+#ifndef SA_STAGE17_ARM_WAIT
+#define SA_STAGE17_ARM_WAIT 1
 #endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
@@ -362,6 +368,20 @@ __device__ __forceinline__ void rescale_and_pack(bool rescale, const float (&fac
             pa[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]);
 }
 
+// Step 5's wait for the PV in flight (wgmma.wait_group 0), one copy per arm of the rescale branch.
+// A single wait after step 4 is scheduled by ptxas at the top of step 4's basic block, as it
+// would schedule a load (the SASS shows WARPGROUP.DEPBAR before the first MUFU.EX2): the softmax
+// then waits for this warpgroup's PV and the overlap of step 4 is lost. In the arms of a branch
+// that follows the softmax the wait cannot move above it. The arms' asm strings differ so that
+// the compiler does not merge the two copies back into one before the branch.
+template <int ARM> __device__ __forceinline__ void pv_wait()
+{
+    if (ARM == 1)
+        asm volatile("wgmma.wait_group.sync.aligned 0; // rescale arm" ::: "memory");
+    else
+        asm volatile("wgmma.wait_group.sync.aligned 0; // no-rescale arm" ::: "memory");
+}
+
 // A word the producer left in shared memory, read by lane 0 alone and broadcast: the lane that
 // later releases the word (warp_arrive) is then the one that read it, so the release orders the
 // read for compute-sanitizer's racecheck as well as for the hardware.
@@ -577,10 +597,18 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             if (valid < TILE || d < DIAG_ALL) // a partial or a diagonal block
                 mask_block(sc, valid, d, warp, lane);
             const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
-            // ---- step 5
-            sa_wgmma_wait<0>();
+            // ---- step 5: the wait for the PV stands in each arm of the branch (pv_wait)
+            if (!SA_STAGE17_ARM_WAIT) {
+                sa_wgmma_wait<0>();
+                rescale_and_pack(moved, factor, o, sc, pa);
+            } else if (moved) {
+                pv_wait<1>();
+                rescale_and_pack(true, factor, o, sc, pa);
+            } else {
+                pv_wait<2>();
+                rescale_and_pack(false, factor, o, sc, pa);
+            }
             warp_arrive(&sm.v_free[s_prev], lane);
-            rescale_and_pack(moved, factor, o, sc, pa);
         }
         // The item's last turn: PV of its last block.
         {
