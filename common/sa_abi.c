@@ -45,6 +45,15 @@ static const abi_field table[] = {
     F(sa_gpu_attn, allow_empty_rows), F(sa_gpu_attn, stream), F(sa_gpu_attn, verdict),
     F(sa_gpu_attn, causal), F(sa_gpu_attn, allow_future_blocks),
 
+    S(sa_gpu_attn_bwd),
+    F(sa_gpu_attn_bwd, shape), F(sa_gpu_attn_bwd, q), F(sa_gpu_attn_bwd, k),
+    F(sa_gpu_attn_bwd, v), F(sa_gpu_attn_bwd, o), F(sa_gpu_attn_bwd, lse),
+    F(sa_gpu_attn_bwd, d_o), F(sa_gpu_attn_bwd, lists), F(sa_gpu_attn_bwd, dq),
+    F(sa_gpu_attn_bwd, dk), F(sa_gpu_attn_bwd, dv), F(sa_gpu_attn_bwd, validate),
+    F(sa_gpu_attn_bwd, allow_empty_rows), F(sa_gpu_attn_bwd, causal),
+    F(sa_gpu_attn_bwd, allow_future_blocks), F(sa_gpu_attn_bwd, workspace),
+    F(sa_gpu_attn_bwd, workspace_bytes), F(sa_gpu_attn_bwd, stream),
+
     S(sa_stage),
     F(sa_stage, id), F(sa_stage, name), F(sa_stage, summary), F(sa_stage, roles),
     F(sa_stage, check), F(sa_stage, launch),

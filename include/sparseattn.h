@@ -346,6 +346,42 @@ SA_API const sa_stage *sa_stage_by_name(const char *name);
 /* The first stage with every bit of `roles`, or NULL. */
 SA_API const sa_stage *sa_stage_with(unsigned roles);
 
+/* ---------------------------------------------------------------- GPU backward (docs/backward.md)
+ * The gradients of tile-list attention on the GPU, for the forward of any tile-list stage: the
+ * same shape, q, k, v, lists and options as that call, its outputs o (BF16) and lse, and dL/dO.
+ * Exact masked-softmax gradients as sa_ref_tile_sparse_backward (whose FP32 o the GPU replaces
+ * by the forward's BF16 o in D_i = rowsum(dO_i * O_i)); head_dim 128, GQA by index (dK, dV
+ * summed over the group's heads), per-head or group-shared lists, counts NULL = max_blocks, empty
+ * rows, partial blocks, causal. Deterministic: no atomics, the same inputs give the same bits.
+ * Every output element is written (a query with no key gets dQ = 0, a key no query chose dK =
+ * dV = 0). */
+typedef struct sa_gpu_attn_bwd {
+    sa_shape shape;            /* head_dim 128 */
+    const uint16_t *q, *k, *v; /* device BF16, BHSD */
+    const uint16_t *o;         /* device BF16 (B, Hq, Sq, D): the forward's O */
+    const float *lse;          /* device FP32 (B, Hq, Sq): the forward's LSE */
+    const uint16_t *d_o;       /* device BF16 (B, Hq, Sq, D): dL/dO */
+    sa_tile_lists lists;       /* device pointers: the forward's lists */
+    float *dq;                 /* device FP32 (B, Hq, Sq, D) */
+    float *dk, *dv;            /* device FP32 (B, Hkv, Skv, D) */
+    /* 1 (default): the lists are copied to the host and checked there with the forward's rules
+     * (sa_tile_lists_check_opts, so the same codes); the call then synchronizes the stream once.
+     * 0: unchecked; counts are clamped and out-of-range indices skipped (no bad access). */
+    int validate;
+    int allow_empty_rows;    /* as sa_attn_opts (default 1) */
+    int causal;              /* as sa_attn_opts (default 0) */
+    int allow_future_blocks; /* as sa_attn_opts (default 0) */
+    void *workspace;         /* device, sa_gpu_backward_workspace_size bytes; NULL: per call */
+    size_t workspace_bytes;
+    void *stream;            /* cudaStream_t; NULL is the default stream */
+} sa_gpu_attn_bwd;
+SA_API void sa_gpu_attn_bwd_default(sa_gpu_attn_bwd *a);
+/* Device workspace of a call: D (B * Hq * Sq floats) and the reverse index of the lists. */
+SA_API int sa_gpu_backward_workspace_size(const sa_gpu_attn_bwd *a, size_t *bytes);
+/* Checks the arguments (and the lists when a->validate), then queues the three kernels on
+ * a->stream. SA_ERR_NOT_BUILT without CUDA, SA_ERR_NO_DEVICE without an sm_90 GPU. */
+SA_API int sa_gpu_tile_sparse_backward(const sa_gpu_attn_bwd *a);
+
 /* ---------------------------------------------------------------- ABI check */
 /* For bindings that mirror the public structs (python/sparseattn checks them at import):
  * sa_abi_sizeof("sa_gpu_attn") is sizeof(sa_gpu_attn), 0 for a name it does not know;

@@ -44,6 +44,7 @@
 #include <cuda_bf16.h>
 
 #include "kv_internal.h"
+#include "sa_mma_sync.cuh"
 
 namespace {
 
@@ -71,9 +72,6 @@ struct attn_args {
     float scale_log2; // softmax scale * log2(e)
 };
 
-// Row r, 16-byte chunk c of a 128 x 128 BF16 tile (256 bytes a row). XOR with the row's low
-// three bits spreads the 8 rows an ldmatrix phase reads over all 32 banks.
-__device__ __forceinline__ uint32_t swz(int r, int c) { return r * 256 + ((c ^ (r & 7)) << 4); }
 
 // Row r (0..15), 16-byte chunk c (0..7) of a staging tile (128 bytes a row). The permutation
 // (r & 3) * 2 + (r >> 2 & 1) puts the 4 rows of a half-warp's 8-byte FP32 stores in 4 distinct
@@ -82,34 +80,6 @@ __device__ __forceinline__ uint32_t swz(int r, int c) { return r * 256 + ((c ^ (
 __device__ __forceinline__ uint32_t stage_swz(int r, int c)
 {
     return r * 128 + ((c ^ (((r & 3) << 1) | ((r >> 2) & 1))) << 4);
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
-{
-    // src-size 0 zero-fills the 16 bytes: padding rows read nothing and hold zeros.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all()
-{
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
 }
 
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y)
@@ -128,22 +98,6 @@ __device__ __forceinline__ uint4 ld_shared_b128(uint32_t addr)
                  : "r"(addr)
                  : "memory");
     return v;
-}
-
-// d += a (16x16, row) * b (16x8, col), BF16 in, FP32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
 }
 
 // Load a 128 x 128 tile of rows [0, valid) from src (row stride 128 elements); rows past valid

@@ -1,0 +1,123 @@
+/* The argument checks of the GPU backward (sa_gpu_tile_sparse_backward,
+ * sa_gpu_backward_workspace_size), which run before any CUDA call, so this test runs on every
+ * machine: each error code on a call that is valid but for one argument, then the valid call
+ * itself, which ends in SA_ERR_NOT_BUILT (no CUDA in the build) or SA_ERR_NO_DEVICE (no sm_90
+ * GPU), never in a dereference (the pointers are fake; nothing may read them). */
+#include <stdint.h>
+
+#include "sa_test.h"
+
+/* Aligned addresses that are never dereferenced. */
+#define FAKE(n) ((void *)(uintptr_t)(0x100000u * (n)))
+
+static sa_gpu_attn_bwd valid_args(void)
+{
+    sa_gpu_attn_bwd a;
+    sa_gpu_attn_bwd_default(&a);
+    a.shape = (sa_shape){1, 4, 2, 256, 384, 128};
+    a.q = FAKE(1), a.k = FAKE(2), a.v = FAKE(3), a.o = FAKE(4), a.lse = FAKE(5);
+    a.d_o = FAKE(6), a.dq = FAKE(7), a.dk = FAKE(8), a.dv = FAKE(9);
+    a.lists = (sa_tile_lists){FAKE(10), FAKE(11), 2, 3};
+    return a;
+}
+
+static void expect(const sa_gpu_attn_bwd *a, int code, const char *what)
+{
+    const int rc = sa_gpu_tile_sparse_backward(a);
+    ck_assert_msg(rc == code, "%s: got %d (%s), want %d (%s)", what, rc, sa_strerror(rc), code,
+                  sa_strerror(code));
+    size_t bytes = 1;
+    const int ws = sa_gpu_backward_workspace_size(a, &bytes);
+    if (code != SA_ERR_NO_DEVICE) /* the size needs no device: only argument errors compare */
+        ck_assert_msg(ws == code, "%s: workspace size got %d, want %d", what, ws, code);
+    if (ws != SA_OK)
+        ck_assert_msg(bytes == 0, "%s: a failed size query leaves bytes at 0", what);
+}
+
+START_TEST(defaults)
+{
+    sa_gpu_attn_bwd a;
+    sa_gpu_attn_bwd_default(&a);
+    ck_assert_int_eq(a.validate, 1);
+    ck_assert_int_eq(a.allow_empty_rows, 1);
+    ck_assert_int_eq(a.causal, 0);
+    ck_assert_int_eq(a.allow_future_blocks, 0);
+    ck_assert_ptr_null(a.workspace);
+    sa_gpu_attn_bwd_default(NULL); /* a no-op */
+}
+END_TEST
+
+START_TEST(errors)
+{
+    sa_gpu_attn_bwd a = valid_args();
+    ck_assert_int_eq(sa_gpu_tile_sparse_backward(NULL), SA_ERR_NULL);
+    ck_assert_int_eq(sa_gpu_backward_workspace_size(NULL, NULL), SA_ERR_NULL);
+
+    const void **ptrs[] = {(const void **)&a.q, (const void **)&a.k, (const void **)&a.v,
+                           (const void **)&a.o, (const void **)&a.lse, (const void **)&a.d_o,
+                           (const void **)&a.dq, (const void **)&a.dk, (const void **)&a.dv,
+                           (const void **)&a.lists.indices};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) {
+        a = valid_args();
+        *ptrs[i] = NULL;
+        expect(&a, SA_ERR_NULL, "a NULL pointer");
+    }
+    a = valid_args();
+    a.shape.len_q = 0;
+    expect(&a, SA_ERR_SHAPE, "len_q 0");
+    a = valid_args();
+    a.shape.heads_kv = 3;
+    expect(&a, SA_ERR_GQA, "heads_q 4 over heads_kv 3");
+    a = valid_args();
+    a.lists.list_heads = 3;
+    expect(&a, SA_ERR_LIST_HEADS, "list_heads 3");
+    a = valid_args();
+    a.lists.max_blocks = 0;
+    expect(&a, SA_ERR_MAX_BLOCKS, "max_blocks 0");
+    int *flags[] = {&a.validate, &a.allow_empty_rows, &a.causal, &a.allow_future_blocks};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        a = valid_args();
+        *flags[i] = 2;
+        expect(&a, SA_ERR_ARG, "a flag of 2");
+    }
+    a = valid_args();
+    a.workspace = FAKE(12);
+    a.workspace_bytes = 0;
+    expect(&a, SA_ERR_ARG, "a workspace of 0 bytes");
+    a = valid_args();
+    a.shape.head_dim = 64;
+    expect(&a, SA_ERR_UNSUPPORTED, "head_dim 64");
+    a = valid_args();
+    a.q = (const uint16_t *)((uintptr_t)a.q + 8);
+    expect(&a, SA_ERR_UNSUPPORTED, "Q not 16-byte aligned");
+    a = valid_args();
+    a.dk = (float *)((uintptr_t)a.dk + 4);
+    expect(&a, SA_ERR_UNSUPPORTED, "dK not 8-byte aligned");
+    a = valid_args();
+    ck_assert_int_eq(sa_gpu_backward_workspace_size(&a, NULL), SA_ERR_NULL);
+}
+END_TEST
+
+START_TEST(valid_call_without_gpu)
+{
+    if (sa_gpu_available())
+        return; /* the GPU test covers a real call */
+    sa_gpu_attn_bwd a = valid_args();
+#ifdef SA_HAVE_CUDA
+    ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_ERR_NO_DEVICE);
+#else
+    expect(&a, SA_ERR_NOT_BUILT, "a valid call without CUDA");
+#endif
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("backward_args");
+    TCase *tc = tcase_create("args");
+    tcase_add_test(tc, defaults);
+    tcase_add_test(tc, errors);
+    tcase_add_test(tc, valid_call_without_gpu);
+    suite_add_tcase(s, tc);
+    return sa_test_run(s);
+}
