@@ -15,6 +15,7 @@ from ._capi import (SA_ROLE_DEFAULT_DENSE, SA_ROLE_DEFAULT_TILE, SA_ROLE_GPU_VER
 from ._gpu import Stage, Verdict, gpu_available, stage_with, stages
 from ._attention import (attention_backward, block_sparse_attention, dense_attention,
                          query_sparse_attention)
+from ._backward_gpu import block_sparse_attention_backward
 from ._bf16 import bf16_bits, bf16_round, bf16_to_float32
 from ._selectors import Selector, Workload, select, selectors, workload, workloads
 
@@ -25,7 +26,7 @@ __all__ = [
     "strerror", "SA_ROLE_DEFAULT_DENSE", "SA_ROLE_DEFAULT_TILE", "SA_ROLE_GPU_VERDICT",
     "SA_ROLE_SPARSE", "STATUS_NAMES", "TILE", "Stage", "Verdict", "gpu_available", "stage_with",
     "stages", "block_sparse_attention", "dense_attention", "query_sparse_attention",
-    "attention_backward", "bf16_bits",
+    "attention_backward", "block_sparse_attention_backward", "bf16_bits",
     "bf16_round", "bf16_to_float32", "Selector", "Workload", "select", "selectors", "workload",
     "workloads",
 ]

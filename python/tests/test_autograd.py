@@ -95,6 +95,51 @@ def test_errors(rng):
     idx = np.full((1, 1, 1, 1), 7, np.int32)  # past the 2 KV blocks
     with pytest.raises(sa.SparseAttnError):
         sparse_attention(*(torch.from_numpy(x) for x in (q, k, v)), indices=idx)
-    if torch.cuda.is_available():
-        with pytest.raises(NotImplementedError, match="GPU backward"):
-            sparse_attention(*(torch.from_numpy(x).cuda() for x in (q, k, v)))
+    if gpu():
+        qc, kc, vc = (torch.from_numpy(x).cuda() for x in (q, k, v))
+        with pytest.raises(NotImplementedError, match="no GPU backward"):
+            sparse_attention(qc, kc, vc, indices=torch.zeros((1, 1, 1, 1), dtype=torch.int32,
+                                                             device="cuda"), per_query=True)
+        with pytest.raises(ValueError, match="keep q, k and v on one device"):
+            sparse_attention(torch.from_numpy(q), kc, vc)
+
+
+def gpu():
+    return torch.cuda.is_available() and sa.gpu_available()
+
+
+def check_gpu(q, k, v, mask, do, **kw):
+    """The GPU path (head_dim 128): O and the gradients against the float64 torch reference, at
+    the GPU tolerance (BF16 O, BF16 P in the products)."""
+    tq, tk, tv = (torch.tensor(x, device="cuda", requires_grad=True) for x in (q, k, v))
+    o, lse = sparse_attention(tq, tk, tv, **kw)
+    assert o.dtype == torch.float32 and o.is_cuda and not lse.requires_grad
+    o.backward(torch.from_numpy(do).cuda())
+    o_ref, dq, dk, dv = torch_reference(q, k, v, mask, do)
+    assert rel_l2(o.detach().cpu().numpy(), o_ref) < 1e-2
+    for name, got, ref in (("dq", tq.grad, dq), ("dk", tk.grad, dk), ("dv", tv.grad, dv)):
+        assert got.shape == ref.shape and got.is_cuda
+        assert rel_l2(got.cpu().numpy(), ref) < 1e-2, name
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_tile_lists(rng, causal):
+    if not gpu():
+        pytest.skip("no sm_90 GPU")
+    q, k, v = qkv(rng, 1, 4, 2, 300, 700, 128)
+    idx, cnt = random_lists(rng, (1, 2, 3), 6, 3)
+    mask = tile_mask((1, 4, 300, 700), idx, cnt)
+    if causal:
+        mask = mask & causal_mask(1, 4, 300, 700)
+    do = rng.standard_normal(q.shape, dtype=np.float32)
+    check_gpu(q, k, v, mask, do, indices=torch.from_numpy(idx).cuda(),
+              counts=torch.from_numpy(cnt).cuda(), causal=causal, allow_future_blocks=causal)
+
+
+def test_gpu_dense_causal(rng):
+    if not gpu():
+        pytest.skip("no sm_90 GPU")
+    q, k, v = qkv(rng, 1, 2, 1, 200, 330, 128)
+    do = rng.standard_normal(q.shape, dtype=np.float32)
+    check_gpu(q, k, v, causal_mask(1, 2, 200, 330), do, causal=True)
+    check_gpu(q, k, v, np.ones((1, 2, 200, 330), bool), do)

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""The GPU backward of tile-list attention (sa_gpu_tile_sparse_backward, issue #20) against the
+block-sparse backwards of its peers, on the study's shape (bench/shapes.h: B 2, 16 query heads,
+D 128, len_q 4096, 16 independent blocks of 128 per Q tile) at each len_kv:
+
+    python3 bench/backward.py --lib build-gpu/libsparseattn.so [--len-kv 4096,8192,16384]
+        [--heads-kv 1,16] [--rounds 3] [--reps 12] [--json PATH]
+
+Contenders, each only when importable, each from the same Q, K, V, dO and lists, each fed the
+O and LSE of its own forward:
+  ours     validation off (its GPU time), and the host time of a validated call beside it;
+  fa4      FlashAttention-4's CuTe backward with block-sparse tensors (the lists transposed
+           to the KV-major form its backward takes, every block full);
+  bsa      cuDNN BSA backward (SM90: MHA only, so it runs only where Hkv = Hq);
+  flex     FlexAttention's backward (torch autograd of flex_attention over a BlockMask).
+Every peer's dQ, dK, dV are checked against ours (relative L2). GPU time is the median over
+interleaved rounds, each batch queued behind a device sleep (peers.time_interleaved), so the
+host's launch cost stays out of it; host time per call is printed beside it. Useful TFLOP/s
+count 2.5x the forward's useful FLOPs (the convention of FlashAttention's papers): 4 B Hq Sq K
+128 D for the forward."""
+import argparse
+import ctypes
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import peers  # noqa: E402  (timing, the peers' loaders and metadata, the shapes)
+
+TILE = peers.TILE
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def random_lists(torch, B, LH, T, nb, K, seed):
+    """Independent lists: K distinct blocks of nb per (batch, list head, tile), ascending."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    rows = [torch.randperm(nb, generator=g)[:K].sort().values for _ in range(B * LH * T)]
+    return torch.stack(rows).to(torch.int32).reshape(B, LH, T, K).cuda()
+
+
+def ours_calls(torch, sa, q, k, v, o, lse, do, lists):
+    """(call validated, call unvalidated) of our backward into preallocated gradients."""
+    from sparseattn import _backward_gpu as bg
+    bg._bind()
+    lib = sa._core.lib
+    dq = torch.empty(q.shape, dtype=torch.float32, device="cuda")
+    dk = torch.empty(k.shape, dtype=torch.float32, device="cuda")
+    dv = torch.empty(v.shape, dtype=torch.float32, device="cuda")
+    B, Hq, Sq, D = q.shape
+    args = []
+    for validate in (1, 0):
+        a = bg.SaGpuAttnBwd()
+        lib.sa_gpu_attn_bwd_default(ctypes.byref(a))
+        a.shape = sa._capi.SaShape(B, Hq, k.shape[1], Sq, k.shape[2], D)
+        a.q, a.k, a.v, a.o, a.lse, a.d_o = (x.data_ptr() for x in (q, k, v, o, lse, do))
+        a.lists = sa._capi.SaTileLists(lists.data_ptr(), None, lists.shape[1], lists.shape[3])
+        a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+        a.validate = validate
+        a.stream = torch.cuda.current_stream().cuda_stream
+        size = ctypes.c_size_t()
+        rc = lib.sa_gpu_backward_workspace_size(ctypes.byref(a), ctypes.byref(size))
+        if rc:
+            raise RuntimeError("workspace size: " + sa.strerror(rc))
+        ws = torch.empty(size.value, dtype=torch.uint8, device="cuda")
+        a.workspace, a.workspace_bytes = ws.data_ptr(), size.value
+        a._keep = ws
+        args.append(a)
+
+    def make(a):
+        ref = ctypes.byref(a)
+        fn = lib.sa_gpu_tile_sparse_backward
+
+        def call():
+            rc = fn(ref)
+            if rc:
+                raise RuntimeError("sa_gpu_tile_sparse_backward: " + sa.strerror(rc))
+            return dq, dk, dv
+        return call
+    return make(args[0]), make(args[1])
+
+
+def fa4_bwd_tensors(torch, BST, lists, Hq, n_blocks):
+    """FA4's backward block-sparse tensors: per (batch, head, KV block) the Q tiles that list it
+    (ascending), all as full blocks; the mask tensors empty."""
+    B, LH, T, K = lists.shape
+    member = torch.zeros(B, LH, n_blocks, T, dtype=torch.bool, device="cuda")
+    for t in range(T):  # member[b, lh, blk, t] = tile t lists blk
+        member[:, :, :, t].scatter_(2, lists[:, :, t, :].long(), True)
+    cnt = member.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~member).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    cnt, order = (x.expand(B, Hq, *x.shape[2:]).contiguous() if LH != Hq else x
+                  for x in (cnt, order))
+    z_cnt = torch.zeros_like(cnt)
+    z_idx = torch.zeros(*cnt.shape, 1, dtype=torch.int32, device="cuda")
+    return BST(z_cnt, z_idx, cnt, order, block_size=(TILE, TILE))
+
+
+def flex_mask(torch, lists, Sq, skv):
+    from torch.nn.attention.flex_attention import BlockMask
+    B, LH, T, K = lists.shape
+    nb = (skv + TILE - 1) // TILE
+    full_idx = torch.zeros(B, LH, T, nb, device="cuda", dtype=torch.int32)
+    full_idx[..., :K] = lists
+    full_num = torch.full((B, LH, T), K, device="cuda", dtype=torch.int32)
+    part_num = torch.zeros(B, LH, T, device="cuda", dtype=torch.int32)
+    part_idx = torch.zeros(B, LH, T, nb, device="cuda", dtype=torch.int32)
+    return BlockMask.from_kv_blocks(part_num, part_idx, full_kv_num_blocks=full_num,
+                                    full_kv_indices=full_idx, BLOCK_SIZE=TILE,
+                                    seq_lengths=(Sq, skv))
+
+
+def rel(torch, x, ref):
+    x, ref = x.float(), ref.float()
+    return float(torch.linalg.vector_norm(x - ref) / max(float(torch.linalg.vector_norm(ref)),
+                                                         1e-30))
+
+
+def run_shape(torch, sa, args, hkv, skv, summary):
+    B, Hq, Sq, D, K = (peers.SPARSE_B, peers.SPARSE_HQ, peers.SPARSE_SQ, peers.SPARSE_D,
+                       peers.SPARSE_K)
+    T, nb = Sq // TILE, skv // TILE
+    torch.manual_seed(args.seed + skv + hkv)
+    q = torch.randn(B, Hq, Sq, D, device="cuda").bfloat16()
+    k = torch.randn(B, hkv, skv, D, device="cuda").bfloat16()
+    v = torch.randn(B, hkv, skv, D, device="cuda").bfloat16()
+    do = torch.randn(B, Hq, Sq, D, device="cuda").bfloat16()
+    LH = hkv  # a list per KV head (shared by its group)
+    lists = random_lists(torch, B, LH, T, nb, K, args.seed + skv)
+    fwd_useful = 4.0 * B * Hq * Sq * K * TILE * D
+    flops = 2.5 * fwd_useful
+    label = "B%d Hq%d Hkv%d Sq%d Skv%d K%d" % (B, Hq, hkv, Sq, skv, K)
+    log("%s: backward useful %.2f TFLOP per call" % (label, flops / 1e12))
+    o, lse = sa.block_sparse_attention(q, k, v, lists)
+    ours_val, ours = ours_calls(torch, sa, q, k, v, o, lse, do, lists)
+    dq, dk, dv = (x.clone() for x in ours())
+    ours_val()
+    torch.cuda.synchronize()
+    timers = {"ours": [ours]}
+    notes = {}
+    # FA4
+    if "fa4" in args.peers:
+        try:
+            from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch as BST
+            from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+            qb, kb, vb, dob = peers.bshd((q, k, v, do))
+            mc, mi, fc, fi = peers.fa4_sparse_metadata(lists, None, torch)
+            fwd_bs = BST(mc, mi, fc, fi, block_size=(TILE, TILE))
+            of, lf = _flash_attn_fwd(qb, kb, vb, return_lse=True, block_sparse_tensors=fwd_bs)[:2]
+            bwd_bs = fa4_bwd_tensors(torch, BST, lists, Hq, nb)
+
+            def fa4():
+                return _flash_attn_bwd(qb, kb, vb, of, dob, lf, block_sparse_tensors=bwd_bs)
+            t0 = time.time()
+            r = fa4()
+            torch.cuda.synchronize()
+            notes["fa4"] = "first call %.1f s; dQ %.1e dK %.1e dV %.1e vs ours" % (
+                time.time() - t0, rel(torch, r[0].transpose(1, 2), dq),
+                rel(torch, r[1].transpose(1, 2), dk), rel(torch, r[2].transpose(1, 2), dv))
+            timers["fa4"] = [fa4]
+        except Exception as e:  # noqa: BLE001
+            notes["fa4"] = "n/a: %s" % peers.first_line(e)
+    # cuDNN BSA (MHA only on SM90)
+    if "bsa" in args.peers:
+        if hkv != Hq:
+            notes["bsa"] = "n/a: SM90 backward is MHA only (Hkv = Hq)"
+        else:
+            try:
+                import cudnn
+                idx, nums = peers.bsa_metadata(lists, None, Hq, TILE, torch)
+                idx = idx.contiguous()
+                r = cudnn.BSA.block_sparse_attention_forward(q, k, v, idx,
+                                                             sparse_block_size=TILE)
+                ob, lb = r["o_tensor"], r["lse_tensor"]
+
+                def bsa():
+                    return cudnn.BSA.block_sparse_attention_backward(
+                        do, q, k, v, ob, lb, idx, sparse_block_size=TILE)
+                t0 = time.time()
+                r = bsa()
+                torch.cuda.synchronize()
+                notes["bsa"] = "first call %.1f s; dQ %.1e dK %.1e dV %.1e vs ours" % (
+                    time.time() - t0, rel(torch, r["dq_tensor"], dq),
+                    rel(torch, r["dk_tensor"], dk), rel(torch, r["dv_tensor"], dv))
+                timers["bsa"] = [bsa]
+            except Exception as e:  # noqa: BLE001
+                notes["bsa"] = "n/a: %s" % peers.first_line(e)
+    # FlexAttention
+    if "flex" in args.peers:
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+            fl = torch.compile(flex_attention)
+            bm = flex_mask(torch, lists, Sq, skv)
+            qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+            of = fl(qg, kg, vg, block_mask=bm, enable_gqa=hkv != Hq)
+
+            def flex():
+                return torch.autograd.grad(of, (qg, kg, vg), do, retain_graph=True)
+            t0 = time.time()
+            r = flex()
+            torch.cuda.synchronize()
+            notes["flex"] = "first call %.1f s; dQ %.1e dK %.1e dV %.1e vs ours" % (
+                time.time() - t0, rel(torch, r[0], dq), rel(torch, r[1], dk),
+                rel(torch, r[2], dv))
+            timers["flex"] = [flex]
+        except Exception as e:  # noqa: BLE001
+            notes["flex"] = "n/a: %s" % peers.first_line(e)
+    info = {}
+    times = peers.time_interleaved(torch, timers, 3, args.reps, args.rounds, 0.3, None, 0.0,
+                                   info)
+    host_val = peers.host_us_per_call(torch, [ours_val], 8)
+    row = {"shape": label, "hkv": hkv, "len_kv": skv, "flops": flops, "results": {}}
+    for name, (ms, spread) in times.items():
+        tf = flops / (ms * 1e9)
+        row["results"][name] = {"ms": ms, "tflops": tf, "spread": spread,
+                                "host_us": info.get(name, {}).get("host_us"),
+                                "note": notes.get(name, "")}
+        log("  %-6s %8.3f ms %7.1f useful TFLOP/s (spread %.1f%%, host %.0f us/call) %s" % (
+            name, ms, tf, 100 * spread, info.get(name, {}).get("host_us") or 0,
+            notes.get(name, "")))
+    log("  ours validated: host %.0f us per call (lists checked on the host)" % host_val)
+    row["results"]["ours"]["host_us_validated"] = host_val
+    for name, n in notes.items():
+        if name not in times:
+            log("  %-6s %s" % (name, n))
+            row["results"][name] = {"note": n}
+    best = max((r["tflops"] for n, r in row["results"].items() if n != "ours" and "tflops" in r),
+               default=None)
+    if best:
+        log("  ours / best peer: %.2f" % (row["results"]["ours"]["tflops"] / best))
+    summary.append(row)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--len-kv", default=",".join(str(x) for x in peers.SPARSE_LEN_KV))
+    ap.add_argument("--heads-kv", default="1,16", help="1: the study's GQA; 16: MHA (cuDNN)")
+    ap.add_argument("--peers", default="fa4,bsa,flex")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    args.peers = set(args.peers.split(","))
+    os.environ["SPARSEATTN_LIB"] = os.path.abspath(args.lib)
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+    import torch
+    import sparseattn as sa
+    summary = []
+    for hkv in (int(x) for x in args.heads_kv.split(",")):
+        for skv in (int(x) for x in args.len_kv.split(",")):
+            run_shape(torch, sa, args, hkv, skv, summary)
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
