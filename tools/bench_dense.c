@@ -4,6 +4,12 @@
  *   byte floor = (Q + K + V + O + LSE bytes) / copy bandwidth measured in this run.
  * One line per (stage, shape); --json gives one JSON object per line instead. */
 #include "bench_gpu.h"
+#include "shapes.h" /* bench/shapes.h: the shapes, shared with bench/peers.py */
+
+/* (B, H, S, D): Hq = Hkv = H, len_q = len_kv = S; the shapes of the B200 lineage's dense
+ * benchmark. */
+static const int dense_bhsd[][4] = SA_BENCH_DENSE_SHAPES;
+#define NSHAPES (int)(sizeof dense_bhsd / sizeof dense_bhsd[0])
 
 static void usage(FILE *f)
 {
@@ -16,9 +22,12 @@ static void usage(FILE *f)
             "                    torch.matmul on the H200; bench/peers.py measures it)\n"
             "  --seed S          seed of the random inputs (default 2026)\n"
             "  --json            one JSON object per line\n"
-            "shapes (B, H, S, D): (8,16,4096,128) (4,16,8192,128) (2,16,16384,128)\n"
-            "stages:",
+            "shapes (B, H, S, D):",
             BENCH_GEMM_TFLOPS_DEFAULT);
+    for (int i = 0; i < NSHAPES; i++)
+        fprintf(f, " (%d,%d,%d,%d)", dense_bhsd[i][0], dense_bhsd[i][1], dense_bhsd[i][2],
+                dense_bhsd[i][3]);
+    fprintf(f, "\nstages:");
     cli_print_stages(f, 0, SA_ROLE_SPARSE);
     fputc('\n', f);
 }
@@ -34,13 +43,12 @@ int bench_dense(int argc, char **argv)
 }
 #else
 
-/* (B, Hq = Hkv, S = len_q = len_kv, D): the shapes of the B200 lineage's dense benchmark. */
-static const sa_shape dense_shapes[] = {
-    {8, 16, 16, 4096, 4096, 128},
-    {4, 16, 16, 8192, 8192, 128},
-    {2, 16, 16, 16384, 16384, 128},
-};
-#define NSHAPES (int)(sizeof dense_shapes / sizeof dense_shapes[0])
+static sa_shape dense_shape(int i)
+{
+    const int *d = dense_bhsd[i];
+    const sa_shape s = {d[0], d[1], d[1], d[2], d[2], d[3]};
+    return s;
+}
 
 static void print_head(const bench_flags *f, const sa_stage *st, const sa_shape *s)
 {
@@ -71,7 +79,7 @@ static void print_not_run(const bench_flags *f, const sa_stage *st, const sa_sha
 }
 
 /* Times one stage on the shape's sets; returns 1 if it failed (not if skipped). */
-static int run_one(const bench_flags *f, bench_env *e, const sa_stage *st, sa_gb_set *sets,
+static int run_one(const bench_flags *f, bench_env *e, const sa_stage *st, bh_set *sets,
                    int nsets)
 {
     const sa_shape *s = &sets[0].a.shape;
@@ -82,20 +90,20 @@ static int run_one(const bench_flags *f, bench_env *e, const sa_stage *st, sa_gb
         return 0;
     }
     size_t bad = 0;
-    rc = sa_gb_smoke(e->g, st, &sets[0], &bad);
+    rc = bh_smoke_stage(e->g, st, &sets[0], &bad);
     if (rc || bad) {
         if (rc)
-            snprintf(why, sizeof why, "%s", sa_gb_last_error());
+            snprintf(why, sizeof why, "%s", bh_last_error());
         else
             snprintf(why, sizeof why, "%zu outputs (O, LSE) NaN/inf after one launch on poisoned "
                      "buffers; not timed", bad);
         print_not_run(f, st, s, "failed", why);
         return 1;
     }
-    sa_gb_timing t;
-    rc = sa_gb_time_stage(e->g, st, sets, nsets, 1, f->warmup, f->reps, &t);
+    bh_timing t;
+    rc = bh_time_stage(e->g, st, sets, nsets, 1, f->warmup, f->reps, &t);
     if (rc) {
-        print_not_run(f, st, s, "failed", sa_gb_last_error());
+        print_not_run(f, st, s, "failed", bh_last_error());
         return 1;
     }
     const double flops = bench_dense_flops(s);
@@ -106,11 +114,11 @@ static int run_one(const bench_flags *f, bench_env *e, const sa_stage *st, sa_gb
     print_head(f, st, s);
     if (f->json) {
         printf(",\"status\":\"ok\",\"flops\":%.6g,\"bytes\":%zu,\"median_ms\":%.6g,\"min_ms\":%.6g,"
-               "\"max_ms\":%.6g,\"reps\":%d,\"input_sets\":%d,\"tflops\":%.6g,"
-               "\"flop_floor_ms\":%.6g,\"byte_floor_ms\":%.6g,\"floor_ms\":%.6g,"
+               "\"max_ms\":%.6g,\"reps\":%d,\"host_us_per_call\":%.6g,\"input_sets\":%d,"
+               "\"tflops\":%.6g,\"flop_floor_ms\":%.6g,\"byte_floor_ms\":%.6g,\"floor_ms\":%.6g,"
                "\"gemm_tflops\":%.6g,\"copy_bytes_per_s\":%.6g}\n",
-               flops, sets[0].bytes, t.median_ms, t.min_ms, t.max_ms, t.reps, nsets, tf, flop_ms,
-               byte_ms, floor_ms, f->gemm_tflops, e->copy_bps);
+               flops, sets[0].bytes, t.median_ms, t.min_ms, t.max_ms, t.reps, t.host_us, nsets, tf,
+               flop_ms, byte_ms, floor_ms, f->gemm_tflops, e->copy_bps);
     } else {
         printf("%8.3f ms (min %.3f, max %.3f)  %6.1f TFLOP/s | floor %.3f ms (FLOP %.3f, bytes "
                "%.3f): %4.1f%% of floor speed\n",
@@ -142,8 +150,8 @@ int bench_dense(int argc, char **argv)
         return 1;
     int failed = 0;
     for (int si = 0; si < NSHAPES; si++) {
-        const sa_shape *s = &dense_shapes[si];
-        sa_gb_set sets[BENCH_MAX_SETS];
+        const sa_shape shape = dense_shape(si), *s = &shape;
+        bh_set sets[BENCH_MAX_SETS];
         int nsets = bench_sets("dense", &e, s, f.seed + (uint64_t)si * 1000003, sets);
         if (nsets < 0) {
             failed = 1;
@@ -160,7 +168,7 @@ int bench_dense(int argc, char **argv)
         }
         bench_sets_free(sets, nsets);
     }
-    sa_gb_close(e.g);
+    bh_close(e.g);
     return failed;
 }
 #endif

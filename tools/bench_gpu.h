@@ -1,6 +1,8 @@
 /* Pieces shared by the GPU benchmarks (bench_dense.c, bench_sparse.c, bench_selectors.c,
- * bench_kvcentric.c): their common flags, the measured copy-bandwidth ceiling, the floors and
- * JSON output. Header-only so that each benchmark stays one file in tools/meson.build. */
+ * bench_kvcentric.c, bench_longctx*.c): their common flags, the measured copy-bandwidth ceiling,
+ * the floors and JSON output, over the program's GPU bench harness (bench_harness.h). Their
+ * shapes and tolerances come from bench/shapes.h, which bench/peers.py reads too. Header-only so
+ * that each benchmark stays one file in tools/meson.build. */
 #ifndef SA_BENCH_GPU_H
 #define SA_BENCH_GPU_H
 
@@ -121,11 +123,11 @@ static inline double bench_dense_flops(const sa_shape *s)
 }
 
 #ifdef SA_HAVE_CUDA
-#include "sa_gpu_bench.h"
+#include "bench_harness.h"
 
 typedef struct bench_env {
-    sa_gb *g;
-    sa_gb_device dev;
+    bh_gpu *g;
+    bh_device dev;
     double copy_bps; /* bytes read + written per second, measured in this run */
 } bench_env;
 
@@ -133,16 +135,16 @@ typedef struct bench_env {
  * the process exit code (1); 0 on success. */
 static inline int bench_open(const char *name, const bench_flags *f, bench_env *e)
 {
-    int rc = sa_gb_open(&e->g, &e->dev);
+    int rc = bh_open(&e->g, &e->dev);
     if (rc) {
         fprintf(stderr, "sparseattn: bench %s: %s\n", name,
-                rc == SA_ERR_CUDA ? sa_gb_last_error() : sa_strerror(rc));
+                rc == SA_ERR_CUDA ? bh_last_error() : sa_strerror(rc));
         return 1;
     }
-    rc = sa_gb_copy_bandwidth(e->g, BENCH_COPY_BYTES, BENCH_COPY_REPS, &e->copy_bps);
+    rc = bh_copy_bandwidth(e->g, BENCH_COPY_BYTES, BENCH_COPY_REPS, &e->copy_bps);
     if (rc) {
-        fprintf(stderr, "sparseattn: bench %s: copy bandwidth: %s\n", name, sa_gb_last_error());
-        sa_gb_close(e->g);
+        fprintf(stderr, "sparseattn: bench %s: copy bandwidth: %s\n", name, bh_last_error());
+        bh_close(e->g);
         return 1;
     }
     if (f->json) {
@@ -176,37 +178,37 @@ static inline int bench_open(const char *name, const bench_flags *f, bench_env *
 /* Creates up to BENCH_MAX_SETS input sets for shape s (enough to rotate through twice the L2).
  * Returns the count, or a negative sa_status with the reason printed. */
 static inline int bench_sets(const char *name, bench_env *e, const sa_shape *s, uint64_t seed,
-                             sa_gb_set *sets)
+                             bh_set *sets)
 {
-    int rc = sa_gb_set_create(e->g, s, seed, &sets[0]);
+    int rc = bh_set_create(e->g, s, seed, &sets[0]);
     if (rc) {
         fprintf(stderr, "sparseattn: bench %s: inputs: %s\n", name,
-                rc == SA_ERR_CUDA || rc == SA_ERR_NOMEM ? sa_gb_last_error() : sa_strerror(rc));
+                rc == SA_ERR_CUDA || rc == SA_ERR_NOMEM ? bh_last_error() : sa_strerror(rc));
         return rc;
     }
-    int n = sa_gb_sets_needed(&e->dev, sets[0].bytes, BENCH_MAX_SETS);
+    int n = bh_sets_needed(&e->dev, sets[0].bytes, BENCH_MAX_SETS);
     for (int i = 1; i < n; i++) {
-        rc = sa_gb_set_create(e->g, s, seed + (uint64_t)i * 7919, &sets[i]);
+        rc = bh_set_create(e->g, s, seed + (uint64_t)i * 7919, &sets[i]);
         if (rc) {
-            fprintf(stderr, "sparseattn: bench %s: inputs: %s\n", name, sa_gb_last_error());
+            fprintf(stderr, "sparseattn: bench %s: inputs: %s\n", name, bh_last_error());
             for (int j = 0; j < i; j++)
-                sa_gb_set_destroy(&sets[j]);
+                bh_set_destroy(&sets[j]);
             return rc;
         }
     }
     return n;
 }
 
-static inline void bench_sets_free(sa_gb_set *sets, int n)
+static inline void bench_sets_free(bh_set *sets, int n)
 {
     for (int i = 0; i < n; i++)
-        sa_gb_set_destroy(&sets[i]);
+        bh_set_destroy(&sets[i]);
 }
 
 /* Why a call failed, in words: CUDA/allocation failures carry detail from the harness. */
 static inline const char *bench_why(int rc)
 {
-    return rc == SA_ERR_CUDA || rc == SA_ERR_NOMEM ? sa_gb_last_error() : sa_strerror(rc);
+    return rc == SA_ERR_CUDA || rc == SA_ERR_NOMEM ? bh_last_error() : sa_strerror(rc);
 }
 #endif /* SA_HAVE_CUDA */
 

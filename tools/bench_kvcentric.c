@@ -68,8 +68,6 @@ int bench_kvcentric(int argc, char **argv)
     return 1;
 }
 #else
-#include "kv_bench.h"
-
 #define CK_SA(x)                                                                                  \
     do {                                                                                          \
         int r_ = (x);                                                                             \
@@ -78,6 +76,68 @@ int bench_kvcentric(int argc, char **argv)
             return 1;                                                                             \
         }                                                                                         \
     } while (0)
+
+/* The three parts of sa_kvcentric_attention (sa_kvcentric.h), each a harness callback on the
+ * sa_kv_params it is handed, and the whole entry point. */
+static int kv_part_index(void *ctx, void *stream)
+{
+    sa_kv_params *p = ctx;
+    p->stream = stream;
+    return sa_kv_build_index(p);
+}
+static int kv_part_attend(void *ctx, void *stream)
+{
+    sa_kv_params *p = ctx;
+    p->stream = stream;
+    return sa_kv_attend(p);
+}
+static int kv_part_combine(void *ctx, void *stream)
+{
+    sa_kv_params *p = ctx;
+    p->stream = stream;
+    return sa_kv_combine(p);
+}
+static int kv_whole(void *ctx, void *stream)
+{
+    sa_kv_params *p = ctx;
+    p->stream = stream;
+    return sa_kvcentric_attention(p);
+}
+
+/* Medians over reps, in ms, after `warmup` untimed whole runs (validation off). index / attend /
+ * combine / total: the three parts with validation off, each between its own events (total from
+ * the first to the last), the host waiting for each rep's last event (bh_time_parts). validated:
+ * the whole entry point with validation on, which synchronizes once inside (included).
+ * p->validate is restored. */
+typedef struct kv_times {
+    double index, attend, combine, total, validated;
+} kv_times;
+
+static int kv_time_parts(bh_gpu *g, sa_kv_params *p, int warmup, int reps, kv_times *t)
+{
+    static const bh_fn parts[3] = {kv_part_index, kv_part_attend, kv_part_combine};
+    static const bh_fn whole[1] = {kv_whole};
+    bh_timing tp[4], tw[2];
+    const int keep = p->validate;
+    int rc = SA_OK;
+    p->validate = 0;
+    for (int w = 0; w < warmup && !rc; w++)
+        rc = sa_kvcentric_attention(p);
+    if (!rc)
+        rc = bh_time_parts(g, "KV-centric parts", parts, 3, p, reps, tp);
+    p->validate = 1;
+    if (!rc)
+        rc = bh_time_parts(g, "KV-centric, validated", whole, 1, p, reps, tw);
+    p->validate = keep;
+    if (rc)
+        return rc;
+    t->index = tp[0].median_ms;
+    t->attend = tp[1].median_ms;
+    t->combine = tp[2].median_ms;
+    t->total = tp[3].median_ms;
+    t->validated = tw[1].median_ms;
+    return SA_OK;
+}
 
 /* Per (b, hkv, tile) the union of its queries' lists: what a Q-centric stage must visit. */
 static double tile_union(const sa_shape *s, const int32_t *qidx, int k, int32_t *tidx,
@@ -142,14 +202,14 @@ int bench_kvcentric(int argc, char **argv)
     CK_SA(sa_random_query_lists(&s, KV_TOPK, f.seed, qidx));
 
     /* Inputs: the dense set of the harness gives Q, K, V, O and LSE; the lists are ours. */
-    sa_gb_set set;
-    if (sa_gb_set_create(e.g, &s, f.seed, &set)) {
-        fprintf(stderr, "sparseattn: bench kvcentric: inputs: %s\n", sa_gb_last_error());
+    bh_set set;
+    if (bh_set_create(e.g, &s, f.seed, &set)) {
+        fprintf(stderr, "sparseattn: bench kvcentric: inputs: %s\n", bh_last_error());
         return 1;
     }
     int32_t *d_idx = NULL;
-    CK_SA(sa_gb_alloc((void **)&d_idx, rows * KV_TOPK * sizeof *d_idx));
-    CK_SA(sa_gb_upload(d_idx, qidx, rows * KV_TOPK * sizeof *d_idx));
+    CK_SA(bh_alloc((void **)&d_idx, rows * KV_TOPK * sizeof *d_idx));
+    CK_SA(bh_upload(d_idx, qidx, rows * KV_TOPK * sizeof *d_idx));
 
     sa_kv_params p;
     sa_kv_params_default(&p);
@@ -160,10 +220,10 @@ int bench_kvcentric(int argc, char **argv)
     p.o = set.a.o;
     p.lse = set.a.lse;
     p.lists = (sa_query_lists){d_idx, NULL, KV_TOPK};
-    p.stream = sa_gb_stream(e.g);
+    p.stream = bh_stream(e.g);
     size_t ws = 0;
     CK_SA(sa_kv_workspace_size(&p, &ws)); /* FP32 partials: the larger */
-    CK_SA(sa_gb_alloc(&p.workspace, ws));
+    CK_SA(bh_alloc(&p.workspace, ws));
     p.workspace_bytes = ws;
 
     /* Work and floors. Useful FLOPs: QK and PV over the selected keys of every (query, head). */
@@ -175,14 +235,14 @@ int bench_kvcentric(int argc, char **argv)
     const sa_stage *dense = sa_stage_with(SA_ROLE_DEFAULT_DENSE);
     double dense_ms = 0;
     if (dense) {
-        sa_gb_timing t;
+        bh_timing t;
         size_t bad = 0;
-        if (sa_gb_smoke(e.g, dense, &set, &bad) == SA_OK && bad == 0 &&
-            sa_gb_time_stage(e.g, dense, &set, 1, 1, f.warmup, f.reps, &t) == SA_OK)
+        if (bh_smoke_stage(e.g, dense, &set, &bad) == SA_OK && bad == 0 &&
+            bh_time_stage(e.g, dense, &set, 1, 1, f.warmup, f.reps, &t) == SA_OK)
             dense_ms = t.median_ms;
         else
             fprintf(stderr, "stage %d %s did not run cleanly (%zu bad outputs): %s\n", dense->id,
-                    dense->name, bad, sa_gb_last_error());
+                    dense->name, bad, bh_last_error());
     }
 
     if (!f.json)
@@ -197,14 +257,14 @@ int bench_kvcentric(int argc, char **argv)
         const int attend = run / 2 ? SA_KV_ATTEND_MMA_SYNC : SA_KV_ATTEND_WGMMA;
         p.partial_format = fmt;
         p.attend = attend;
-        sa_kv_times t;
-        CK_SA(sa_kv_time_parts(&p, f.warmup, f.reps, &t));
+        kv_times t;
+        CK_SA(kv_time_parts(e.g, &p, f.warmup, f.reps, &t));
         /* Smoke: O and LSE fully written after a run on poisoned outputs. */
         size_t bad_o = 0, bad_l = 0;
-        CK_SA(sa_gb_poison(e.g, set.a.o, nq * 2));
-        CK_SA(sa_gb_poison(e.g, set.a.lse, sa_lse_elems(&s) * 4));
+        CK_SA(bh_poison(e.g, set.a.o, nq * 2));
+        CK_SA(bh_poison(e.g, set.a.lse, sa_lse_elems(&s) * 4));
         CK_SA(sa_kvcentric_attention(&p));
-        CK_SA(sa_gb_count_bad(e.g, set.a.o, nq, set.a.lse, sa_lse_elems(&s), &bad_o, &bad_l));
+        CK_SA(bh_count_bad(e.g, set.a.o, nq, set.a.lse, sa_lse_elems(&s), &bad_o, &bad_l));
         double elem = fmt == SA_KV_PARTIAL_F32 ? 4 : 2;
         double part_bytes = prow * (KV_HEAD_DIM * elem + 4); /* O and LSE partials */
         double attend_floor = bench_byte_ms(part_bytes, e.copy_bps);
@@ -267,12 +327,12 @@ int bench_kvcentric(int argc, char **argv)
         if (!cli_stage_sparse(st))
             continue;
         peers++;
-        sa_gb_timing t;
+        bh_timing t;
         char what[96];
-        if (sa_gb_set_lists(&set, tidx, tcnt, s.heads_kv, nb) != SA_OK ||
-            sa_gb_time_stage(e.g, st, &set, 1, 1, f.warmup, f.reps, &t) != SA_OK) {
+        if (bh_set_lists(&set, tidx, tcnt, s.heads_kv, nb) != SA_OK ||
+            bh_time_stage(e.g, st, &set, 1, 1, f.warmup, f.reps, &t) != SA_OK) {
             printf("  stage %d (%s) on the tile union: failed: %s\n", st->id, st->name,
-                   sa_gb_last_error());
+                   bh_last_error());
             continue;
         }
         snprintf(what, sizeof what, "stage %d %s, tile union", st->id, st->name);
@@ -290,10 +350,10 @@ int bench_kvcentric(int argc, char **argv)
     free(tidx);
     free(tcnt);
     free(qidx);
-    sa_gb_free(p.workspace);
-    sa_gb_free(d_idx);
-    sa_gb_set_destroy(&set);
-    sa_gb_close(e.g);
+    bh_free(p.workspace);
+    bh_free(d_idx);
+    bh_set_destroy(&set);
+    bh_close(e.g);
     return 0;
 }
 #endif

@@ -5,7 +5,7 @@
  * registry's default dense stage, the default tile-list stage on the per-tile union of the
  * queries' lists, and sa_kvcentric_attention with BF16 partials. Each is checked on sampled
  * rows against an exact CPU reference, then timed with CUDA events in interleaved rounds
- * (sa_gb_time_stage; the median of the rounds' medians). docs/benchmarks.md, "bench longctx". */
+ * (bh_time; the median of the rounds' medians). docs/benchmarks.md, "bench longctx". */
 #include <stddef.h>
 
 #include "bench_gpu.h"
@@ -200,8 +200,8 @@ static void union_done(void *state)
 {
     union_state *u = state;
     if (u) {
-        sa_gb_free(u->d_idx);
-        sa_gb_free(u->d_cnt);
+        bh_free(u->d_idx);
+        bh_free(u->d_cnt);
         free(u);
     }
 }
@@ -214,13 +214,13 @@ static int union_setup(const lc_cell *c, void **state)
     const sa_tile_lists hl = {c->h_tidx, c->h_tcnt, c->s.heads_kv, c->tile_max};
     int rc = sa_tile_lists_check(&c->s, &hl, 0);
     if (!rc)
-        rc = sa_gb_alloc(&u->d_idx, ib);
+        rc = bh_alloc(&u->d_idx, ib);
     if (!rc)
-        rc = sa_gb_upload(u->d_idx, c->h_tidx, ib);
+        rc = bh_upload(u->d_idx, c->h_tidx, ib);
     if (!rc)
-        rc = sa_gb_alloc(&u->d_cnt, rows * 4);
+        rc = bh_alloc(&u->d_cnt, rows * 4);
     if (!rc)
-        rc = sa_gb_upload(u->d_cnt, c->h_tcnt, rows * 4);
+        rc = bh_upload(u->d_cnt, c->h_tcnt, rows * 4);
     if (!rc) {
         u->a = c->a;
         u->a.lists = (sa_tile_lists){u->d_idx, u->d_cnt, c->s.heads_kv, c->tile_max};
@@ -263,7 +263,7 @@ static int kv_memory(const lc_cell *c, size_t *bytes)
 static void kv_done(void *state)
 {
     if (state)
-        sa_gb_free(((sa_kv_params *)state)->workspace);
+        bh_free(((sa_kv_params *)state)->workspace);
     free(state);
 }
 /* A KV-centric contender's state: the parameters `params` sets and a workspace allocated once. */
@@ -276,7 +276,7 @@ static int kv_setup_with(const lc_cell *c, void **state,
     params(c, p);
     int rc = sa_kv_workspace_size(p, &p->workspace_bytes);
     if (!rc)
-        rc = sa_gb_alloc(&p->workspace, p->workspace_bytes);
+        rc = bh_alloc(&p->workspace, p->workspace_bytes);
     if (rc) {
         kv_done(p);
         return rc;
@@ -356,19 +356,19 @@ static void print_memory(const lc_flags *f, const sa_shape *s, size_t list_bytes
 }
 
 /* Q, K, V as the reference needs them: all of K and V, the sampled rows of Q. */
-static int download_rows(const sa_gb_set *set, lc_rows *r)
+static int download_rows(const bh_set *set, lc_rows *r)
 {
     const sa_shape *s = &set->a.shape;
     const size_t d = (size_t)s->head_dim, nkv = sa_kv_elems(s);
     uint16_t *tmp = malloc(nkv * 2);
     int rc = tmp ? SA_OK : SA_ERR_NOMEM;
-    if (!rc && !(rc = sa_gb_download(tmp, set->a.k, nkv * 2)))
+    if (!rc && !(rc = bh_download(tmp, set->a.k, nkv * 2)))
         sa_bf16_to_f32_array(r->k, tmp, nkv);
-    if (!rc && !(rc = sa_gb_download(tmp, set->a.v, nkv * 2)))
+    if (!rc && !(rc = bh_download(tmp, set->a.v, nkv * 2)))
         sa_bf16_to_f32_array(r->v, tmp, nkv);
     for (int i = 0; !rc && i < r->n; i++) {
         const size_t row = ((size_t)r->b[i] * s->heads_q + r->h[i]) * s->len_q + r->q[i];
-        if (!(rc = sa_gb_download(tmp, set->a.q + row * d, d * 2)))
+        if (!(rc = bh_download(tmp, set->a.q + row * d, d * 2)))
             sa_bf16_to_f32_array(r->qv + i * d, tmp, d);
     }
     free(tmp);
@@ -382,7 +382,7 @@ static int run_len(const lc_flags *f, bench_env *e, int len, int *cell, int cell
     const size_t rows = sa_query_rows(&s), tiles = (size_t)s.batch * s.heads_kv * sa_q_tiles(&s);
     const size_t list_bytes = rows * (LC_TOPK + 1) * sizeof(int32_t);
     print_memory(f, &s, list_bytes, e);
-    sa_gb_set set;
+    bh_set set;
     memset(&set, 0, sizeof set);
     lc_rows r;
     memset(&r, 0, sizeof r);
@@ -393,11 +393,11 @@ static int run_len(const lc_flags *f, bench_env *e, int len, int *cell, int cell
     if (!rc)
         rc = lc_rows_init(&r, &s, f->samples, f->b.seed ^ 0x5a5a5a5aull);
     const int host_oom = rc != SA_OK;
-    int have_set = !rc && !(rc = sa_gb_set_create(e->g, &s, f->b.seed + (uint64_t)len, &set));
+    int have_set = !rc && !(rc = bh_set_create(e->g, &s, f->b.seed + (uint64_t)len, &set));
     if (!rc)
-        rc = sa_gb_alloc(&d_idx, rows * LC_TOPK * sizeof *qidx);
+        rc = bh_alloc(&d_idx, rows * LC_TOPK * sizeof *qidx);
     if (!rc)
-        rc = sa_gb_alloc(&d_cnt, rows * sizeof *qcnt);
+        rc = bh_alloc(&d_cnt, rows * sizeof *qcnt);
     if (!rc)
         rc = download_rows(&set, &r);
     if (rc) {
@@ -426,7 +426,7 @@ static int run_len(const lc_flags *f, bench_env *e, int len, int *cell, int cell
         struct_name(f->structs[si], name, sizeof name);
         fprintf(stderr, "bench longctx: cell %d of %d: S %d, %s (%.0f s so far)\n", ++*cell,
                 cells, len, name, cli_now() - t0);
-        lc_cell c = {.s = s, .structure = name, .g = e->g, .stream = sa_gb_stream(e->g),
+        lc_cell c = {.s = s, .structure = name, .g = e->g, .stream = bh_stream(e->g),
                      .a = set.a, .lists = {d_idx, d_cnt, LC_TOPK}, .h_qidx = qidx};
         c.a.validate = 0;
         c.a.stream = c.stream;
@@ -439,9 +439,9 @@ static int run_len(const lc_flags *f, bench_env *e, int len, int *cell, int cell
         if (!r2)
             r2 = sa_query_lists_check(&s, &hl, 0);
         if (!r2)
-            r2 = sa_gb_upload(d_idx, qidx, rows * LC_TOPK * sizeof *qidx);
+            r2 = bh_upload(d_idx, qidx, rows * LC_TOPK * sizeof *qidx);
         if (!r2)
-            r2 = sa_gb_upload(d_cnt, qcnt, rows * sizeof *qcnt);
+            r2 = bh_upload(d_cnt, qcnt, rows * sizeof *qcnt);
         if (!r2)
             r2 = lc_tile_union(&s, qidx, LC_TOPK, NULL, NULL, &c.tile_max, NULL, NULL);
         free(tidx);
@@ -472,10 +472,10 @@ static int run_len(const lc_flags *f, bench_env *e, int len, int *cell, int cell
     }
     free(qidx), free(qcnt), free(tidx), free(tcnt);
     lc_rows_free(&r);
-    sa_gb_free(d_idx);
-    sa_gb_free(d_cnt);
+    bh_free(d_idx);
+    bh_free(d_cnt);
     if (have_set)
-        sa_gb_set_destroy(&set);
+        bh_set_destroy(&set);
     return failed;
 }
 
@@ -518,7 +518,7 @@ int bench_longctx(int argc, char **argv)
     const double t0 = cli_now();
     for (int li = 0; li < f.nlens; li++)
         failed |= run_len(&f, &e, f.lens[li], &cell, f.nlens * f.nstruct, t0);
-    sa_gb_close(e.g);
+    bh_close(e.g);
     return failed;
 }
 #endif

@@ -62,9 +62,10 @@ void lc_ref_row(const sa_shape *s, const lc_rows *r, int i, const int32_t *block
 void lc_ref_rows(const sa_shape *s, const lc_rows *r, const int32_t *qidx, int k, double *o,
                  double *lse);
 
-/* A GPU result on the sampled rows against a reference, with the GPU tests' tolerance
- * (tests/common: rel L2 <= 1e-2, max abs <= 3e-2 * max |ref| + 1e-3, everything finite; LSE within
- * 1e-2 absolute). */
+/* A GPU result on the sampled rows against a reference, with the tolerances of bench/shapes.h,
+ * the GPU tests' (tests/common): rel L2 <= SA_BENCH_REL_L2_TOL (1e-2), max abs <=
+ * SA_BENCH_MAX_ABS_TOL * max |ref| + SA_BENCH_MAX_ABS_FLOOR (3e-2, 1e-3), everything finite; LSE
+ * within SA_BENCH_LSE_TOL (1e-2) absolute. */
 typedef struct lc_err {
     double rel_l2, max_abs, ref_max, lse_max_abs;
     size_t nonfinite;
@@ -83,13 +84,13 @@ enum {
                             printed, with no pass or fail */
 };
 
-struct sa_gb; /* the GPU bench harness (cuda/sa_gpu_bench.h) */
+struct bh_gpu; /* the GPU bench harness (tools/bench_harness.h) */
 
 /* One (S, structure) cell, as every contender sees it. Device pointers in `a` and `lists`. */
 typedef struct lc_cell {
     sa_shape s;
     const char *structure; /* "overlap8", "local" */
-    struct sa_gb *g;
+    struct bh_gpu *g;
     void *stream;          /* cudaStream_t every run goes to */
     sa_gpu_attn a;         /* q, k, v, o, lse, stream; lists empty, validate 0 */
     sa_query_lists lists;  /* the per-query lists on the device, counts included */
@@ -126,10 +127,10 @@ typedef struct lc_run_opts {
 /* Every contender of ct[0 .. n) on cell c: sets all up (a failure skips that one), runs each once
  * on poisoned outputs and compares the sampled rows r against the dense reference (r->dense_o)
  * or each row's own list (LC_EXACT_DENSE or not), then times them in interleaved rounds
- * (sa_gb_time_stage, one round = every contender once), prints one line or JSON object each and
+ * (bh_time of its run, one round = every contender once), prints one line or JSON object each and
  * frees them. The speed-up divides by the first LC_EXACT_DENSE contender that ran. Returns 1 when
  * one failed (a run error, unwritten outputs, or an exact one outside the tolerance). CUDA only. */
-int lc_run_cell(const lc_run_opts *o, struct sa_gb *g, const lc_contender *ct, int n,
+int lc_run_cell(const lc_run_opts *o, struct bh_gpu *g, const lc_contender *ct, int n,
                 const lc_cell *c, const lc_rows *r);
 
 #endif

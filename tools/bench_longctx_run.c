@@ -7,11 +7,8 @@
 #include "bench_longctx.h"
 
 #ifdef SA_HAVE_CUDA
-/* A contender in one cell. The harness times a sa_stage: each contender becomes one whose
- * launch() finds this slot from the sa_gpu_attn it is handed (set.a, the slot's first bytes). */
+/* A contender in one cell, and the context of its harness callback (slot_call). */
 typedef struct lc_slot {
-    sa_gb_set set; /* first: sa_gb_time_stage passes &set.a to st.launch */
-    sa_stage st;
     const lc_contender *ct;
     const lc_cell *c;
     void *state;
@@ -21,14 +18,14 @@ typedef struct lc_slot {
     int exact;
     lc_err err;
     size_t unwritten;
-    double round_ms[LC_MAX_ROUNDS], median_ms, min_ms, max_ms;
+    double round_ms[LC_MAX_ROUNDS], median_ms, min_ms, max_ms, host_us;
 } lc_slot;
-_Static_assert(offsetof(lc_slot, set) == 0 && offsetof(sa_gb_set, a) == 0,
-               "slot_launch finds its slot from &slot->set.a");
 
-static int slot_launch(const sa_gpu_attn *a)
+/* One run of the slot's contender; it queues on c->stream, the harness's stream. */
+static int slot_call(void *ctx, void *stream)
 {
-    const lc_slot *sl = (const lc_slot *)(const void *)a;
+    const lc_slot *sl = ctx;
+    (void)stream;
     return sl->ct->run(sl->c, sl->state);
 }
 
@@ -45,29 +42,28 @@ static int cmp_dbl(const void *a, const void *b)
 }
 
 /* One run on poisoned outputs: every output written, and the sampled rows against `ref`. */
-static int slot_check(lc_slot *sl, struct sa_gb *g, const lc_rows *r, uint16_t *o, float *lse,
+static int slot_check(lc_slot *sl, struct bh_gpu *g, const lc_rows *r, uint16_t *o, float *lse,
                       const double *ref_o, const double *ref_lse)
 {
     const lc_cell *c = sl->c;
     const sa_shape *s = &c->s;
     const size_t d = (size_t)s->head_dim;
     size_t bad_o = 0, bad_l = 0;
-    int rc = sa_gb_poison(g, c->a.o, sa_q_elems(s) * 2);
+    int rc = bh_poison(g, c->a.o, sa_q_elems(s) * 2);
     if (!rc)
-        rc = sa_gb_poison(g, c->a.lse, sa_lse_elems(s) * 4);
+        rc = bh_poison(g, c->a.lse, sa_lse_elems(s) * 4);
     if (!rc && (rc = sl->ct->run(c, sl->state))) { /* its own code: no harness detail */
         sl->status = "failed";
         snprintf(sl->why, sizeof sl->why, "run: %s", sa_strerror(rc));
         return 1;
     }
     if (!rc) /* synchronizes the stream */
-        rc = sa_gb_count_bad(g, c->a.o, sa_q_elems(s), c->a.lse, sa_lse_elems(s), &bad_o,
-                             &bad_l);
+        rc = bh_count_bad(g, c->a.o, sa_q_elems(s), c->a.lse, sa_lse_elems(s), &bad_o, &bad_l);
     for (int i = 0; !rc && i < r->n; i++) {
         const size_t row = ((size_t)r->b[i] * s->heads_q + r->h[i]) * s->len_q + r->q[i];
-        rc = sa_gb_download(o + i * d, c->a.o + row * d, d * 2);
+        rc = bh_download(o + i * d, c->a.o + row * d, d * 2);
         if (!rc)
-            rc = sa_gb_download(lse + i, c->a.lse + row, 4);
+            rc = bh_download(lse + i, c->a.lse + row, 4);
     }
     if (rc)
         return slot_fail(sl, "failed", rc), 1;
@@ -101,9 +97,9 @@ static void print_slot(const lc_run_opts *opt, const lc_cell *c, const lc_slot *
             bench_json_str(sl->why);
         }
         if (ok) {
-            printf(",\"median_ms\":%.6g,\"min_ms\":%.6g,\"max_ms\":%.6g,\"rounds\":%d,"
-                   "\"reps\":%d,\"round_ms\":[",
-                   ms, sl->min_ms, sl->max_ms, opt->rounds, opt->reps);
+            printf(",\"median_ms\":%.6g,\"min_ms\":%.6g,\"max_ms\":%.6g,\"host_us_per_call\":%.6g,"
+                   "\"rounds\":%d,\"reps\":%d,\"round_ms\":[",
+                   ms, sl->min_ms, sl->max_ms, sl->host_us, opt->rounds, opt->reps);
             for (int i = 0; i < opt->rounds; i++)
                 printf("%s%.6g", i ? "," : "", sl->round_ms[i]);
             printf("],\"useful_flops\":%.6g,\"useful_tflops\":%.6g,\"work_flops\":%.6g,"
@@ -137,7 +133,7 @@ static void print_slot(const lc_run_opts *opt, const lc_cell *c, const lc_slot *
     fflush(stdout);
 }
 
-int lc_run_cell(const lc_run_opts *opt, struct sa_gb *g, const lc_contender *ct, int n,
+int lc_run_cell(const lc_run_opts *opt, struct bh_gpu *g, const lc_contender *ct, int n,
                 const lc_cell *c, const lc_rows *r)
 {
     const size_t d = (size_t)c->s.head_dim;
@@ -155,9 +151,6 @@ int lc_run_cell(const lc_run_opts *opt, struct sa_gb *g, const lc_contender *ct,
     int failed = 0;
     for (int i = 0; i < n; i++) {
         lc_slot *x = &sl[i];
-        x->set.a = c->a;
-        x->st = (sa_stage){.id = -1, .name = ct[i].name, .summary = "bench longctx",
-                           .launch = slot_launch};
         x->ct = &ct[i];
         x->c = c;
         x->status = "ok";
@@ -178,15 +171,17 @@ int lc_run_cell(const lc_run_opts *opt, struct sa_gb *g, const lc_contender *ct,
         for (int i = 0; i < n; i++) {
             if (!sl[i].ct || strcmp(sl[i].status, "ok"))
                 continue;
-            sa_gb_timing t;
-            int rc = sa_gb_time_stage(g, &sl[i].st, &sl[i].set, 1, 0,
-                                      round ? 0 : opt->warmup, opt->reps, &t);
+            bh_timing t;
+            void *ctx = &sl[i];
+            int rc = bh_time(g, sl[i].ct->name, slot_call, &ctx, 1, 0, round ? 0 : opt->warmup,
+                             opt->reps, &t);
             if (rc) {
                 slot_fail(&sl[i], "failed", rc);
                 failed = 1;
                 continue;
             }
             sl[i].round_ms[round] = t.median_ms;
+            sl[i].host_us += t.host_us / opt->rounds; /* the mean over the rounds */
             sl[i].min_ms = round && sl[i].min_ms < t.min_ms ? sl[i].min_ms : t.min_ms;
             sl[i].max_ms = round && sl[i].max_ms > t.max_ms ? sl[i].max_ms : t.max_ms;
         }

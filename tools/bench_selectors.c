@@ -1,9 +1,10 @@
 /* "sparseattn bench selectors": the GPU selectors alone, and the selector -> attention pipeline.
  *
- * Shape of the original study: batch 2, 16 query heads on 1 KV head, D 128, 4096 queries,
- * 4K / 8K / 16K keys, 16 blocks per row. Everything goes through the registries: every selector
- * with a GPU function, and the registry's default tile-list stage (SA_ROLE_DEFAULT_TILE) where it
- * accepts the shape, else the first sparse stage that does, or the stage --stage N names.
+ * Shape of the original study (bench/shapes.h, SA_BENCH_SPARSE_*): batch 2, 16 query heads on 1
+ * KV head, D 128, 4096 queries, 4K / 8K / 16K keys, 16 blocks per row. Everything goes through
+ * the registries: every selector with a GPU function, and the registry's default tile-list stage
+ * (SA_ROLE_DEFAULT_TILE) where it accepts the shape, else the first sparse stage that does, or
+ * the stage --stage N names.
  *   1. Each selector alone (gaussian inputs): median time next to its floor, the bytes it must
  *      read once (Q and K in BF16) over the copy bandwidth measured in this run (and for the
  *      nvfp4 scorers also its FLOPs over the bf16 GEMM rate), and next to a kernel that only
@@ -12,14 +13,20 @@
  *      the pipeline (selector then attention, lists passed on the device) and the attention alone
  *      on the same lists; useful TFLOP/s = 4 * D * (query, selected key) pairs / time, and the
  *      pipeline's share of the attention-only rate.
- * Timing: the harness's (sa_gpu_bench.h) CUDA events around each launch, warm-up, median, input
- * sets rotated to stay out of L2. The stage runs with validate = 0 (the lists come from a
+ * Timing: the harness's (bench_harness.h) CUDA events around each call, warm-up, median, input
+ * sets rotated to stay out of L2; each thing timed is a harness callback whose context is one
+ * input set and what it runs (sel_call). The stage runs with validate = 0 (the lists come from a
  * selector in the same run); --validate turns the GPU list check on in both columns. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_gpu.h"
 #include "cli.h"
+#include "shapes.h" /* bench/shapes.h: the sparse shape, shared with bench/peers.py */
+
+#define BENCH_K SA_BENCH_SPARSE_K
+static const int bench_lens[] = SA_BENCH_SPARSE_LEN_KV;
+#define NLENS (int)(sizeof bench_lens / sizeof bench_lens[0])
 
 static void usage(FILE *f)
 {
@@ -28,12 +35,18 @@ static void usage(FILE *f)
             "                                  [--gemm-tflops T] [--validate] [--json]\n"
             "                                  [--len-kv N] [--no-pipeline]\n\n"
             "GPU selectors alone (median time vs the memory floor), then the selector ->\n"
-            "attention pipeline's useful TFLOP/s against the attention alone, at batch 2,\n"
-            "16 query heads on 1 KV head, D 128, 4096 queries, 4K/8K/16K keys, top-16.\n"
-            "--len-kv N runs that key length alone; --no-pipeline times the selectors only.\n");
+            "attention pipeline's useful TFLOP/s against the attention alone, at batch %d,\n"
+            "%d query heads on %d KV head, D %d, %d queries, ",
+            SA_BENCH_SPARSE_B, SA_BENCH_SPARSE_HQ, SA_BENCH_SPARSE_HKV, SA_BENCH_SPARSE_D,
+            SA_BENCH_SPARSE_SQ);
+    for (int i = 0; i < NLENS; i++)
+        fprintf(f, bench_lens[i] % 1024 ? "%s%d" : "%s%dK", i ? "/" : "",
+                bench_lens[i] % 1024 ? bench_lens[i] : bench_lens[i] / 1024);
+    fprintf(f,
+            " keys, top-%d.\n"
+            "--len-kv N runs that key length alone; --no-pipeline times the selectors only.\n",
+            BENCH_K);
 }
-
-#define BENCH_K 16
 
 #ifndef SA_HAVE_CUDA
 int bench_selectors(int argc, char **argv)
@@ -47,68 +60,87 @@ int bench_selectors(int argc, char **argv)
 #else
 #include "sel_cuda.h"
 
-static const int bench_lens[] = {4096, 8192, 16384};
-#define NLENS (int)(sizeof bench_lens / sizeof bench_lens[0])
-
-/* What the pseudo-stages below run: the harness times any sa_stage, so a selector (and the
- * selector followed by the attention stage) is wrapped as one. */
-static struct {
-    const sa_selector *sel;
-    const sa_stage *attn;
+/* Device buffers the selectors and the quantizer write when timed alone (one of each, shared by
+ * every input set). */
+typedef struct sel_bufs {
     int32_t *idx, *cnt; /* selector-only output, sized for per-query lists */
     uint8_t *qv, *qs;   /* quantizer output */
     void *qwork;        /* quantizer scalars: tensor scale, bad flag, amax (3 words) */
-} bx;
+} sel_bufs;
 
-static int check_ok(const sa_gpu_attn *a)
-{
-    (void)a;
-    return SA_OK;
-}
+/* The context of one timed call: an input set (Q, K; for the pipeline also V, O, LSE and the
+ * set's device lists) and what runs on it. */
+typedef struct sel_call {
+    const sa_selector *sel;
+    const sa_stage *attn;
+    const sel_bufs *buf;
+    sa_gpu_attn *a;
+} sel_call;
 
-static void params_for(const sa_gpu_attn *a, sa_select_params *p)
+static void params_for(void *stream, sa_select_params *p)
 {
     sa_select_params_default(p);
     p->k = BENCH_K;
-    p->stream = a->stream;
+    p->stream = stream;
 }
 
-static int launch_selector(const sa_gpu_attn *a)
+static int call_selector(void *ctx, void *stream)
 {
+    const sel_call *c = ctx;
     sa_select_params p;
-    params_for(a, &p);
-    return bx.sel->cuda(&a->shape, a->q, a->k, &p, bx.idx, bx.cnt);
+    params_for(stream, &p);
+    return c->sel->cuda(&c->a->shape, c->a->q, c->a->k, &p, c->buf->idx, c->buf->cnt);
 }
 
-static int launch_pipeline(const sa_gpu_attn *a)
+static int call_pipeline(void *ctx, void *stream)
 {
+    const sel_call *c = ctx;
     sa_select_params p;
-    params_for(a, &p);
+    params_for(stream, &p);
+    c->a->stream = stream;
     /* The set's device lists are the selector's output and the stage's input. */
-    int rc = bx.sel->cuda(&a->shape, a->q, a->k, &p, (int32_t *)a->lists.indices,
-                          (int32_t *)a->lists.counts);
-    return rc ? rc : bx.attn->launch(a);
+    int rc = c->sel->cuda(&c->a->shape, c->a->q, c->a->k, &p, (int32_t *)c->a->lists.indices,
+                          (int32_t *)c->a->lists.counts);
+    return rc ? rc : c->attn->launch(c->a);
 }
 
 /* Reads Q and K once and does nothing else: the measured floor the selectors are also shown
  * against, timed the same way as they are. */
-static int launch_read(const sa_gpu_attn *a)
+static int call_read(void *ctx, void *stream)
 {
-    return sa_gb_read_once(a->q, sa_q_elems(&a->shape) * 2, a->k, sa_kv_elems(&a->shape) * 2,
-                           a->stream);
+    const sa_gpu_attn *a = ((const sel_call *)ctx)->a;
+    return bh_read_once(a->q, sa_q_elems(&a->shape) * 2, a->k, sa_kv_elems(&a->shape) * 2,
+                        stream);
 }
 
-static int launch_quantizer(const sa_gpu_attn *a)
+static int call_quantizer(void *ctx, void *stream)
 {
-    sa_nvfp4 z = {bx.qv, bx.qs, 0.0f, 0};
-    return sa_nvfp4_quantize_bf16_cuda(a->q, sa_q_elems(&a->shape), &z, a->stream);
+    const sel_call *c = ctx;
+    sa_nvfp4 z = {c->buf->qv, c->buf->qs, 0.0f, 0};
+    return sa_nvfp4_quantize_bf16_cuda(c->a->q, sa_q_elems(&c->a->shape), &z, stream);
 }
 
-static int launch_quantizer_async(const sa_gpu_attn *a)
+static int call_quantizer_async(void *ctx, void *stream)
 {
-    float *ts = bx.qwork;
-    return sel_nvfp4_quantize_async(a->q, sa_q_elems(&a->shape), bx.qv, bx.qs, ts,
-                                    (int *)(ts + 1), (unsigned *)(ts + 2), a->stream);
+    const sel_call *c = ctx;
+    float *ts = c->buf->qwork;
+    return sel_nvfp4_quantize_async(c->a->q, sa_q_elems(&c->a->shape), c->buf->qv, c->buf->qs, ts,
+                                    (int *)(ts + 1), (unsigned *)(ts + 2), stream);
+}
+
+/* Times fn on the sets in rotation (call i on sets[i % nsets]), its context sel / attn / buf and
+ * the set. */
+static int time_call(bench_env *e, const bench_flags *f, const char *name, bh_fn fn,
+                     const sa_selector *sel, const sa_stage *attn, const sel_bufs *buf,
+                     bh_set *sets, int nsets, bh_timing *t)
+{
+    sel_call calls[BENCH_MAX_SETS];
+    void *ctx[BENCH_MAX_SETS];
+    for (int i = 0; i < nsets; i++) {
+        calls[i] = (sel_call){sel, attn, buf, &sets[i].a};
+        ctx[i] = &calls[i];
+    }
+    return bh_time(e->g, name, fn, ctx, nsets, 0, f->warmup, f->reps, t);
 }
 
 /* The attention stage on `a` (a set with valid lists): --stage, else cli_tile_stage. */
@@ -137,7 +169,7 @@ static double selected_pairs(const sa_shape *s, const int32_t *idx, int k)
 }
 
 static void print_timing_json(const char *part, const sa_shape *s, const char *sel,
-                              const char *workload, const sa_gb_timing *t)
+                              const char *workload, const bh_timing *t)
 {
     printf("{\"bench\":\"selectors\",\"kind\":\"%s\",\"len_kv\":%d,\"selector\":", part,
            s->len_kv);
@@ -146,22 +178,21 @@ static void print_timing_json(const char *part, const sa_shape *s, const char *s
         printf(",\"workload\":");
         bench_json_str(workload);
     }
-    printf(",\"median_ms\":%.6g,\"min_ms\":%.6g,\"max_ms\":%.6g,\"reps\":%d", t->median_ms,
-           t->min_ms, t->max_ms, t->reps);
+    printf(",\"median_ms\":%.6g,\"min_ms\":%.6g,\"max_ms\":%.6g,\"reps\":%d,"
+           "\"host_us_per_call\":%.6g",
+           t->median_ms, t->min_ms, t->max_ms, t->reps, t->host_us);
 }
 
 /* Part 1 at one length: every GPU selector alone, and the quantizer. */
-static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s, sa_gb_set *sets,
-                           int nsets)
+static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s, bh_set *sets,
+                           int nsets, const sel_bufs *buf)
 {
     const double qk_bytes = 2.0 * ((double)sa_q_elems(s) + (double)sa_kv_elems(s));
     const double floor_ms = bench_byte_ms(qk_bytes, e->copy_bps);
     /* First a kernel that only reads Q and K once: what the memory floor costs in practice under
      * this timing (one launch, its ramp-up and tail, the events around it). */
-    sa_stage rd = {.id = -1, .name = "read Q+K", .summary = "read once", .roles = SA_ROLE_SPARSE,
-                   .check = check_ok, .launch = launch_read};
-    sa_gb_timing tr;
-    int rc0 = sa_gb_time_stage(e->g, &rd, sets, nsets, 0, f->warmup, f->reps, &tr);
+    bh_timing tr;
+    int rc0 = time_call(e, f, "read Q+K", call_read, NULL, NULL, buf, sets, nsets, &tr);
     if (rc0) {
         fprintf(stderr, "sparseattn: bench selectors: read floor: %s\n", bench_why(rc0));
         return rc0;
@@ -184,11 +215,8 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
         const sa_selector *sel = sa_selector_at(i);
         if (!sel->cuda)
             continue;
-        bx.sel = sel;
-        sa_stage st = {.id = -1, .name = sel->name, .summary = "selector alone",
-                       .roles = SA_ROLE_SPARSE, .check = check_ok, .launch = launch_selector};
-        sa_gb_timing t;
-        int rc = sa_gb_time_stage(e->g, &st, sets, nsets, 0, f->warmup, f->reps, &t);
+        bh_timing t;
+        int rc = time_call(e, f, sel->name, call_selector, sel, NULL, buf, sets, nsets, &t);
         if (rc) {
             fprintf(stderr, "sparseattn: bench selectors: %s: %s\n", sel->name, bench_why(rc));
             return rc;
@@ -222,12 +250,10 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
     const double qbytes = (double)sa_q_elems(s) * (2.0 + 0.5 + 1.0 / 16.0);
     const double qfloor = bench_byte_ms(qbytes, e->copy_bps);
     for (int async = 0; async < 2; async++) {
-        sa_stage st = {.id = -1, .name = "nvfp4_quantize", .summary = "quantizer alone",
-                       .roles = SA_ROLE_SPARSE, .check = check_ok,
-                       .launch = async ? launch_quantizer_async : launch_quantizer};
         const char *name = async ? "quantize(Q) kernels" : "quantize(Q)";
-        sa_gb_timing t;
-        int rc = sa_gb_time_stage(e->g, &st, sets, nsets, 0, f->warmup, f->reps, &t);
+        bh_timing t;
+        int rc = time_call(e, f, name, async ? call_quantizer_async : call_quantizer, NULL, NULL,
+                           buf, sets, nsets, &t);
         if (rc) {
             fprintf(stderr, "sparseattn: bench selectors: %s: %s\n", name, bench_why(rc));
             return rc;
@@ -248,8 +274,8 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
 }
 
 /* Part 2 at one length: pipeline vs attention alone, per workload and tile selector. */
-static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, sa_gb_set *sets,
-                     int nsets, const sa_stage *attn)
+static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, bh_set *sets,
+                     int nsets, const sa_stage *attn, const sel_bufs *buf)
 {
     const size_t nq = sa_q_elems(s), nk = sa_kv_elems(s);
     const size_t rows = (size_t)s->batch * s->heads_kv * sa_q_tiles(s);
@@ -265,36 +291,39 @@ static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, sa_g
         const sa_workload *wl = sa_workload_at(w);
         rc = sa_workload_generate(wl->name, s, f->seed + (uint64_t)w, SA_STRENGTH_DEFAULT, q, k, v);
         for (int i = 0; !rc && i < nsets; i++) {
-            rc = sa_gb_upload((void *)sets[i].a.q, q, nq * 2);
+            rc = bh_upload((void *)sets[i].a.q, q, nq * 2);
             if (!rc)
-                rc = sa_gb_upload((void *)sets[i].a.k, k, nk * 2);
+                rc = bh_upload((void *)sets[i].a.k, k, nk * 2);
             if (!rc)
-                rc = sa_gb_upload((void *)sets[i].a.v, v, nk * 2);
+                rc = bh_upload((void *)sets[i].a.v, v, nk * 2);
         }
         for (int i = 0; !rc && i < sa_selector_count(); i++) {
             const sa_selector *sel = sa_selector_at(i);
             if (!sel->cuda || sel->per_query)
                 continue;
-            bx.sel = sel;
-            bx.attn = attn;
-            sa_stage pipe = {.id = -1, .name = sel->name, .summary = "selector + attention",
-                             .roles = SA_ROLE_SPARSE, .check = check_ok,
-                             .launch = launch_pipeline};
             size_t bad = 0;
-            sa_gb_timing tp, ta;
-            rc = sa_gb_smoke(e->g, &pipe, &sets[0], &bad);
+            bh_timing tp, ta;
+            /* One call on poisoned outputs with the stage's validation on (the default path). */
+            sel_call smoke = {sel, attn, buf, &sets[0].a};
+            sets[0].a.validate = 1;
+            sets[0].a.verdict = NULL;
+            rc = bh_smoke(e->g, sel->name, call_pipeline, &smoke, &sets[0].a, &bad);
             if (!rc && bad)
                 fprintf(stderr, "sparseattn: bench selectors: %s -> stage %d left %zu outputs "
                                 "NaN/inf\n", sel->name, attn->id, bad);
+            /* The pipeline's stage validates synchronously when --validate is on (no verdict). */
+            for (int j = 0; !rc && j < nsets; j++) {
+                sets[j].a.validate = !f->no_validate;
+                sets[j].a.verdict = NULL;
+            }
             if (!rc)
-                rc = sa_gb_time_stage(e->g, &pipe, sets, nsets, !f->no_validate, f->warmup,
-                                      f->reps, &tp);
+                rc = time_call(e, f, sel->name, call_pipeline, sel, attn, buf, sets, nsets, &tp);
             /* The attention alone, on the lists the selector just left in every set. */
             if (!rc)
-                rc = sa_gb_time_stage(e->g, attn, sets, nsets, !f->no_validate, f->warmup, f->reps,
-                                      &ta);
+                rc = bh_time_stage(e->g, attn, sets, nsets, !f->no_validate, f->warmup, f->reps,
+                                   &ta);
             if (!rc)
-                rc = sa_gb_download(idx, sets[0].a.lists.indices, rows * BENCH_K * sizeof *idx);
+                rc = bh_download(idx, sets[0].a.lists.indices, rows * BENCH_K * sizeof *idx);
             if (rc) {
                 fprintf(stderr, "sparseattn: bench selectors: %s pipeline: %s\n", sel->name,
                         bench_why(rc));
@@ -351,10 +380,12 @@ int bench_selectors(int argc, char **argv)
         return 1;
     int status = 0;
     for (int li = 0; li < (only_len ? 1 : NLENS) && !status; li++) {
-        sa_shape s = {2, 16, 1, 4096, only_len ? only_len : bench_lens[li], 128};
+        sa_shape s = {SA_BENCH_SPARSE_B, SA_BENCH_SPARSE_HQ, SA_BENCH_SPARSE_HKV,
+                      SA_BENCH_SPARSE_SQ, only_len ? only_len : bench_lens[li],
+                      SA_BENCH_SPARSE_D};
         const size_t rows_q = (size_t)s.batch * s.heads_kv * s.len_q;
         const size_t rows_t = (size_t)s.batch * s.heads_kv * sa_q_tiles(&s);
-        sa_gb_set sets[BENCH_MAX_SETS];
+        bh_set sets[BENCH_MAX_SETS];
         int nsets = bench_sets("selectors", &e, &s, f.seed + (uint64_t)li, sets);
         if (nsets < 0) {
             status = 1;
@@ -369,40 +400,38 @@ int bench_selectors(int argc, char **argv)
                 hl[r * BENCH_K + j] = j;
         }
         for (int i = 0; !rc && i < nsets; i++) {
-            rc = sa_gb_set_lists(&sets[i], hl, hc, s.heads_kv, BENCH_K);
+            rc = bh_set_lists(&sets[i], hl, hc, s.heads_kv, BENCH_K);
             sets[i].a.validate = validate;
         }
         free(hl), free(hc);
+        sel_bufs buf = {0};
         if (!rc)
-            rc = sa_gb_alloc((void **)&bx.idx, rows_q * BENCH_K * sizeof(int32_t));
+            rc = bh_alloc((void **)&buf.idx, rows_q * BENCH_K * sizeof(int32_t));
         if (!rc)
-            rc = sa_gb_alloc((void **)&bx.cnt, rows_q * sizeof(int32_t));
+            rc = bh_alloc((void **)&buf.cnt, rows_q * sizeof(int32_t));
         if (!rc)
-            rc = sa_gb_alloc((void **)&bx.qv, sa_q_elems(&s) / 2);
+            rc = bh_alloc((void **)&buf.qv, sa_q_elems(&s) / 2);
         if (!rc)
-            rc = sa_gb_alloc((void **)&bx.qs, sa_q_elems(&s) / 16);
+            rc = bh_alloc((void **)&buf.qs, sa_q_elems(&s) / 16);
         if (!rc)
-            rc = sa_gb_alloc(&bx.qwork, 3 * sizeof(float));
+            rc = bh_alloc(&buf.qwork, 3 * sizeof(float));
         if (rc)
             fprintf(stderr, "sparseattn: bench selectors: %s\n", bench_why(rc));
         if (!rc)
-            rc = selectors_alone(&e, &f, &s, sets, nsets);
+            rc = selectors_alone(&e, &f, &s, sets, nsets, &buf);
         const sa_stage *attn = rc || no_pipeline ? NULL : attention_stage(&f, &sets[0].a);
         if (!rc && !no_pipeline && !attn)
             printf("no sparse attention stage in the registry runs len_kv %d: the pipeline part "
                    "is skipped\n", s.len_kv);
         if (!rc && attn)
-            rc = pipelines(&e, &f, &s, sets, nsets, attn);
-        sa_gb_free(bx.idx), sa_gb_free(bx.cnt), sa_gb_free(bx.qv), sa_gb_free(bx.qs);
-        sa_gb_free(bx.qwork);
-        bx.idx = bx.cnt = NULL;
-        bx.qv = bx.qs = NULL;
-        bx.qwork = NULL;
+            rc = pipelines(&e, &f, &s, sets, nsets, attn, &buf);
+        bh_free(buf.idx), bh_free(buf.cnt), bh_free(buf.qv), bh_free(buf.qs);
+        bh_free(buf.qwork);
         bench_sets_free(sets, nsets);
         if (rc)
             status = 1;
     }
-    sa_gb_close(e.g);
+    bh_close(e.g);
     return status;
 }
 #endif

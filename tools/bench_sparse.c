@@ -6,13 +6,11 @@
  * timed in the same run at the same len_kv, and the line gives useful / dense. Floors: useful
  * FLOPs / GEMM rate, and (Q + O + LSE + every selected K/V block once + lists) / copy bandwidth. */
 #include "bench_gpu.h"
+#include "shapes.h" /* bench/shapes.h: the shape, shared with bench/peers.py */
 
-#define SPARSE_BATCH 2
-#define SPARSE_HEADS_Q 16
-#define SPARSE_HEADS_KV 1
-#define SPARSE_LEN_Q 4096
-#define SPARSE_HEAD_DIM 128
-#define SPARSE_TOPK 16 /* selected KV blocks per (Q tile, GQA group) */
+/* SA_BENCH_SPARSE_K: the selected KV blocks per (Q tile, GQA group). */
+static const int sparse_len_kv[] = SA_BENCH_SPARSE_LEN_KV;
+#define NLEN (int)(sizeof sparse_len_kv / sizeof sparse_len_kv[0])
 
 static void usage(FILE *f)
 {
@@ -26,11 +24,16 @@ static void usage(FILE *f)
             "                    torch.matmul on the H200; bench/peers.py measures it)\n"
             "  --seed S          seed of the random inputs and lists (default 2026)\n"
             "  --json            one JSON object per line\n"
-            "shape: B=%d Hq=%d Hkv=%d D=%d len_q=%d len_kv=4096,8192,16384, %d blocks of %d per\n"
+            "shape: B=%d Hq=%d Hkv=%d D=%d len_q=%d len_kv=",
+            BENCH_GEMM_TFLOPS_DEFAULT, SA_BENCH_SPARSE_B, SA_BENCH_SPARSE_HQ,
+            SA_BENCH_SPARSE_HKV, SA_BENCH_SPARSE_D, SA_BENCH_SPARSE_SQ);
+    for (int i = 0; i < NLEN; i++)
+        fprintf(f, "%s%d", i ? "," : "", sparse_len_kv[i]);
+    fprintf(f,
+            ", %d blocks of %d per\n"
             "  Q tile, lists shared by the GQA group; patterns: independent, paired\n"
             "stages:",
-            BENCH_GEMM_TFLOPS_DEFAULT, SPARSE_BATCH, SPARSE_HEADS_Q, SPARSE_HEADS_KV,
-            SPARSE_HEAD_DIM, SPARSE_LEN_Q, SPARSE_TOPK, SA_TILE);
+            SA_BENCH_SPARSE_K, SA_TILE);
     for (int i = 0; i < sa_stage_count(); i++)
         fprintf(f, " %d (%s, %s)", sa_stage_at(i)->id, sa_stage_at(i)->name,
                 cli_stage_sparse(sa_stage_at(i)) ? "sparse" : "dense baseline");
@@ -48,8 +51,6 @@ int bench_sparse(int argc, char **argv)
 }
 #else
 
-static const int sparse_len_kv[] = {4096, 8192, 16384};
-#define NLEN (int)(sizeof sparse_len_kv / sizeof sparse_len_kv[0])
 static const struct {
     int id;
     const char *name;
@@ -108,7 +109,7 @@ static void json_shape(const sa_shape *s)
 }
 
 static void print_dense_line(const bench_flags *f, const sa_stage *st, const sa_shape *s,
-                             const char *status, const char *why, const sa_gb_timing *t,
+                             const char *status, const char *why, const bh_timing *t,
                              double tf)
 {
     if (f->json) {
@@ -138,12 +139,12 @@ static void print_dense_line(const bench_flags *f, const sa_stage *st, const sa_
 
 /* Times one dense stage on `s` (sets already made) and, if it rejects Hkv = 1, on the MHA shape
  * with the same FLOPs. Returns 1 on failure. */
-static int dense_baseline(const bench_flags *f, bench_env *e, const sa_stage *st, sa_gb_set *sets,
+static int dense_baseline(const bench_flags *f, bench_env *e, const sa_stage *st, bh_set *sets,
                           int nsets, dense_ref *best)
 {
     sa_shape s = sets[0].a.shape;
     int rc = st->check ? st->check(&sets[0].a) : SA_OK;
-    sa_gb_set mha[BENCH_MAX_SETS];
+    bh_set mha[BENCH_MAX_SETS];
     int nmha = 0;
     if (rc) {
         const char *gqa_why = sa_strerror(rc);
@@ -168,18 +169,18 @@ static int dense_baseline(const bench_flags *f, bench_env *e, const sa_stage *st
     }
     size_t bad = 0;
     int failed = 0;
-    sa_gb_timing t;
-    rc = sa_gb_smoke(e->g, st, &sets[0], &bad);
+    bh_timing t;
+    rc = bh_smoke_stage(e->g, st, &sets[0], &bad);
     if (rc || bad) {
         char why[600];
         if (rc)
-            snprintf(why, sizeof why, "%s", sa_gb_last_error());
+            snprintf(why, sizeof why, "%s", bh_last_error());
         else
             snprintf(why, sizeof why, "%zu outputs NaN/inf after one launch; not timed", bad);
         print_dense_line(f, st, &s, "failed", why, NULL, 0);
         failed = 1;
-    } else if ((rc = sa_gb_time_stage(e->g, st, sets, nsets, 1, f->warmup, f->reps, &t))) {
-        print_dense_line(f, st, &s, "failed", sa_gb_last_error(), NULL, 0);
+    } else if ((rc = bh_time_stage(e->g, st, sets, nsets, 1, f->warmup, f->reps, &t))) {
+        print_dense_line(f, st, &s, "failed", bh_last_error(), NULL, 0);
         failed = 1;
     } else {
         const double tf = bench_tflops(bench_dense_flops(&s), t.median_ms);
@@ -209,37 +210,37 @@ static void print_sparse_head(const bench_flags *f, const sa_stage *st, const sp
         printf("{\"bench\":\"sparse\",\"kind\":\"stage\",\"stage_id\":%d,\"stage\":", st->id);
         bench_json_str(st->name);
         json_shape(c->s);
-        printf(",\"pattern\":\"%s\",\"topk\":%d,\"list_heads\":%d", c->pattern, SPARSE_TOPK,
-               c->s->heads_kv);
+        printf(",\"pattern\":\"%s\",\"topk\":%d,\"list_heads\":%d", c->pattern,
+               SA_BENCH_SPARSE_K, c->s->heads_kv);
     } else {
         printf("len_kv %-5d %-11s stage %2d %-20s ", c->s->len_kv, c->pattern, st->id, st->name);
     }
 }
 
-static int sparse_one(const bench_flags *f, bench_env *e, const sa_stage *st, sa_gb_set *sets,
+static int sparse_one(const bench_flags *f, bench_env *e, const sa_stage *st, bh_set *sets,
                       int nsets, const sparse_case *c, const dense_ref *dense)
 {
     int rc = st->check ? st->check(&sets[0].a) : SA_OK;
     const char *status = "ok";
     char why[600] = "";
     size_t bad = 0;
-    sa_gb_timing tv = {0}, tn = {0}, ts = {0};
+    bh_timing tv = {0}, tn = {0}, ts = {0};
     if (rc) {
         status = "skipped";
         snprintf(why, sizeof why, "%s", sa_strerror(rc));
-    } else if ((rc = sa_gb_smoke(e->g, st, &sets[0], &bad)) || bad) {
+    } else if ((rc = bh_smoke_stage(e->g, st, &sets[0], &bad)) || bad) {
         status = "failed";
         if (rc)
-            snprintf(why, sizeof why, "%s", sa_gb_last_error());
+            snprintf(why, sizeof why, "%s", bh_last_error());
         else
             snprintf(why, sizeof why, "%zu outputs NaN/inf after one launch; not timed", bad);
     } else if ((!f->no_validate &&
-                ((rc = sa_gb_time_stage(e->g, st, sets, nsets, 1, f->warmup, f->reps, &tv)) ||
-                 (rc = sa_gb_time_stage(e->g, st, sets, nsets, SA_GB_SYNC_ONLY, f->warmup,
-                                        f->reps, &ts)))) ||
-               (rc = sa_gb_time_stage(e->g, st, sets, nsets, 0, f->warmup, f->reps, &tn))) {
+                ((rc = bh_time_stage(e->g, st, sets, nsets, 1, f->warmup, f->reps, &tv)) ||
+                 (rc = bh_time_stage(e->g, st, sets, nsets, BH_SYNC_ONLY, f->warmup,
+                                     f->reps, &ts)))) ||
+               (rc = bh_time_stage(e->g, st, sets, nsets, 0, f->warmup, f->reps, &tn))) {
         status = "failed";
-        snprintf(why, sizeof why, "%s", sa_gb_last_error());
+        snprintf(why, sizeof why, "%s", bh_last_error());
     }
     print_sparse_head(f, st, c);
     if (*why) {
@@ -254,7 +255,7 @@ static int sparse_one(const bench_flags *f, bench_env *e, const sa_stage *st, sa
         return strcmp(status, "failed") == 0;
     }
     /* The headline time is the default mode: validation on, unless --no-validate. */
-    const sa_gb_timing *th = f->no_validate ? &tn : &tv;
+    const bh_timing *th = f->no_validate ? &tn : &tv;
     const double tf = bench_tflops(c->flops, th->median_ms);
     const double tf_nv = bench_tflops(c->flops, tn.median_ms);
     const double flop_ms = bench_flop_ms(c->flops, f->gemm_tflops);
@@ -262,8 +263,8 @@ static int sparse_one(const bench_flags *f, bench_env *e, const sa_stage *st, sa
     const double floor_ms = flop_ms > byte_ms ? flop_ms : byte_ms;
     if (f->json) {
         printf(",\"status\":\"ok\",\"useful_flops\":%.6g,\"min_bytes\":%.6g,\"input_sets\":%d,"
-               "\"reps\":%d",
-               c->flops, c->bytes, nsets, tn.reps);
+               "\"reps\":%d,\"host_us_per_call\":%.6g,\"novalidate_host_us_per_call\":%.6g",
+               c->flops, c->bytes, nsets, tn.reps, th->host_us, tn.host_us);
         if (!f->no_validate)
             printf(",\"median_ms\":%.6g,\"min_ms\":%.6g,\"max_ms\":%.6g,\"tflops\":%.6g,"
                    "\"validation_ms\":%.6g,\"sync_only_median_ms\":%.6g",
@@ -326,9 +327,9 @@ int bench_sparse(int argc, char **argv)
         printf("no sparse stage in the registry: only the dense baseline is timed\n");
     int failed = 0;
     for (int li = 0; li < NLEN; li++) {
-        const sa_shape s = {SPARSE_BATCH, SPARSE_HEADS_Q, SPARSE_HEADS_KV, SPARSE_LEN_Q,
-                            sparse_len_kv[li], SPARSE_HEAD_DIM};
-        sa_gb_set sets[BENCH_MAX_SETS];
+        const sa_shape s = {SA_BENCH_SPARSE_B, SA_BENCH_SPARSE_HQ, SA_BENCH_SPARSE_HKV,
+                            SA_BENCH_SPARSE_SQ, sparse_len_kv[li], SA_BENCH_SPARSE_D};
+        bh_set sets[BENCH_MAX_SETS];
         int nsets = bench_sets("sparse", &e, &s, f.seed + (uint64_t)li * 1000003, sets);
         if (nsets < 0) {
             failed = 1;
@@ -342,7 +343,7 @@ int bench_sparse(int argc, char **argv)
                 cli_progress_done();
             }
         const int list_heads = s.heads_kv;
-        const size_t list_len = (size_t)s.batch * list_heads * sa_q_tiles(&s) * SPARSE_TOPK;
+        const size_t list_len = (size_t)s.batch * list_heads * sa_q_tiles(&s) * SA_BENCH_SPARSE_K;
         int32_t *idx = malloc(list_len * sizeof *idx);
         if (!idx) {
             fprintf(stderr, "sparseattn: bench sparse: out of host memory\n");
@@ -356,10 +357,11 @@ int bench_sparse(int argc, char **argv)
             for (int i = 0; i < nsets && !rc; i++) {
                 double fl, by;
                 uint64_t lseed = f.seed * 31 + (uint64_t)li * 101 + (uint64_t)p * 7 + (uint64_t)i;
-                rc = sa_random_tile_lists(&s, list_heads, SPARSE_TOPK, patterns[p].id, lseed, idx);
+                rc = sa_random_tile_lists(&s, list_heads, SA_BENCH_SPARSE_K, patterns[p].id, lseed,
+                                          idx);
                 if (!rc)
-                    rc = sa_gb_set_lists(&sets[i], idx, NULL, list_heads, SPARSE_TOPK);
-                list_work(&s, idx, list_heads, SPARSE_TOPK, &fl, &by);
+                    rc = bh_set_lists(&sets[i], idx, NULL, list_heads, SA_BENCH_SPARSE_K);
+                list_work(&s, idx, list_heads, SA_BENCH_SPARSE_K, &fl, &by);
                 c.flops += fl / nsets;
                 c.bytes += by / nsets;
             }
@@ -380,7 +382,7 @@ int bench_sparse(int argc, char **argv)
         free(idx);
         bench_sets_free(sets, nsets);
     }
-    sa_gb_close(e.g);
+    bh_close(e.g);
     return failed;
 }
 #endif

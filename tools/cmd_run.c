@@ -310,36 +310,36 @@ static void attend_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k, 
 }
 
 #ifdef SA_HAVE_CUDA
-#include "sa_gpu_bench.h"
+#include "bench_harness.h"
 #include "sel_cuda.h"
 
 static void die_gpu(const char *what, int err)
 {
     cli_progress_done();
     fprintf(stderr, "sparseattn: run: %s failed: %s (%s)\n", what, sa_strerror(err),
-            sa_gb_last_error());
+            bh_last_error());
     exit(1);
 }
 
 /* Times `st` on the set (median of a few launches after warm-up) and downloads O. */
-static double gpu_attend(sa_gb *g, const sa_stage *st, sa_gb_set *set, uint16_t *o, float *lse)
+static double gpu_attend(bh_gpu *g, const sa_stage *st, bh_set *set, uint16_t *o, float *lse)
 {
-    sa_gb_timing t;
-    int err = sa_gb_time_stage(g, st, set, 1, 1, 2, 5, &t);
+    bh_timing t;
+    int err = bh_time_stage(g, st, set, 1, 1, 2, 5, &t);
     if (err)
         die_gpu(st->name, err);
     const sa_shape *s = &set->a.shape;
-    if ((err = sa_gb_download(o, set->a.o, sa_q_elems(s) * 2)) ||
-        (err = sa_gb_download(lse, set->a.lse, sa_lse_elems(s) * sizeof(float))))
+    if ((err = bh_download(o, set->a.o, sa_q_elems(s) * 2)) ||
+        (err = bh_download(lse, set->a.lse, sa_lse_elems(s) * sizeof(float))))
         die_gpu("download", err);
     return t.median_ms * 1e-3;
 }
 
 /* The GPU side of a run: one input set whose lists each row replaces. */
 typedef struct run_gpu {
-    sa_gb *g;
-    sa_gb_set set;
-    sa_gb_device dev;
+    bh_gpu *g;
+    bh_set set;
+    bh_device dev;
     const sa_stage *st;
 } run_gpu;
 
@@ -348,12 +348,12 @@ static void gpu_open(run_gpu *G, const run_cfg *c, const uint16_t *q, const uint
 {
     const sa_shape *s = &c->s;
     int err;
-    if ((err = sa_gb_open(&G->g, &G->dev)) || (err = sa_gb_set_create(G->g, s, c->seed, &G->set)))
+    if ((err = bh_open(&G->g, &G->dev)) || (err = bh_set_create(G->g, s, c->seed, &G->set)))
         die_gpu("GPU setup", err);
-    if ((err = sa_gb_upload((void *)G->set.a.q, q, sa_q_elems(s) * 2)) ||
-        (err = sa_gb_upload((void *)G->set.a.k, k, sa_kv_elems(s) * 2)) ||
-        (err = sa_gb_upload((void *)G->set.a.v, v, sa_kv_elems(s) * 2)) ||
-        (err = sa_gb_set_lists(&G->set, idx, NULL, s->heads_kv, c->topk)))
+    if ((err = bh_upload((void *)G->set.a.q, q, sa_q_elems(s) * 2)) ||
+        (err = bh_upload((void *)G->set.a.k, k, sa_kv_elems(s) * 2)) ||
+        (err = bh_upload((void *)G->set.a.v, v, sa_kv_elems(s) * 2)) ||
+        (err = bh_set_lists(&G->set, idx, NULL, s->heads_kv, c->topk)))
         die_gpu("upload", err);
     /* --stage, else the registry's default tile-list stage where its check accepts the shape,
      * else the first sparse stage whose check does (cli_tile_stage). */
@@ -372,7 +372,7 @@ static void gpu_open(run_gpu *G, const run_cfg *c, const uint16_t *q, const uint
 static void attend_gpu(run_gpu *G, const run_cfg *c, run_row *r, uint16_t *o, float *of,
                        float *lse)
 {
-    int err = sa_gb_set_lists(&G->set, r->idx, NULL, c->s.heads_kv, c->topk);
+    int err = bh_set_lists(&G->set, r->idx, NULL, c->s.heads_kv, c->topk);
     if (err)
         die_gpu("upload", err);
     r->attn_s = gpu_attend(G->g, G->st, &G->set, o, lse);
@@ -696,8 +696,8 @@ int cmd_run(int argc, char **argv)
                 free(rof);
             }
         }
-        sa_gb_set_destroy(&G.set);
-        sa_gb_close(G.g);
+        bh_set_destroy(&G.set);
+        bh_close(G.g);
     }
 #endif
     if (!have_dense) {

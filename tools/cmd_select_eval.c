@@ -15,7 +15,7 @@
 
 #include "cli.h"
 #ifdef SA_HAVE_CUDA
-#include "sa_gpu_bench.h"
+#include "bench_harness.h"
 #endif
 
 #define RECALL_PERCENTILE 0.05 /* recall_p5 */
@@ -347,20 +347,20 @@ int cmd_select_eval(int argc, char **argv)
     p.keep_local = c.keep_local;
 
 #ifdef SA_HAVE_CUDA
-    sa_gb *g = NULL;
+    bh_gpu *g = NULL;
     uint16_t *dq = NULL, *dk = NULL;
     int32_t *didx = NULL;
     if (cuda) {
-        int err = sa_gb_open(&g, NULL);
+        int err = bh_open(&g, NULL);
         if (!err)
-            err = sa_gb_alloc((void **)&dq, nq * 2);
+            err = bh_alloc((void **)&dq, nq * 2);
         if (!err)
-            err = sa_gb_alloc((void **)&dk, nkv * 2);
+            err = bh_alloc((void **)&dk, nkv * 2);
         if (!err)
-            err = sa_gb_alloc((void **)&didx, max_list * 4);
+            err = bh_alloc((void **)&didx, max_list * 4);
         if (err) {
             fprintf(stderr, "sparseattn: select-eval: GPU: %s (%s)\n", sa_strerror(err),
-                    sa_gb_last_error());
+                    bh_last_error());
             return 1;
         }
     }
@@ -405,8 +405,8 @@ int cmd_select_eval(int argc, char **argv)
         if (err)
             die("workload", err);
 #ifdef SA_HAVE_CUDA
-        if (cuda && ((err = sa_gb_upload(dq, b.q, nq * 2)) || (err = sa_gb_upload(dk, b.k, nkv * 2))))
-            die(sa_gb_last_error(), err);
+        if (cuda && ((err = bh_upload(dq, b.q, nq * 2)) || (err = bh_upload(dk, b.k, nkv * 2))))
+            die(bh_last_error(), err);
 #endif
         cli_progress("select-eval: %s: exact block mass", wl->name);
         if ((err = sa_block_mass_opts(s, b.q, b.k, &ao, b.mass)))
@@ -471,17 +471,17 @@ int cmd_select_eval(int argc, char **argv)
                     size_t len = sa_selector_list_len(sel, s, c.topk);
                     memcpy(b.idx_cpu, b.idx, len * 4);
                     sa_select_params pg = ps;
-                    pg.stream = sa_gb_stream(g);
+                    pg.stream = bh_stream(g);
                     err = sel->cuda(s, dq, dk, &pg, didx, NULL);
                     double t0 = cli_now();
                     if (!err)
                         err = sel->cuda(s, dq, dk, &pg, didx, NULL);
                     if (!err)
-                        err = sa_gb_download(b.idx, didx, len * 4);
+                        err = bh_download(b.idx, didx, len * 4);
                     if (err) {
                         cli_progress_done();
                         fprintf(stderr, "sparseattn: select-eval: %s on the GPU: %s (%s)\n",
-                                sel->name, sa_strerror(err), sa_gb_last_error());
+                                sel->name, sa_strerror(err), bh_last_error());
                         continue;
                     }
                     ms = (cli_now() - t0) * 1e3;
@@ -519,11 +519,11 @@ int cmd_select_eval(int argc, char **argv)
     }
     cli_progress_done();
 #ifdef SA_HAVE_CUDA
-    sa_gb_free(dq);
-    sa_gb_free(dk);
-    sa_gb_free(didx);
+    bh_free(dq);
+    bh_free(dk);
+    bh_free(didx);
     if (g)
-        sa_gb_close(g);
+        bh_close(g);
 #endif
     for (int j = 0; j < c.choices; j++) {
         free(qi[j]);

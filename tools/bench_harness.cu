@@ -1,5 +1,6 @@
-// GPU benchmark harness: see sa_gpu_bench.h. Knows no stage: it times whatever sa_stage it is
-// handed, through the stage's own launch().
+// The GPU bench harness of the sparseattn program: see bench_harness.h. Its core times a callback
+// with a context (bh_time, bh_time_parts); a registered stage is one such callback
+// (bh_time_stage). Built into the program, not the library (tools/meson.build).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -8,9 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <vector>
 
-#include "sa_gpu_bench.h"
+#include "bench_harness.h"
 
 namespace {
 
@@ -90,14 +92,14 @@ __global__ void count_bad(const uint16_t *b, size_t nb, const float *f, size_t n
 
 } // namespace
 
-struct sa_gb {
+struct bh_gpu {
     cudaStream_t stream;
-    sa_gb_device dev;
+    bh_device dev;
 };
 
-extern "C" const char *sa_gb_last_error(void) { return last_err; }
+extern "C" const char *bh_last_error(void) { return last_err; }
 
-extern "C" int sa_gb_open(sa_gb **g, sa_gb_device *info)
+extern "C" int bh_open(bh_gpu **g, bh_device *info)
 {
     if (!g)
         return SA_ERR_NULL;
@@ -107,7 +109,7 @@ extern "C" int sa_gb_open(sa_gb **g, sa_gb_device *info)
         return SA_ERR_NO_DEVICE;
     }
     CK(cudaSetDevice(0));
-    sa_gb *c = (sa_gb *)calloc(1, sizeof *c);
+    bh_gpu *c = (bh_gpu *)calloc(1, sizeof *c);
     if (!c) {
         set_err("out of host memory");
         return SA_ERR_NOMEM;
@@ -117,7 +119,7 @@ extern "C" int sa_gb_open(sa_gb **g, sa_gb_device *info)
     if (e == cudaSuccess)
         e = cudaStreamCreate(&c->stream);
     if (e != cudaSuccess) {
-        set_err("sa_gb_open: %s", cudaGetErrorString(e));
+        set_err("bh_open: %s", cudaGetErrorString(e));
         free(c);
         return SA_ERR_CUDA;
     }
@@ -144,7 +146,7 @@ extern "C" int sa_gb_open(sa_gb **g, sa_gb_device *info)
     return SA_OK;
 }
 
-extern "C" void sa_gb_close(sa_gb *g)
+extern "C" void bh_close(bh_gpu *g)
 {
     if (!g)
         return;
@@ -153,9 +155,9 @@ extern "C" void sa_gb_close(sa_gb *g)
     free(g);
 }
 
-extern "C" void *sa_gb_stream(sa_gb *g) { return g ? (void *)g->stream : nullptr; }
+extern "C" void *bh_stream(bh_gpu *g) { return g ? (void *)g->stream : nullptr; }
 
-extern "C" int sa_gb_alloc(void **p, size_t bytes)
+extern "C" int bh_alloc(void **p, size_t bytes)
 {
     if (!p)
         return SA_ERR_NULL;
@@ -171,13 +173,13 @@ extern "C" int sa_gb_alloc(void **p, size_t bytes)
     return SA_OK;
 }
 
-extern "C" void sa_gb_free(void *p)
+extern "C" void bh_free(void *p)
 {
     if (p)
         cudaFree(p);
 }
 
-extern "C" int sa_gb_upload(void *dev, const void *host, size_t bytes)
+extern "C" int bh_upload(void *dev, const void *host, size_t bytes)
 {
     if (!dev || !host)
         return SA_ERR_NULL;
@@ -185,7 +187,7 @@ extern "C" int sa_gb_upload(void *dev, const void *host, size_t bytes)
     return SA_OK;
 }
 
-extern "C" int sa_gb_download(void *host, const void *dev, size_t bytes)
+extern "C" int bh_download(void *host, const void *dev, size_t bytes)
 {
     if (!dev || !host)
         return SA_ERR_NULL;
@@ -193,7 +195,7 @@ extern "C" int sa_gb_download(void *host, const void *dev, size_t bytes)
     return SA_OK;
 }
 
-extern "C" int sa_gb_fill_bf16(sa_gb *g, uint16_t *dev, size_t n, uint64_t seed, float scale)
+extern "C" int bh_fill_bf16(bh_gpu *g, uint16_t *dev, size_t n, uint64_t seed, float scale)
 {
     if (!g || !dev)
         return SA_ERR_NULL;
@@ -205,7 +207,7 @@ extern "C" int sa_gb_fill_bf16(sa_gb *g, uint16_t *dev, size_t n, uint64_t seed,
     return SA_OK;
 }
 
-extern "C" int sa_gb_poison(sa_gb *g, void *dev, size_t bytes)
+extern "C" int bh_poison(bh_gpu *g, void *dev, size_t bytes)
 {
     if (!g || !dev)
         return SA_ERR_NULL;
@@ -213,8 +215,8 @@ extern "C" int sa_gb_poison(sa_gb *g, void *dev, size_t bytes)
     return SA_OK;
 }
 
-extern "C" int sa_gb_count_bad(sa_gb *g, const uint16_t *bf16, size_t n_bf16, const float *f32,
-                               size_t n_f32, size_t *bad_bf16, size_t *bad_f32)
+extern "C" int bh_count_bad(bh_gpu *g, const uint16_t *bf16, size_t n_bf16, const float *f32,
+                            size_t n_f32, size_t *bad_bf16, size_t *bad_f32)
 {
     if (!g || (!bf16 && n_bf16) || (!f32 && n_f32))
         return SA_ERR_NULL;
@@ -232,7 +234,7 @@ extern "C" int sa_gb_count_bad(sa_gb *g, const uint16_t *bf16, size_t n_bf16, co
         e = cudaStreamSynchronize(g->stream);
     cudaFree(d);
     if (e != cudaSuccess) {
-        set_err("sa_gb_count_bad: %s", cudaGetErrorString(e));
+        set_err("bh_count_bad: %s", cudaGetErrorString(e));
         return SA_ERR_CUDA;
     }
     if (bad_bf16)
@@ -244,18 +246,25 @@ extern "C" int sa_gb_count_bad(sa_gb *g, const uint16_t *bf16, size_t n_bf16, co
 
 namespace {
 
+// Median, min and max of n times (sorted in place); host_us left 0.
+void sorted_stats(std::vector<float> &ms, bh_timing *t)
+{
+    std::sort(ms.begin(), ms.end());
+    const size_t n = ms.size();
+    t->reps = (int)n;
+    t->min_ms = ms.front();
+    t->max_ms = ms.back();
+    t->median_ms = n % 2 ? ms[n / 2] : 0.5 * ((double)ms[n / 2 - 1] + ms[n / 2]);
+    t->host_us = 0;
+}
+
 // Median of the elapsed times between event pairs (ev[2i], ev[2i+1]).
-int event_stats(const std::vector<cudaEvent_t> &ev, int reps, sa_gb_timing *t)
+int event_stats(const std::vector<cudaEvent_t> &ev, int reps, bh_timing *t)
 {
     std::vector<float> ms((size_t)reps);
     for (int r = 0; r < reps; r++)
         CK(cudaEventElapsedTime(&ms[(size_t)r], ev[2 * (size_t)r], ev[2 * (size_t)r + 1]));
-    std::sort(ms.begin(), ms.end());
-    t->reps = reps;
-    t->min_ms = ms.front();
-    t->max_ms = ms.back();
-    t->median_ms = reps % 2 ? ms[(size_t)reps / 2]
-                            : 0.5 * ((double)ms[(size_t)reps / 2 - 1] + ms[(size_t)reps / 2]);
+    sorted_stats(ms, t);
     return SA_OK;
 }
 
@@ -266,9 +275,9 @@ struct Events {
         for (cudaEvent_t e : ev)
             cudaEventDestroy(e);
     }
-    int create(int reps)
+    int create(int n)
     {
-        for (int i = 0; i < 2 * reps; i++) {
+        for (int i = 0; i < n; i++) {
             cudaEvent_t e;
             CK(cudaEventCreate(&e));
             ev.push_back(e);
@@ -303,22 +312,22 @@ __global__ void __launch_bounds__(kThreads) read_once(const uint4 *a, size_t na,
 
 } // namespace
 
-extern "C" int sa_gb_copy_bandwidth(sa_gb *g, size_t bytes, int reps, double *bytes_per_s)
+extern "C" int bh_copy_bandwidth(bh_gpu *g, size_t bytes, int reps, double *bytes_per_s)
 {
     if (!g || !bytes_per_s)
         return SA_ERR_NULL;
     if (!bytes || reps <= 0)
         return SA_ERR_ARG;
     void *a = nullptr, *b = nullptr;
-    int rc = sa_gb_alloc(&a, bytes);
+    int rc = bh_alloc(&a, bytes);
     if (!rc)
-        rc = sa_gb_alloc(&b, bytes);
+        rc = bh_alloc(&b, bytes);
     // Non-zero contents (the copy engine does not care, but never measure on zeros).
     if (!rc)
-        rc = sa_gb_fill_bf16(g, (uint16_t *)a, bytes / 2, 0x5eed, 1.0f);
+        rc = bh_fill_bf16(g, (uint16_t *)a, bytes / 2, 0x5eed, 1.0f);
     Events ev;
     if (!rc)
-        rc = ev.create(reps);
+        rc = ev.create(2 * reps);
     for (int w = 0; !rc && w < 3; w++)
         if (cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g->stream) != cudaSuccess) {
             set_err("cudaMemcpyAsync D2D: %s", cudaGetErrorString(cudaGetLastError()));
@@ -340,17 +349,17 @@ extern "C" int sa_gb_copy_bandwidth(sa_gb *g, size_t bytes, int reps, double *by
         set_err("copy bandwidth: %s", cudaGetErrorString(cudaGetLastError()));
         rc = SA_ERR_CUDA;
     }
-    sa_gb_timing t;
+    bh_timing t;
     if (!rc)
         rc = event_stats(ev.ev, reps, &t);
     if (!rc)
         *bytes_per_s = 2.0 * (double)bytes / (t.median_ms * 1e-3);
-    sa_gb_free(a);
-    sa_gb_free(b);
+    bh_free(a);
+    bh_free(b);
     return rc;
 }
 
-extern "C" int sa_gb_set_create(sa_gb *g, const sa_shape *s, uint64_t seed, sa_gb_set *set)
+extern "C" int bh_set_create(bh_gpu *g, const sa_shape *s, uint64_t seed, bh_set *set)
 {
     if (!g || !s || !set)
         return SA_ERR_NULL;
@@ -360,31 +369,31 @@ extern "C" int sa_gb_set_create(sa_gb *g, const sa_shape *s, uint64_t seed, sa_g
         return rc;
     const size_t nq = sa_q_elems(s), nkv = sa_kv_elems(s), nl = sa_lse_elems(s);
     void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
-    rc = sa_gb_alloc(&q, nq * 2);
+    rc = bh_alloc(&q, nq * 2);
     if (!rc)
-        rc = sa_gb_alloc(&k, nkv * 2);
+        rc = bh_alloc(&k, nkv * 2);
     if (!rc)
-        rc = sa_gb_alloc(&v, nkv * 2);
+        rc = bh_alloc(&v, nkv * 2);
     if (!rc)
-        rc = sa_gb_alloc(&o, nq * 2);
+        rc = bh_alloc(&o, nq * 2);
     if (!rc)
-        rc = sa_gb_alloc(&lse, nl * 4);
+        rc = bh_alloc(&lse, nl * 4);
     if (!rc)
-        rc = sa_gb_fill_bf16(g, (uint16_t *)q, nq, seed * 3 + 0, 1.0f);
+        rc = bh_fill_bf16(g, (uint16_t *)q, nq, seed * 3 + 0, 1.0f);
     if (!rc)
-        rc = sa_gb_fill_bf16(g, (uint16_t *)k, nkv, seed * 3 + 1, 1.0f);
+        rc = bh_fill_bf16(g, (uint16_t *)k, nkv, seed * 3 + 1, 1.0f);
     if (!rc)
-        rc = sa_gb_fill_bf16(g, (uint16_t *)v, nkv, seed * 3 + 2, 1.0f);
+        rc = bh_fill_bf16(g, (uint16_t *)v, nkv, seed * 3 + 2, 1.0f);
     if (!rc)
-        rc = sa_gb_poison(g, o, nq * 2);
+        rc = bh_poison(g, o, nq * 2);
     if (!rc)
-        rc = sa_gb_poison(g, lse, nl * 4);
+        rc = bh_poison(g, lse, nl * 4);
     if (!rc && cudaStreamSynchronize(g->stream) != cudaSuccess) {
         set_err("filling inputs: %s", cudaGetErrorString(cudaGetLastError()));
         rc = SA_ERR_CUDA;
     }
     if (rc) {
-        sa_gb_free(q), sa_gb_free(k), sa_gb_free(v), sa_gb_free(o), sa_gb_free(lse);
+        bh_free(q), bh_free(k), bh_free(v), bh_free(o), bh_free(lse);
         return rc;
     }
     sa_gpu_attn_default(&set->a);
@@ -399,20 +408,20 @@ extern "C" int sa_gb_set_create(sa_gb *g, const sa_shape *s, uint64_t seed, sa_g
     return SA_OK;
 }
 
-static void free_lists(sa_gb_set *set)
+static void free_lists(bh_set *set)
 {
     if (set->a.lists.indices) {
         const size_t rows = sa_tile_rows(&set->a.shape, &set->a.lists);
         set->bytes -= rows * (size_t)set->a.lists.max_blocks * 4 +
                       (set->a.lists.counts ? rows * 4 : 0);
     }
-    sa_gb_free((void *)set->a.lists.indices);
-    sa_gb_free((void *)set->a.lists.counts);
+    bh_free((void *)set->a.lists.indices);
+    bh_free((void *)set->a.lists.counts);
     memset(&set->a.lists, 0, sizeof set->a.lists);
 }
 
-extern "C" int sa_gb_set_lists(sa_gb_set *set, const int32_t *indices, const int32_t *counts,
-                               int list_heads, int max_blocks)
+extern "C" int bh_set_lists(bh_set *set, const int32_t *indices, const int32_t *counts,
+                            int list_heads, int max_blocks)
 {
     if (!set || !indices)
         return SA_ERR_NULL;
@@ -422,17 +431,17 @@ extern "C" int sa_gb_set_lists(sa_gb_set *set, const int32_t *indices, const int
     sa_tile_lists l = {nullptr, nullptr, list_heads, max_blocks};
     const size_t rows = sa_tile_rows(&set->a.shape, &l);
     void *di = nullptr, *dc = nullptr;
-    int rc = sa_gb_alloc(&di, rows * (size_t)max_blocks * 4);
+    int rc = bh_alloc(&di, rows * (size_t)max_blocks * 4);
     if (!rc)
-        rc = sa_gb_upload(di, indices, rows * (size_t)max_blocks * 4);
+        rc = bh_upload(di, indices, rows * (size_t)max_blocks * 4);
     if (!rc && counts) {
-        rc = sa_gb_alloc(&dc, rows * 4);
+        rc = bh_alloc(&dc, rows * 4);
         if (!rc)
-            rc = sa_gb_upload(dc, counts, rows * 4);
+            rc = bh_upload(dc, counts, rows * 4);
     }
     if (rc) {
-        sa_gb_free(di);
-        sa_gb_free(dc);
+        bh_free(di);
+        bh_free(dc);
         return rc;
     }
     set->a.lists.indices = (const int32_t *)di;
@@ -443,20 +452,20 @@ extern "C" int sa_gb_set_lists(sa_gb_set *set, const int32_t *indices, const int
     return SA_OK;
 }
 
-extern "C" void sa_gb_set_destroy(sa_gb_set *set)
+extern "C" void bh_set_destroy(bh_set *set)
 {
     if (!set)
         return;
     free_lists(set);
-    sa_gb_free((void *)set->a.q);
-    sa_gb_free((void *)set->a.k);
-    sa_gb_free((void *)set->a.v);
-    sa_gb_free(set->a.o);
-    sa_gb_free(set->a.lse);
+    bh_free((void *)set->a.q);
+    bh_free((void *)set->a.k);
+    bh_free((void *)set->a.v);
+    bh_free(set->a.o);
+    bh_free(set->a.lse);
     memset(set, 0, sizeof *set);
 }
 
-extern "C" int sa_gb_sets_needed(const sa_gb_device *d, size_t set_bytes, int max_sets)
+extern "C" int bh_sets_needed(const bh_device *d, size_t set_bytes, int max_sets)
 {
     const size_t l2 = d && d->l2_bytes ? d->l2_bytes : (size_t)60 << 20;
     size_t n = 2;
@@ -465,22 +474,154 @@ extern "C" int sa_gb_sets_needed(const sa_gb_device *d, size_t set_bytes, int ma
     return (int)std::min<size_t>(n, (size_t)std::max(2, max_sets));
 }
 
-static int launch_checked(const sa_stage *st, const sa_gpu_attn *a)
+namespace {
+
+double now_s()
 {
-    int rc = st->launch(a);
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// One call; a failure is recorded as "<name>: <why>".
+int call_checked(const char *name, bh_fn fn, void *ctx, cudaStream_t s)
+{
+    int rc = fn(ctx, (void *)s);
     if (rc)
-        set_err("stage %d (%s) launch: %s", st->id, st->name, sa_strerror(rc));
+        set_err("%s: %s", name ? name : "call", sa_strerror(rc));
     return rc;
 }
 
-extern "C" int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, int nsets,
-                                int validate, int warmup, int reps, sa_gb_timing *t)
+} // namespace
+
+extern "C" int bh_time(bh_gpu *g, const char *name, bh_fn fn, void *const *ctx, int nctx,
+                       int sync_each, int warmup, int reps, bh_timing *t)
+{
+    if (!g || !fn || !ctx || !t)
+        return SA_ERR_NULL;
+    if (nctx <= 0 || reps <= 0 || warmup < 0)
+        return SA_ERR_ARG;
+    Events ev;
+    int rc = ev.create(2 * reps);
+    if (rc)
+        return rc;
+    // The warm-up calls, queued back to back on an idle GPU, also give the host time per call.
+    const int warm = std::max(warmup, nctx);
+    const double h0 = now_s();
+    for (int w = 0; w < warm; w++)
+        if ((rc = call_checked(name, fn, ctx[w % nctx], g->stream)))
+            return rc;
+    const double host_s = now_s() - h0;
+    CK(cudaStreamSynchronize(g->stream));
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(ev.ev[2 * (size_t)r], g->stream));
+        if ((rc = call_checked(name, fn, ctx[r % nctx], g->stream))) {
+            cudaStreamSynchronize(g->stream);
+            return rc;
+        }
+        if (sync_each)
+            CK(cudaStreamSynchronize(g->stream));
+        CK(cudaEventRecord(ev.ev[2 * (size_t)r + 1], g->stream));
+    }
+    CK(cudaStreamSynchronize(g->stream));
+    CK(cudaGetLastError());
+    if ((rc = event_stats(ev.ev, reps, t)))
+        return rc;
+    t->host_us = host_s * 1e6 / warm;
+    return SA_OK;
+}
+
+extern "C" int bh_time_parts(bh_gpu *g, const char *name, const bh_fn *parts, int nparts,
+                             void *ctx, int reps, bh_timing *t)
+{
+    if (!g || !parts || !t)
+        return SA_ERR_NULL;
+    if (nparts <= 0 || reps <= 0)
+        return SA_ERR_ARG;
+    for (int i = 0; i < nparts; i++)
+        if (!parts[i])
+            return SA_ERR_NULL;
+    Events ev; // ev[i] before part i, ev[nparts] after the last; reused by every rep
+    int rc = ev.create(nparts + 1);
+    if (rc)
+        return rc;
+    std::vector<std::vector<float>> ms((size_t)nparts + 1, std::vector<float>((size_t)reps));
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(ev.ev[0], g->stream));
+        for (int i = 0; i < nparts; i++) {
+            if ((rc = parts[i](ctx, (void *)g->stream))) {
+                set_err("%s, part %d: %s", name ? name : "call", i, sa_strerror(rc));
+                cudaStreamSynchronize(g->stream);
+                return rc;
+            }
+            CK(cudaEventRecord(ev.ev[(size_t)i + 1], g->stream));
+        }
+        CK(cudaEventSynchronize(ev.ev[(size_t)nparts]));
+        for (int i = 0; i < nparts; i++)
+            CK(cudaEventElapsedTime(&ms[(size_t)i][(size_t)r], ev.ev[(size_t)i],
+                                    ev.ev[(size_t)i + 1]));
+        CK(cudaEventElapsedTime(&ms[(size_t)nparts][(size_t)r], ev.ev[0],
+                                ev.ev[(size_t)nparts]));
+    }
+    CK(cudaGetLastError());
+    for (int i = 0; i <= nparts; i++)
+        sorted_stats(ms[(size_t)i], &t[i]);
+    return SA_OK;
+}
+
+extern "C" int bh_smoke(bh_gpu *g, const char *name, bh_fn fn, void *ctx,
+                        const sa_gpu_attn *out, size_t *bad)
+{
+    if (!g || !fn || !out || !bad)
+        return SA_ERR_NULL;
+    const sa_shape *s = &out->shape;
+    int rc = bh_poison(g, out->o, sa_q_elems(s) * 2);
+    if (!rc)
+        rc = bh_poison(g, out->lse, sa_lse_elems(s) * 4);
+    if (!rc)
+        rc = call_checked(name, fn, ctx, g->stream);
+    if (rc)
+        return rc;
+    CK(cudaStreamSynchronize(g->stream));
+    CK(cudaGetLastError());
+    size_t bo = 0, bl = 0;
+    rc = bh_count_bad(g, out->o, sa_q_elems(s), out->lse, sa_lse_elems(s), &bo, &bl);
+    if (!rc)
+        *bad = bo + bl;
+    return rc;
+}
+
+namespace {
+
+// A registered stage as a callback: its context is the stage and the set's sa_gpu_attn, whose
+// stream bh_time_stage / bh_smoke_stage set to the harness's (the one the callback is handed).
+struct StageCall {
+    const sa_stage *st;
+    const sa_gpu_attn *a;
+};
+
+int stage_call(void *ctx, void *stream)
+{
+    (void)stream;
+    const StageCall *c = (const StageCall *)ctx;
+    return c->st->launch(c->a);
+}
+
+void stage_name(const sa_stage *st, char *buf, size_t n)
+{
+    snprintf(buf, n, "stage %d (%s) launch", st->id, st->name);
+}
+
+} // namespace
+
+extern "C" int bh_time_stage(bh_gpu *g, const sa_stage *st, bh_set *sets, int nsets,
+                             int validate, int warmup, int reps, bh_timing *t)
 {
     if (!g || !st || !st->launch || !sets || !t)
         return SA_ERR_NULL;
     if (nsets <= 0 || reps <= 0 || warmup < 0)
         return SA_ERR_ARG;
-    const int sync_each = validate == SA_GB_SYNC_ONLY;
+    const int sync_each = validate == BH_SYNC_ONLY;
     // A stage that validates inside its kernel is timed as it is meant to be called: with a
     // verdict, read once after the run (sparseattn.h), not with a synchronization per call.
     sa_gpu_verdict *verdict = nullptr;
@@ -492,7 +633,7 @@ extern "C" int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, i
     }
     struct VerdictGuard { // on every return: the sets outlive this verdict
         sa_gpu_verdict *v;
-        sa_gb_set *sets;
+        bh_set *sets;
         int n;
         ~VerdictGuard()
         {
@@ -501,65 +642,41 @@ extern "C" int sa_gb_time_stage(sa_gb *g, const sa_stage *st, sa_gb_set *sets, i
             sa_gpu_verdict_destroy(v);
         }
     } guard{verdict, sets, nsets};
+    std::vector<StageCall> calls((size_t)nsets);
+    std::vector<void *> ctx((size_t)nsets);
     for (int i = 0; i < nsets; i++) {
         sets[i].a.validate = sync_each ? 0 : validate;
         sets[i].a.stream = g->stream;
         sets[i].a.verdict = verdict;
+        calls[(size_t)i] = {st, &sets[i].a};
+        ctx[(size_t)i] = &calls[(size_t)i];
     }
-    Events ev;
-    rc = ev.create(reps);
-    if (rc)
+    char name[160];
+    stage_name(st, name, sizeof name);
+    if ((rc = bh_time(g, name, stage_call, ctx.data(), nsets, sync_each, warmup, reps, t)))
         return rc;
-    const int warm = std::max(warmup, nsets);
-    for (int w = 0; w < warm; w++)
-        if ((rc = launch_checked(st, &sets[w % nsets].a)))
-            return rc;
-    CK(cudaStreamSynchronize(g->stream));
-    for (int r = 0; r < reps; r++) {
-        CK(cudaEventRecord(ev.ev[2 * (size_t)r], g->stream));
-        if ((rc = launch_checked(st, &sets[r % nsets].a))) {
-            cudaStreamSynchronize(g->stream);
-            return rc;
-        }
-        if (sync_each)
-            CK(cudaStreamSynchronize(g->stream));
-        CK(cudaEventRecord(ev.ev[2 * (size_t)r + 1], g->stream));
-    }
-    CK(cudaStreamSynchronize(g->stream));
-    CK(cudaGetLastError());
     if (verdict && (rc = sa_gpu_verdict_read(verdict, g->stream)) != SA_OK) {
         set_err("stage %d (%s): the verdict of the timed calls: %s", st->id, st->name,
                 sa_strerror(rc));
         return rc;
     }
-    return event_stats(ev.ev, reps, t);
+    return SA_OK;
 }
 
-extern "C" int sa_gb_smoke(sa_gb *g, const sa_stage *st, sa_gb_set *set, size_t *bad)
+extern "C" int bh_smoke_stage(bh_gpu *g, const sa_stage *st, bh_set *set, size_t *bad)
 {
     if (!g || !st || !st->launch || !set || !bad)
         return SA_ERR_NULL;
-    const sa_shape *s = &set->a.shape;
     set->a.stream = g->stream;
     set->a.validate = 1; // the default path, and the lists get checked at least once
-    int rc = sa_gb_poison(g, set->a.o, sa_q_elems(s) * 2);
-    if (!rc)
-        rc = sa_gb_poison(g, set->a.lse, sa_lse_elems(s) * 4);
-    if (!rc)
-        rc = launch_checked(st, &set->a);
-    if (rc)
-        return rc;
-    CK(cudaStreamSynchronize(g->stream));
-    CK(cudaGetLastError());
-    size_t bo = 0, bl = 0;
-    rc = sa_gb_count_bad(g, set->a.o, sa_q_elems(s), set->a.lse, sa_lse_elems(s), &bo, &bl);
-    if (!rc)
-        *bad = bo + bl;
-    return rc;
+    StageCall c = {st, &set->a};
+    char name[160];
+    stage_name(st, name, sizeof name);
+    return bh_smoke(g, name, stage_call, &c, &set->a, bad);
 }
 
-extern "C" int sa_gb_read_once(const void *a, size_t a_bytes, const void *b, size_t b_bytes,
-                               void *stream)
+extern "C" int bh_read_once(const void *a, size_t a_bytes, const void *b, size_t b_bytes,
+                            void *stream)
 {
     if ((a_bytes && !a) || (b_bytes && !b))
         return SA_ERR_NULL;
