@@ -3,11 +3,14 @@
 stream)."""
 import ctypes
 
+import numpy as np
+
 from ._capi import (SA_ERR_NO_DEVICE, SA_ERR_NOT_BUILT, SA_KV_PARTIAL_BF16, SA_KV_SCHEDULE_HYBRID,
                     SA_KV_SCHEDULE_KV,
                     SA_KV_PARTIAL_F32, SA_ROLE_DEFAULT_DENSE, SA_ROLE_DEFAULT_TILE,
                     SA_ROLE_GPU_VERDICT, SA_ROLE_SPARSE, SaGpuAttn, SaKvParams, SaQueryLists,
                     SaTileLists)
+from ._capi import SA_LISTS_INDEPENDENT, TILE, SaShape  # random_tile_lists
 from ._core import check, lib, strerror
 from ._errors import SparseAttnError
 from ._tensors import cuda_bf16, cuda_int32, kv_blocks, ptr, q_tiles, torch_mod
@@ -50,6 +53,22 @@ class Stage:
     def launch(self, a):
         return check(self._c.launch(ctypes.byref(a)), "stage %d (%s)" % (self.id, self.name))
 
+    def launcher(self, a):
+        """A function of no argument that launches this stage on `a` (an SaGpuAttn, which
+        the function keeps alive) and raises SparseAttnError for a negative status: the
+        per-call path of a benchmark, with the pointer to `a`, the stage's launch function and
+        the error's wording fixed once, outside the timed calls."""
+        ref = ctypes.byref(a)  # holds a reference to a
+        fn = self._c.launch
+        where = "stage %d (%s)" % (self.id, self.name)
+
+        def run():
+            rc = fn(ref)
+            if rc:
+                check(rc, where)
+            return rc
+        return run
+
     def __eq__(self, other):
         return isinstance(other, Stage) and other.id == self.id
 
@@ -74,6 +93,37 @@ def stage_with(roles):
     """The first stage with every bit of `roles` (sa_stage_with), or None."""
     p = lib.sa_stage_with(roles)
     return Stage(p.contents) if p else None
+
+
+def stage_table():
+    """[{"id", "name", "sparse", "roles"}] of every registered stage, in registry order: the
+    registry as the benchmarks record it in their JSON (empty without CUDA)."""
+    return [{"id": s.id, "name": s.name, "sparse": s.sparse, "roles": int(s.roles)}
+            for s in stages()]
+
+
+def gpu_attn_default():
+    """A new SaGpuAttn as sa_gpu_attn_default fills it (every pointer NULL, validate and
+    allow_empty_rows 1, the rest 0), for callers that set its fields themselves."""
+    a = SaGpuAttn()
+    lib.sa_gpu_attn_default(ctypes.byref(a))
+    return a
+
+
+def random_tile_lists(shape, list_heads, max_blocks, pattern=SA_LISTS_INDEPENDENT, seed=0):
+    """sa_random_tile_lists: int32 (B, list_heads, q_tiles, max_blocks) numpy array of
+    max_blocks distinct blocks per row, ascending, drawn from the library's RNG with `seed`
+    (the lists the GPU benchmarks feed the stages). pattern SA_LISTS_INDEPENDENT (0) draws each
+    row alone, SA_LISTS_PAIRED (1) gives the Q tiles 2i and 2i + 1 the same row. shape is an
+    SaShape or (batch, heads_q, heads_kv, len_q, len_kv, head_dim). Runs without a GPU."""
+    s = shape if isinstance(shape, SaShape) else SaShape(*(int(x) for x in shape))
+    # The library judges the arguments (SA_ERR_SHAPE, _LIST_HEADS, _ARG) before it writes.
+    dims = tuple(max(0, int(x)) for x in (s.batch, list_heads, (s.len_q + TILE - 1) // TILE,
+                                          max_blocks))
+    out = np.zeros(dims, dtype=np.int32)
+    check(lib.sa_random_tile_lists(ctypes.byref(s), list_heads, max_blocks, pattern,
+                                   int(seed), out.ctypes.data), "sa_random_tile_lists")
+    return out
 
 
 def resolve_stage(stage):
