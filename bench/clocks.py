@@ -3,34 +3,46 @@
 Usage (on the GPU machine, after a CUDA build):
     python3 bench/clocks.py --lib build-gpu/libsparseattn.so [--secs 2] [--alternations 2]
 
-For each dense shape of bench/peers.py, each contender runs back to back for --secs seconds
+For each dense shape of bench/shapes.h (as bench/peers.py reads it), each contender (the
+registry's default dense stage, through the sparseattn package on --lib, and cuDNN SDPA) runs
+back to back for --secs seconds
 (--alternations times, in turn), while `nvidia-smi -lms 50` samples clocks.sm and power.draw.
 It prints the sustained TFLOP/s, the mean clock and power over each run (its first 0.3 s left
 out) and the TFLOP/s per GHz: on a card at its power limit, a kernel's rate is its work per
 clock times the clock it can hold, and the two can rank kernels differently.
 """
 import argparse
+import os
 import statistics
 import subprocess
+import sys
 import threading
 import time
 
-import peers as P
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers as P  # noqa: E402
 
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lib", required=True, help="path to libsparseattn.so (a CUDA build)")
     ap.add_argument("--secs", type=float, default=2.0, help="seconds per contender and run")
     ap.add_argument("--alternations", type=int, default=2)
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    lib = P.Lib(args.lib)
-    st = [P.OurStage(torch, lib, s) for s in lib.stages()
-          if s.roles & P.SA_ROLE_DEFAULT_DENSE][0]
+    sa = P.import_sparseattn(args.lib)  # the struct mirror and ABI check: the package's
+    dense = [s for s in sa.stages() if s.default_dense]
+    if not dense:
+        print("clocks: %s has no default dense stage (built without CUDA?)" % sa.library_path)
+        return 1
+    st = P.OurStage(torch, sa, dense[0])
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
                             "--format=csv,noheader,nounits", "-lms", "50"],
                            stdout=subprocess.PIPE, text=True)
@@ -83,7 +95,8 @@ def main():
             torch.cuda.empty_cache()
     finally:
         smi.terminate()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

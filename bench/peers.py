@@ -5,8 +5,10 @@
                            [--peers cudnn,flash,flex,fa4,bsa] [--json PATH]
     python3 bench/peers.py --self-test [--lib ...]   # the parts that need no GPU or torch
 
-Loads libsparseattn through ctypes (the stage registry: sa_stage_count / sa_stage_at), allocates
-BF16 BHSD inputs with PyTorch and measures, in this order:
+Loads libsparseattn through the sparseattn package of this checkout (python/sparseattn: its
+struct mirror and ABI check, the stage registry, verdicts, sa_random_tile_lists), takes the
+shapes and tolerances from bench/shapes.h (the C benches' header; the values below are its
+values), allocates BF16 BHSD inputs with PyTorch and measures, in this order:
   ceilings  bf16 GEMM rate (8192^3 torch.matmul, random data) and device-to-device copy bandwidth
             (bytes read + written);
   dense     the three dense shapes (B, H, S, D) = (8,16,4096,128) (4,16,8192,128)
@@ -41,21 +43,134 @@ The sparse part runs first (so --budget-s keeps it); a short summary table is pr
 """
 import argparse
 import contextlib
-import ctypes
 import io
 import json
 import math
+import os
+import re
 import statistics
 import sys
 import time
 import traceback
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAPES_H = os.path.join(HERE, "shapes.h")  # the shapes and tolerances the C benches include
+PYTHON_DIR = os.path.join(os.path.dirname(HERE), "python")  # the sparseattn package
+
+
+# ---------------------------------------------------------------- bench/shapes.h
+def _strip_c_comments(text):
+    """The text without /* */ and // comments (each block comment becomes one space, its line
+    breaks kept, so a #define after it stays at the start of its line)."""
+    text = re.sub(r"/\*.*?\*/", lambda m: " " + "\n" * m.group(0).count("\n"), text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?![\w(])[ \t]*(.*?)[ \t]*$",
+                     re.M)
+_INT = re.compile(r"[+-]?(?:0[xX][0-9a-fA-F]+|[0-9]+)[uUlL]*$")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][+-]?[0-9]+)?[fFlL]?$")
+
+
+def parse_define_value(text):
+    """A #define value that is a number (int: decimal or hex, suffixes u/l allowed; float:
+    with a point or an exponent) or a brace list of them, nested: int, float or tuple. None for
+    anything else (an expression, a string, an empty value)."""
+    tokens = re.findall(r"[{},]|[^\s{},]+", text)
+    pos = [0]
+
+    def value():
+        if pos[0] >= len(tokens):
+            raise ValueError("unexpected end")
+        tok = tokens[pos[0]]
+        pos[0] += 1
+        if tok == "{":
+            items = []
+            while pos[0] < len(tokens) and tokens[pos[0]] != "}":
+                items.append(value())
+                if pos[0] < len(tokens) and tokens[pos[0]] == ",":
+                    pos[0] += 1
+                elif pos[0] < len(tokens) and tokens[pos[0]] != "}":
+                    raise ValueError("expected , or }")
+            if pos[0] >= len(tokens):
+                raise ValueError("unclosed {")
+            pos[0] += 1
+            return tuple(items)
+        if _INT.match(tok):
+            digits = tok.rstrip("uUlL")
+            octal = re.match(r"[+-]?0[0-7]+$", digits)  # C's 010 is 8
+            return int(digits, 8 if octal else 0)
+        if _FLOAT.match(tok) and any(c in tok for c in ".eE"):
+            return float(tok.rstrip("fFlL"))
+        raise ValueError("not a number: %r" % tok)
+
+    try:
+        v = value()
+    except ValueError:
+        return None
+    return v if pos[0] == len(tokens) else None
+
+
+def parse_defines(text):
+    """{NAME: value} of the object-like `#define NAME value` lines of a C header whose value
+    parse_define_value reads (comments removed, backslash-continued lines joined); other
+    defines (function-like macros, expressions, strings, flags without a value) are left
+    out."""
+    text = _strip_c_comments(text.replace("\\\n", " "))
+    out = {}
+    for name, value in _DEFINE.findall(text):
+        v = parse_define_value(value)
+        if v is not None:
+            out[name] = v
+    return out
+
+
+def _positive_ints(v, n=None):
+    return isinstance(v, tuple) and (n is None or len(v) == n) and len(v) > 0 and all(
+        isinstance(x, int) and x > 0 for x in v)
+
+
+def bench_shapes(text, where="bench/shapes.h"):
+    """The benchmark shapes and tolerances of a shapes.h text: {"DENSE_SHAPES": [(B, H, S, D)],
+    "SPARSE_B", "SPARSE_HQ", "SPARSE_HKV", "SPARSE_SQ", "SPARSE_D", "SPARSE_K": int,
+    "SPARSE_LEN_KV": [int], "REL_L2_TOL", "LSE_TOL": float}, from the SA_BENCH_* defines;
+    ValueError naming the define that is missing or of the wrong form."""
+    d = parse_defines(text)
+    out = {}
+
+    def need(name, ok, what):
+        v = d.get(name)
+        if v is None or not ok(v):
+            raise ValueError("%s: %s is missing or not %s" % (where, name, what))
+        return v
+
+    for key in ("B", "HQ", "HKV", "SQ", "D", "K"):
+        out["SPARSE_" + key] = need("SA_BENCH_SPARSE_" + key,
+                                    lambda v: isinstance(v, int) and v > 0, "a positive integer")
+    out["SPARSE_LEN_KV"] = list(need("SA_BENCH_SPARSE_LEN_KV", _positive_ints,
+                                     "a brace list of positive integers"))
+    out["DENSE_SHAPES"] = [tuple(s) for s in need(
+        "SA_BENCH_DENSE_SHAPES", lambda v: isinstance(v, tuple) and v and all(
+            _positive_ints(s, 4) for s in v), "a brace list of {B, H, S, D} lists")]
+    for key in ("REL_L2_TOL", "LSE_TOL"):
+        out[key] = float(need("SA_BENCH_" + key, lambda v: isinstance(v, (int, float))
+                              and not isinstance(v, tuple) and v > 0, "a positive number"))
+    return out
+
+
+def read_bench_shapes(path=SHAPES_H):
+    with open(path) as f:
+        return bench_shapes(f.read(), path)
+
+
 TILE = 128
-REL_L2_TOL = 1e-2  # the project's BF16 output tolerance
-LSE_TOL = 1e-2  # absolute, natural-log units
-DENSE_SHAPES = [(8, 16, 4096, 128), (4, 16, 8192, 128), (2, 16, 16384, 128)]
-SPARSE_B, SPARSE_HQ, SPARSE_HKV, SPARSE_SQ, SPARSE_D, SPARSE_K = 2, 16, 1, 4096, 128, 16
-SPARSE_LEN_KV = [4096, 8192, 16384]
+_SHAPES = read_bench_shapes()
+REL_L2_TOL = _SHAPES["REL_L2_TOL"]  # the project's BF16 output tolerance
+LSE_TOL = _SHAPES["LSE_TOL"]  # absolute, natural-log units
+DENSE_SHAPES = _SHAPES["DENSE_SHAPES"]
+SPARSE_B, SPARSE_HQ, SPARSE_HKV, SPARSE_SQ, SPARSE_D, SPARSE_K = (
+    _SHAPES["SPARSE_" + k] for k in ("B", "HQ", "HKV", "SQ", "D", "K"))
+SPARSE_LEN_KV = _SHAPES["SPARSE_LEN_KV"]
 PATTERNS = [(0, "independent"), (1, "paired")]  # SA_LISTS_INDEPENDENT, SA_LISTS_PAIRED
 GEMM_N = 8192
 COPY_BYTES = 1 << 30
@@ -67,133 +182,26 @@ SLEEP_MIN_MS, SLEEP_MARGIN, SLEEP_MAX_MS, SLEEP_CAL_CYCLES = 0.2, 2.0, 200.0, 40
 HOST_CALLS = 8  # calls per contender for the host time per call
 
 
-# ---------------------------------------------------------------- ctypes mirror of sparseattn.h
-class SaShape(ctypes.Structure):
-    _fields_ = [("batch", ctypes.c_int), ("heads_q", ctypes.c_int), ("heads_kv", ctypes.c_int),
-                ("len_q", ctypes.c_int), ("len_kv", ctypes.c_int), ("head_dim", ctypes.c_int)]
-
-
-class SaTileLists(ctypes.Structure):
-    _fields_ = [("indices", ctypes.c_void_p), ("counts", ctypes.c_void_p),
-                ("list_heads", ctypes.c_int), ("max_blocks", ctypes.c_int)]
-
-
-class SaGpuAttn(ctypes.Structure):
-    _fields_ = [("shape", SaShape), ("q", ctypes.c_void_p), ("k", ctypes.c_void_p),
-                ("v", ctypes.c_void_p), ("lists", SaTileLists), ("o", ctypes.c_void_p),
-                ("lse", ctypes.c_void_p), ("validate", ctypes.c_int),
-                ("allow_empty_rows", ctypes.c_int), ("stream", ctypes.c_void_p),
-                ("verdict", ctypes.c_void_p),  # struct sa_gpu_verdict *
-                ("causal", ctypes.c_int), ("allow_future_blocks", ctypes.c_int)]
-
-
-STAGE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(SaGpuAttn))
-
-
-# SA_ROLE_* of sparseattn.h: stages are picked by role, never by id.
-SA_ROLE_SPARSE, SA_ROLE_DEFAULT_DENSE, SA_ROLE_DEFAULT_TILE, SA_ROLE_GPU_VERDICT = 1, 2, 4, 8
-
-
-class SaStage(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("name", ctypes.c_char_p), ("summary", ctypes.c_char_p),
-                ("roles", ctypes.c_uint), ("check", STAGE_FN), ("launch", STAGE_FN)]
-
-    @property
-    def sparse(self):
-        """True for a stage that consumes tile lists (SA_ROLE_SPARSE)."""
-        return bool(self.roles & SA_ROLE_SPARSE)
-
-
-class Lib:
-    """The parts of libsparseattn the benchmark uses."""
-
-    def __init__(self, path):
-        self.dll = ctypes.CDLL(path)
-        d = self.dll
-        d.sa_strerror.restype = ctypes.c_char_p
-        d.sa_strerror.argtypes = [ctypes.c_int]
-        d.sa_gpu_available.restype = ctypes.c_int
-        d.sa_stage_count.restype = ctypes.c_int
-        d.sa_stage_at.restype = ctypes.POINTER(SaStage)
-        d.sa_stage_at.argtypes = [ctypes.c_int]
-        d.sa_gpu_attn_default.argtypes = [ctypes.POINTER(SaGpuAttn)]
-        d.sa_random_tile_lists.restype = ctypes.c_int
-        d.sa_random_tile_lists.argtypes = [ctypes.POINTER(SaShape), ctypes.c_int, ctypes.c_int,
-                                           ctypes.c_int, ctypes.c_uint64,
-                                           ctypes.POINTER(ctypes.c_int32)]
-        # Verdicts (sa_gpu_verdict_*): a library without them times no verdict path.
-        self.has_verdict = all(hasattr(d, n) for n in (
-            "sa_gpu_verdict_create", "sa_gpu_verdict_read", "sa_gpu_verdict_destroy"))
-        if self.has_verdict:
-            d.sa_gpu_verdict_create.restype = ctypes.c_int
-            d.sa_gpu_verdict_create.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-            d.sa_gpu_verdict_read.restype = ctypes.c_int
-            d.sa_gpu_verdict_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-            d.sa_gpu_verdict_destroy.restype = None
-            d.sa_gpu_verdict_destroy.argtypes = [ctypes.c_void_p]
-
-    def abi_mismatches(self):
-        """How the ctypes mirrors differ from the library's own layout (sa_abi_sizeof and
-        sa_abi_offsetof: [] where they agree, or where the library predates them)."""
-        d = self.dll
-        if not (hasattr(d, "sa_abi_sizeof") and hasattr(d, "sa_abi_offsetof")):
-            return []
-        d.sa_abi_sizeof.restype = ctypes.c_size_t
-        d.sa_abi_sizeof.argtypes = [ctypes.c_char_p]
-        d.sa_abi_offsetof.restype = ctypes.c_size_t
-        d.sa_abi_offsetof.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-        bad = []
-        for cls, name in ((SaShape, "sa_shape"), (SaTileLists, "sa_tile_lists"),
-                          (SaGpuAttn, "sa_gpu_attn"), (SaStage, "sa_stage")):
-            size = d.sa_abi_sizeof(name.encode())
-            if size != ctypes.sizeof(cls):
-                bad.append("sizeof(%s) %d, mirror %d" % (name, size, ctypes.sizeof(cls)))
-            for field in cls._fields_:
-                off = d.sa_abi_offsetof(name.encode(), field[0].encode())
-                if off != getattr(cls, field[0]).offset:
-                    bad.append("%s.%s at %d, mirror %d" % (name, field[0], off,
-                                                          getattr(cls, field[0]).offset))
-        return bad
-
-    def strerror(self, rc):
-        return self.dll.sa_strerror(rc).decode()
-
-    def stages(self):
-        out = []
-        for i in range(self.dll.sa_stage_count()):
-            p = self.dll.sa_stage_at(i)
-            if p:
-                out.append(p.contents)
-        return out
-
-    def random_tile_lists(self, shape, list_heads, k, pattern, seed):
-        tiles = (shape.len_q + TILE - 1) // TILE
-        n = shape.batch * list_heads * tiles * k
-        buf = (ctypes.c_int32 * n)()
-        rc = self.dll.sa_random_tile_lists(ctypes.byref(shape), list_heads, k, pattern, seed, buf)
-        if rc:
-            raise RuntimeError("sa_random_tile_lists: " + self.strerror(rc))
-        return buf, (shape.batch, list_heads, tiles, k)
-
-    def verdict_create(self):
-        v = ctypes.c_void_p()
-        rc = self.dll.sa_gpu_verdict_create(ctypes.byref(v))
-        if rc:
-            raise RuntimeError("sa_gpu_verdict_create: " + self.strerror(rc))
-        return v.value
-
-    def verdict_read(self, verdict, stream):
-        """The code recorded since the last read (waits for `stream`), and resets it."""
-        return self.dll.sa_gpu_verdict_read(verdict, stream)
-
-    def verdict_destroy(self, verdict):
-        self.dll.sa_gpu_verdict_destroy(verdict)
-
-
-def stage_roles(stage):
-    """The stage's SA_ROLE_* bits, or None where the SaStage mirror has no roles field."""
-    r = getattr(stage, "roles", None)
-    return None if r is None else int(r)
+# ---------------------------------------------------------------- the sparseattn package
+def import_sparseattn(lib_path=None):
+    """The sparseattn package of this checkout (python/sparseattn) with lib_path as its library
+    ($SPARSEATTN_LIB is set to it before the import; None: the package's own search). The
+    benchmarks take everything C from it: the ctypes mirror of the structs (_capi), the
+    library's loading and the ABI check against sa_abi_sizeof / sa_abi_offsetof (done at
+    import: AbiMismatchError, LibraryNotFoundError, both ImportError, as is a missing numpy),
+    the stage registry, verdicts and sa_random_tile_lists (_gpu)."""
+    if lib_path:
+        os.environ["SPARSEATTN_LIB"] = os.path.abspath(lib_path)
+    if PYTHON_DIR not in sys.path:
+        sys.path.insert(0, PYTHON_DIR)
+    import sparseattn
+    import sparseattn._capi  # the callers use sa._capi and sa._gpu
+    import sparseattn._gpu
+    if lib_path and os.path.isfile(lib_path) and \
+            os.path.realpath(lib_path) != os.path.realpath(sparseattn.library_path):
+        raise ImportError("sparseattn was imported before with %s, not %s"
+                          % (sparseattn.library_path, lib_path))
+    return sparseattn
 
 
 def log(msg):
@@ -485,47 +493,44 @@ def peer_check(torch, o, lse, ref, q, k, v, slices):
 
 
 class OurStage:
-    """One registered stage bound to torch tensors through sa_gpu_attn."""
+    """One registered stage (a sparseattn Stage, from sa.stages()) bound to torch tensors
+    through sa_gpu_attn (the package's SaGpuAttn)."""
 
-    def __init__(self, torch, lib, stage):
-        self.torch, self.lib, self.st = torch, lib, stage
-        self.id, self.name = stage.id, stage.name.decode()
+    def __init__(self, torch, sa, stage):
+        self.torch, self.sa, self.st = torch, sa, stage
+        self.id, self.name = stage.id, stage.name
         self.label = "stage %d %s" % (self.id, self.name)
-        self.roles = stage_roles(stage)
+        self.roles = int(stage.roles)
 
     def has_role(self, bit):
-        return self.roles is not None and bool(self.roles & bit)
+        return bool(self.roles & bit)
 
     def attn(self, q, k, v, o, lse, lists=None, validate=1, verdict=None):
-        a = SaGpuAttn()
-        self.lib.dll.sa_gpu_attn_default(ctypes.byref(a))
+        """The stage's arguments; verdict: a sparseattn.Verdict, or None (NULL: the
+        synchronous check)."""
+        capi = self.sa._capi
+        a = self.sa._gpu.gpu_attn_default()
         B, Hq, Sq, D = q.shape
-        a.shape = SaShape(B, Hq, k.shape[1], Sq, k.shape[2], D)
+        a.shape = capi.SaShape(B, Hq, k.shape[1], Sq, k.shape[2], D)
         a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
         a.lse = lse.data_ptr() if lse is not None else None
         if lists is not None:
-            a.lists = SaTileLists(lists.data_ptr(), None, lists.shape[1], lists.shape[3])
+            a.lists = capi.SaTileLists(lists.data_ptr(), None, lists.shape[1], lists.shape[3])
         a.validate = validate
         a.stream = self.torch.cuda.current_stream().cuda_stream
-        a.verdict = verdict  # None: NULL, the synchronous check
+        a.verdict = verdict.handle if verdict is not None else None
         # The struct holds raw pointers: it keeps its tensors alive for as long as it lives (and a
         # call made by call() keeps the struct), so callers need no lists of buffers to hold.
-        a._tensors = (q, k, v, o, lse, lists)
+        a._tensors = (q, k, v, o, lse, lists, verdict)
         return a
 
     def check(self, a):
-        rc = self.st.check(ctypes.byref(a)) if self.st.check else 0
-        return None if rc == 0 else self.lib.strerror(rc)
+        rc = self.st.check(a)
+        return None if rc == 0 else self.sa.strerror(rc)
 
     def call(self, a):
-        ref = ctypes.byref(a)
-        launch = self.st.launch
-
-        def run():
-            rc = launch(ref)
-            if rc:
-                raise RuntimeError("%s launch: %s" % (self.label, self.lib.strerror(rc)))
-        return run
+        """call() launching the stage on a (SparseAttnError for a bad status)."""
+        return self.st.launcher(a)
 
 
 def pick_reference(stages_ok, role):
@@ -754,26 +759,27 @@ class AllBlocks:
         return self.st.call(a)
 
 
-def run_dense(torch, F, lib, args, gemm, copy, summary):
-    stages = [OurStage(torch, lib, s) for s in lib.stages() if not s.sparse] if lib else []
+def run_dense(torch, F, sa, args, gemm, copy, summary):
+    """sa: the sparseattn package (import_sparseattn), or None where it did not load."""
+    stages = [OurStage(torch, sa, s) for s in sa.stages() if not s.sparse] if sa else []
     if not stages:
         log("dense: no dense stage in the registry (or library not loaded): ours n/a")
     verdict = None
-    tile = [OurStage(torch, lib, s) for s in lib.stages() if s.sparse] if lib else []
-    tile = [st for st in tile if st.has_role(SA_ROLE_DEFAULT_TILE)]
+    tile = [OurStage(torch, sa, s) for s in sa.stages() if s.sparse] if sa else []
+    tile = [st for st in tile if st.has_role(sa.SA_ROLE_DEFAULT_TILE)]
     if tile:
-        if tile[0].has_role(SA_ROLE_GPU_VERDICT) and lib.has_verdict:
-            verdict = lib.verdict_create()
+        if tile[0].has_role(sa.SA_ROLE_GPU_VERDICT):
+            verdict = sa.Verdict()
         stages.append(AllBlocks(torch, tile[0], verdict))
     try:
-        run_dense_shapes(torch, F, lib, args, gemm, copy, summary, stages, verdict)
+        run_dense_shapes(torch, F, sa, args, gemm, copy, summary, stages, verdict)
     finally:
         if verdict is not None:
             torch.cuda.synchronize()
-            lib.verdict_destroy(verdict)
+            verdict.close()
 
 
-def run_dense_shapes(torch, F, lib, args, gemm, copy, summary, stages, verdict):
+def run_dense_shapes(torch, F, sa, args, gemm, copy, summary, stages, verdict):
     peers, peer_why = dense_peers(torch, F, args)
     for key, w in peer_why.items():
         log("dense: peer %s n/a: %s" % (key, w))
@@ -848,7 +854,7 @@ def run_dense_shapes(torch, F, lib, args, gemm, copy, summary, stages, verdict):
             except Exception as e:  # noqa: BLE001
                 row["ours"][st.label] = None
                 log("  %-28s failed: %s" % (st.label, e))
-        ref_st, ref_out = pick_reference(passed, SA_ROLE_DEFAULT_DENSE)
+        ref_st, ref_out = pick_reference(passed, sa.SA_ROLE_DEFAULT_DENSE if sa else 0)
         ref = (ref_st.label, ref_out[0], ref_out[1]) if ref_st else None
         for key, (po, pl) in peer_out.items():
             try:
@@ -896,8 +902,8 @@ def run_dense_shapes(torch, F, lib, args, gemm, copy, summary, stages, verdict):
                                                             "rounds": n}
                                                         for p, (m, lo, hi, n) in paired.items()})
         if verdict is not None:
-            rc = lib.verdict_read(verdict, torch.cuda.current_stream().cuda_stream)
-            row["check"]["verdict"] = "SA_OK" if rc == 0 else lib.strerror(rc)
+            rc = verdict.read(torch.cuda.current_stream().cuda_stream)
+            row["check"]["verdict"] = "SA_OK" if rc == 0 else sa.strerror(rc)
             log("  all-blocks verdict after timing: %s" % row["check"]["verdict"])
         for side, key in timers:
             row[side].setdefault(key, None)
@@ -978,8 +984,9 @@ def sparse_peer_configs(torch, args, fa4, bsa, sets, lists_cpu, Hq, skv):
     return out
 
 
-def run_sparse(torch, F, lib, args, gemm, copy, summary):
-    all_stages = [OurStage(torch, lib, s) for s in lib.stages()] if lib else []
+def run_sparse(torch, F, sa, args, gemm, copy, summary):
+    """sa: the sparseattn package (import_sparseattn): the registry, verdicts, lists."""
+    all_stages = [OurStage(torch, sa, s) for s in sa.stages()]
     sparse = [s for s in all_stages if s.st.sparse]
     dense = [s for s in all_stages if not s.st.sparse]
     if not sparse:
@@ -1008,17 +1015,13 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
             log("sparse: %s n/a: %s" % (what, first_line(e)))
             summary["unavailable"]["sparse " + key] = first_line(e)
     verdict = None
-    if any(s.has_role(SA_ROLE_GPU_VERDICT) for s in sparse):
-        if lib.has_verdict:
-            try:
-                verdict = lib.verdict_create()
-            except Exception as e:  # noqa: BLE001
-                log("sparse: no verdict (%s): the verdict path is not timed" % e)
-        else:
-            log("sparse: the library has no sa_gpu_verdict_*: the verdict path is not timed")
+    if any(s.has_role(sa.SA_ROLE_GPU_VERDICT) for s in sparse):
+        try:
+            verdict = sa.Verdict()
+        except Exception as e:  # noqa: BLE001
+            log("sparse: no verdict (%s): the verdict path is not timed" % e)
     for st in sparse:
-        log("sparse: %s roles %s" % (st.label, "unknown (SaStage mirror without roles)"
-                                     if st.roles is None else "0x%x" % st.roles))
+        log("sparse: %s roles 0x%x" % (st.label, st.roles))
     stream = torch.cuda.current_stream().cuda_stream
     B, Hq, Hkv, Sq, D, K = SPARSE_B, SPARSE_HQ, SPARSE_HKV, SPARSE_SQ, SPARSE_D, SPARSE_K
     tiles = Sq // TILE
@@ -1026,16 +1029,16 @@ def run_sparse(torch, F, lib, args, gemm, copy, summary):
         for skv in SPARSE_LEN_KV:
             if over_budget(args, "sparse len_kv %d" % skv):
                 continue
-            run_sparse_len(torch, lib, args, gemm, copy, summary, sparse, dense, flex, fa4, bsa,
+            run_sparse_len(torch, sa, args, gemm, copy, summary, sparse, dense, flex, fa4, bsa,
                            verdict, stream, B, Hq, Hkv, Sq, D, K, tiles, skv)
             torch.cuda.empty_cache()
     finally:
         if verdict is not None:
             torch.cuda.synchronize()
-            lib.verdict_destroy(verdict)
+            verdict.close()
 
 
-def run_sparse_len(torch, lib, args, gemm, copy, summary, sparse, dense, flex, fa4, bsa, verdict,
+def run_sparse_len(torch, sa, args, gemm, copy, summary, sparse, dense, flex, fa4, bsa, verdict,
                    stream, B, Hq, Hkv, Sq, D, K, tiles, skv):
     set_bytes = 2 * B * Hq * Sq * D * 2 + 2 * B * Hkv * skv * D * 2
     nsets = sets_needed(torch, set_bytes)
@@ -1066,12 +1069,13 @@ def run_sparse_len(torch, lib, args, gemm, copy, summary, sparse, dense, flex, f
         except Exception as e:  # noqa: BLE001
             log("  dense %-22s failed: %s" % (st.label, e))
     for pat_id, pat in PATTERNS:
-        sh = SaShape(B, Hq, Hkv, Sq, skv, D)
         lists_cpu = []
         for i in range(nsets):
-            buf, dims = lib.random_tile_lists(sh, Hkv, K, pat_id,
-                                              args.seed * 31 + skv + pat_id * 7 + i)
-            lists_cpu.append(torch.frombuffer(bytearray(buf), dtype=torch.int32).reshape(dims))
+            arr = sa._gpu.random_tile_lists((B, Hq, Hkv, Sq, skv, D), Hkv, K, pat_id,
+                                            args.seed * 31 + skv + pat_id * 7 + i)
+            # through bytes, not torch.from_numpy: no dependence on torch's numpy bridge
+            lists_cpu.append(torch.frombuffer(bytearray(arr.tobytes()), dtype=torch.int32)
+                             .reshape(arr.shape))
         lists = [l.cuda() for l in lists_cpu]
         useful = 4.0 * B * Hq * Sq * K * TILE * D  # every block is full (len_kv % 128 == 0)
         kv_bytes = sum(2 * 2 * torch.unique(l[b]).numel() * TILE * D
@@ -1092,7 +1096,7 @@ def run_sparse_len(torch, lib, args, gemm, copy, summary, sparse, dense, flex, f
         for st in sparse:
             try:
                 modes = [m for m in OUR_MODES if not m[2] or (
-                    verdict is not None and st.has_role(SA_ROLE_GPU_VERDICT))]
+                    verdict is not None and st.has_role(sa.SA_ROLE_GPU_VERDICT))]
                 outs = [(torch.empty_like(q), torch.empty(B, Hq, Sq, device="cuda",
                                                           dtype=torch.float32))
                         for q, _, _ in sets]
@@ -1122,13 +1126,13 @@ def run_sparse_len(torch, lib, args, gemm, copy, summary, sparse, dense, flex, f
                     o_sync = o.clone()
                     o.fill_(float("nan"))
                     st.call(attns["vval"][0])()
-                    code = lib.verdict_read(verdict, stream)
+                    code = verdict.read(stream)
                     ev = rel_l2(torch, o, o_sync)
                     c["verdict_code"], c["verdict_vs_sync"] = code, ev
                     vok = code == 0 and ev <= REL_L2_TOL
                     c["ok"] = c["ok"] and vok
                     notes.append("verdict path: code %d (%s), O vs synchronous %.1e %s"
-                                 % (code, lib.strerror(code), ev, "ok" if vok else "FAIL"))
+                                 % (code, sa.strerror(code), ev, "ok" if vok else "FAIL"))
                     del o_sync
                 row["check"][st.label] = notes
                 checks[st.label] = c
@@ -1140,7 +1144,7 @@ def run_sparse_len(torch, lib, args, gemm, copy, summary, sparse, dense, flex, f
             except Exception as e:  # noqa: BLE001
                 row["ours"][st.label] = None
                 log("  %-11s %-22s failed: %s" % (pat, st.label, e))
-        ref_st, ref_out = pick_reference(passed, SA_ROLE_DEFAULT_TILE)
+        ref_st, ref_out = pick_reference(passed, sa.SA_ROLE_DEFAULT_TILE)
         ref = (ref_st.label, ref_out[0], ref_out[1]) if ref_st else None
         for label, (o, l) in ours_o.items():
             if ref and label != ref[0]:
@@ -1203,9 +1207,9 @@ def run_sparse_len(torch, lib, args, gemm, copy, summary, sparse, dense, flex, f
             times = {}
             log("  %-11s timing failed: %s" % (pat, e))
         if verdict is not None:
-            code = lib.verdict_read(verdict, stream)
+            code = verdict.read(stream)
             log("  %-11s verdict after the timed calls: %d (%s)%s"
-                % (pat, code, lib.strerror(code), "" if code == 0 else " FAIL"))
+                % (pat, code, sa.strerror(code), "" if code == 0 else " FAIL"))
         dense_tf = {}
         for (side, key), (ms, spread) in sorted(times.items()):
             inf = info.get((side, key), {})
@@ -1328,10 +1332,36 @@ def print_summary(summary, gemm, copy, device):
 
 
 # ---------------------------------------------------------------- self-test (no GPU, no torch)
+SAMPLE_SHAPES_H = """/* a sample of shapes.h's forms: #define SA_IN_A_COMMENT 1 is no define */
+#pragma once
+#define SA_BENCH_SPARSE_B 2 // a line comment
+#define SA_BENCH_SPARSE_HQ 0x10
+ #  define SA_BENCH_SPARSE_HKV 1u
+#define SA_BENCH_SPARSE_SQ 4096
+#define SA_BENCH_SPARSE_D 128
+#define SA_BENCH_SPARSE_K 16
+#define SA_BENCH_SPARSE_LEN_KV {4096, 8192, \\
+                                16384}
+#define SA_BENCH_DENSE_SHAPES {{8, 16, 4096, 128}, /* a comment */ {4, 16, 8192, 128},}
+#define SA_BENCH_REL_L2_TOL 1e-2
+#define SA_BENCH_LSE_TOL .01f
+#define SA_BENCH_FN(x) (x)
+#define SA_BENCH_EXPR (1 << 4)
+#define SA_BENCH_FLAG
+"""
+# What bench/shapes.h holds: the study's shapes as this file's docstring and
+# docs/benchmarks.md describe them (a change of shapes.h changes them too).
+STUDY_SHAPES = {"DENSE_SHAPES": [(8, 16, 4096, 128), (4, 16, 8192, 128), (2, 16, 16384, 128)],
+                "SPARSE_B": 2, "SPARSE_HQ": 16, "SPARSE_HKV": 1, "SPARSE_SQ": 4096,
+                "SPARSE_D": 128, "SPARSE_K": 16, "SPARSE_LEN_KV": [4096, 8192, 16384],
+                "REL_L2_TOL": 1e-2, "LSE_TOL": 1e-2}
+
+
 def self_test(lib_path=None):
-    """Checks of the parts that need no GPU: the list conversions (with numpy, or torch on the
-    CPU), the SaGpuAttn layout and the argument parsing; with a library (any build: the
-    registry and the list generator run without a GPU) also its ABI against the mirrors, its
+    """Checks of the parts that need no GPU: the shapes.h parser (a sample and the real file),
+    the list conversions (with numpy, or torch on the CPU) and the argument parsing; with a
+    library (any build: the registry and the list generator run without a GPU) also the
+    sparseattn package over it (its import checks the ABI against its struct mirror), the
     registry and the lists it draws."""
     try:
         import numpy as xp
@@ -1349,11 +1379,35 @@ def self_test(lib_path=None):
     def tolist(a):
         return a.tolist()
 
-    # sa_gpu_attn as include/sparseattn.h lays it out on LP64 (offsetof, sizeof checked with gcc).
-    check("SaGpuAttn: 120 bytes, stream 96, verdict 104, causal 112, allow_future_blocks 116",
-          ctypes.sizeof(SaGpuAttn) == 120 and SaGpuAttn.stream.offset == 96
-          and SaGpuAttn.verdict.offset == 104 and SaGpuAttn.causal.offset == 112
-          and SaGpuAttn.allow_future_blocks.offset == 116)
+    d = parse_defines(SAMPLE_SHAPES_H)
+    check("parse_defines: numbers, hex, suffixes, brace lists, comments", d == {
+        "SA_BENCH_SPARSE_B": 2, "SA_BENCH_SPARSE_HQ": 16, "SA_BENCH_SPARSE_HKV": 1,
+        "SA_BENCH_SPARSE_SQ": 4096, "SA_BENCH_SPARSE_D": 128, "SA_BENCH_SPARSE_K": 16,
+        "SA_BENCH_SPARSE_LEN_KV": (4096, 8192, 16384),
+        "SA_BENCH_DENSE_SHAPES": ((8, 16, 4096, 128), (4, 16, 8192, 128)),
+        "SA_BENCH_REL_L2_TOL": 0.01, "SA_BENCH_LSE_TOL": 0.01})
+    check("parse_define_value: malformed values are None",
+          all(parse_define_value(t) is None for t in ("{1, 2", "{1 2}", "1 2", "}", "(1)", "",
+                                                      "\"s\"", "1f", "{1,, 2}"))
+          and parse_define_value("010") == 8 and parse_define_value("-3") == -3
+          and parse_define_value("{}") == ())
+    sample = bench_shapes(SAMPLE_SHAPES_H, "sample")
+    check("bench_shapes: the sample's shapes and tolerances",
+          sample["DENSE_SHAPES"] == [(8, 16, 4096, 128), (4, 16, 8192, 128)]
+          and sample["SPARSE_LEN_KV"] == [4096, 8192, 16384] and sample["SPARSE_HQ"] == 16
+          and sample["LSE_TOL"] == 0.01 and isinstance(sample["REL_L2_TOL"], float))
+    for what, text in (("a missing define", SAMPLE_SHAPES_H.replace("SA_BENCH_LSE_TOL", "X")),
+                       ("a 3-element dense shape", SAMPLE_SHAPES_H.replace("{8, 16, 4096, 128}",
+                                                                           "{8, 16, 4096}")),
+                       ("a zero head count", SAMPLE_SHAPES_H.replace("0x10", "0"))):
+        try:
+            bench_shapes(text, "sample")
+            ok = False
+        except ValueError:
+            ok = True
+        check("bench_shapes rejects %s" % what, ok)
+    real = read_bench_shapes()
+    check("bench/shapes.h gives the study's shapes and tolerances", real == STUDY_SHAPES)
     a = parse_args(["--lib", "x.so"])
     check("parse_args: defaults", a.peers == ",".join(PEER_NAMES) and a.fa4_pack_gqa == "on,off"
           and a.bsa_blocks == "128,64" and a.json is None and a.mode == "all")
@@ -1383,22 +1437,31 @@ def self_test(lib_path=None):
         ok = True
     check("whole_blocks rejects a partial final block", ok)
     if lib_path:
-        lib = Lib(lib_path)
-        bad = lib.abi_mismatches()
-        check("library ABI matches the ctypes mirrors%s" % (": " + "; ".join(bad) if bad else ""),
-              not bad)
-        st = lib.stages()
-        check("registry: %d stages, roles and names readable" % len(st),
-              st and all(s.name and s.roles is not None for s in st))
-        check("registry: a default tile-list and a default dense stage",
-              any(s.roles & SA_ROLE_DEFAULT_TILE and s.sparse for s in st)
-              and any(s.roles & SA_ROLE_DEFAULT_DENSE and not s.sparse for s in st))
-        sh = SaShape(SPARSE_B, SPARSE_HQ, SPARSE_HKV, SPARSE_SQ, 8192, SPARSE_D)
+        sa = import_sparseattn(lib_path)  # ImportError: the caller says why and fails
+        check("sparseattn package loads %s, ABI checked" % os.path.basename(sa.library_path),
+              {"sa_shape", "sa_tile_lists", "sa_gpu_attn", "sa_stage"} <= set(sa.abi_sizes))
+        a = sa._gpu.gpu_attn_default()
+        check("gpu_attn_default: validate, empty rows; NULLs, not causal",
+              a.validate == 1 and a.allow_empty_rows == 1 and not a.verdict and not a.q
+              and not a.stream and a.causal == 0 and a.allow_future_blocks == 0)
+        st = sa.stages()
+        if not st:
+            log("self-test: %s has no GPU stages (built without CUDA): registry checks skipped"
+                % sa.library_path)
+        else:
+            check("registry: %d stages, roles and names readable" % len(st),
+                  all(s.name and isinstance(s.roles, int) for s in st))
+            check("registry: a default tile-list and a default dense stage",
+                  any(s.default_tile and s.sparse for s in st)
+                  and any(s.default_dense and not s.sparse for s in st))
+            check("stage_table: id, name, sparse, roles of each stage",
+                  sa._gpu.stage_table() == [{"id": s.id, "name": s.name, "sparse": s.sparse,
+                                             "roles": s.roles} for s in st])
         for pat_id, pat in PATTERNS:
-            buf, dims = lib.random_tile_lists(sh, SPARSE_HKV, SPARSE_K, pat_id, 7)
-            flat = list(buf)
-            rows = [flat[i:i + SPARSE_K] for i in range(0, len(flat), SPARSE_K)]
-            ok = dims == (SPARSE_B, SPARSE_HKV, SPARSE_SQ // TILE, SPARSE_K) and all(
+            arr = sa._gpu.random_tile_lists((SPARSE_B, SPARSE_HQ, SPARSE_HKV, SPARSE_SQ, 8192,
+                                             SPARSE_D), SPARSE_HKV, SPARSE_K, pat_id, 7)
+            rows = arr.reshape(-1, SPARSE_K).tolist()
+            ok = arr.shape == (SPARSE_B, SPARSE_HKV, SPARSE_SQ // TILE, SPARSE_K) and all(
                 r == sorted(set(r)) and len(r) == SPARSE_K and 0 <= r[0] and r[-1] < 8192 // TILE
                 for r in rows)
             if pat_id == 1:
@@ -1505,8 +1568,9 @@ def parse_args(argv=None):
                     help="also write the results as JSON to PATH ('-': stdout, after the "
                          "summary): one record per (mode, shape, pattern, contender)")
     ap.add_argument("--self-test", action="store_true",
-                    help="check the list conversions, the ctypes layout and the argument "
-                         "parsing (no GPU, library or torch needed) and exit")
+                    help="check the shapes.h parser, the list conversions and the argument "
+                         "parsing (no GPU, library or torch needed; with --lib also the "
+                         "sparseattn package over that library) and exit")
     args = ap.parse_args(argv)
     unknown = [p for p in args.peers.split(",") if p and p not in PEER_NAMES]
     if unknown:
@@ -1535,7 +1599,7 @@ def main(argv=None):
     if args.self_test:
         try:
             res = self_test(args.lib)
-        except (OSError, RuntimeError) as e:
+        except (ImportError, OSError, RuntimeError) as e:
             log("self-test: cannot use %s: %s" % (args.lib, e))
             return 1
         log("self-test: %d passed, %d failed" % (sum(res), len(res) - sum(res)))
@@ -1557,26 +1621,21 @@ def main(argv=None):
         torch._dynamo.config.recompile_limit = 64
     except Exception:  # noqa: BLE001 - only a limit; the defaults may do
         pass
-    lib = None
+    sa = None
     stages = []
     try:
-        lib = Lib(args.lib)
-        if not lib.dll.sa_gpu_available():
+        sa = import_sparseattn(args.lib)
+        if not sa.gpu_available():
             log("peers: libsparseattn says no usable GPU (built without CUDA?): ours n/a")
-            lib = None
-        elif lib.abi_mismatches():
-            log("peers: %s does not match this script's ctypes mirrors (%s): ours n/a"
-                % (args.lib, "; ".join(lib.abi_mismatches())))
-            lib = None
+            sa = None
         else:
-            stages = [{"id": s.id, "name": s.name.decode(), "sparse": bool(s.sparse),
-                       "roles": stage_roles(s)} for s in lib.stages()]
+            stages = sa._gpu.stage_table()
             log("stages: " + ", ".join(
-                "%d %s (%s%s)" % (s["id"], s["name"], "sparse" if s["sparse"] else "dense",
-                                  "" if s["roles"] is None else ", roles 0x%x" % s["roles"])
-                for s in stages))
-    except (OSError, RuntimeError) as e:
-        log("peers: cannot load %s (%s): ours n/a" % (args.lib, e))
+                "%d %s (%s, roles 0x%x)" % (s["id"], s["name"], "sparse" if s["sparse"]
+                                            else "dense", s["roles"]) for s in stages))
+    except (ImportError, OSError, RuntimeError) as e:  # no library, ABI mismatch, no numpy
+        log("peers: cannot use %s through the sparseattn package (%s): ours n/a"
+            % (args.lib, " ".join(str(e).split())))
     device = torch.cuda.get_device_name(0)
     versions = peer_versions()
     log("device %s, torch %s, cuDNN %s, seed %d, reps %d (median) in %d interleaved rounds, "
@@ -1590,12 +1649,12 @@ def main(argv=None):
         gemm, copy = measure_ceilings(torch, args)
         # Sparse first: with --budget-s, the block-sparse comparison is the one to keep.
         if args.mode in ("sparse", "all"):
-            if lib is None:
+            if sa is None:
                 log("sparse: needs libsparseattn (lists come from sa_random_tile_lists): skipped")
             else:
-                run_sparse(torch, F, lib, args, gemm, copy, summary)
+                run_sparse(torch, F, sa, args, gemm, copy, summary)
         if args.mode in ("dense", "all"):
-            run_dense(torch, F, lib, args, gemm, copy, summary)
+            run_dense(torch, F, sa, args, gemm, copy, summary)
     except Exception:  # noqa: BLE001 - still print what was measured
         traceback.print_exc()
     log("peers: %.0f s" % (time.time() - T_START))

@@ -1,0 +1,34 @@
+"""The benchmarks' own --self-test (bench/peers.py on the library this suite loaded, through the
+sparseattn package; bench/causal.py's list and FlexAttention mask checks, which run on the CPU
+where torch is importable), run as subprocesses with this interpreter."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import sparseattn as sa
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench")
+
+
+def run_bench(*argv):
+    if not os.path.isfile(argv[0]):
+        pytest.skip("no bench/ beside this python/ (an installed copy of the tests)")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable] + list(argv), capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def test_peers_self_test_on_this_library():
+    r = run_bench(os.path.join(BENCH, "peers.py"), "--self-test", "--lib", sa.library_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "sparseattn package loads" in r.stdout and " 0 failed" in r.stdout
+    assert "bench/shapes.h gives the study's shapes and tolerances" in r.stdout
+
+
+def test_causal_self_test():
+    r = run_bench(os.path.join(BENCH, "causal.py"), "--self-test")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert " 0 failed" in r.stdout
