@@ -747,9 +747,11 @@ class AllBlocks:
 
     def attn(self, q, k, v, o, lse):
         B, _, Sq, _ = q.shape
-        nb, tiles = k.shape[2] // TILE, (Sq + TILE - 1) // TILE
+        hkv, nb, tiles = k.shape[1], k.shape[2] // TILE, (Sq + TILE - 1) // TILE
+        # Group-shared: a list head per KV head (list_heads must be heads_kv or heads_q; one
+        # list head for the dense shapes' 16 KV heads was refused with SA_ERR_LIST_HEADS).
         lists = self.torch.arange(nb, device="cuda", dtype=self.torch.int32).expand(
-            B, 1, tiles, nb).contiguous()  # group-shared: one list head
+            B, hkv, tiles, nb).contiguous()
         return self.st.attn(q, k, v, o, lse, lists=lists, verdict=self.verdict)
 
     def check(self, a):
