@@ -34,10 +34,9 @@ int bwd_check_args(const sa_gpu_attn_bwd *a)
         return SA_ERR_ARG;
     if (a->workspace && a->workspace_bytes == 0)
         return SA_ERR_ARG;
-    /* 16-byte copies of BF16 rows (cp.async); the gradients are stored 8 bytes at a time. */
+    /* 16-byte copies of BF16 rows (cp.async) and 16-byte stores of the summed dK, dV. */
     if ((((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v | (uintptr_t)a->o |
-          (uintptr_t)a->d_o) & 15) ||
-        (((uintptr_t)a->dq | (uintptr_t)a->dk | (uintptr_t)a->dv) & 7) || ((uintptr_t)a->lse & 3) ||
+          (uintptr_t)a->d_o | (uintptr_t)a->dq | (uintptr_t)a->dk | (uintptr_t)a->dv) & 15) || ((uintptr_t)a->lse & 3) ||
         (((uintptr_t)a->lists.indices | (uintptr_t)a->lists.counts) & 3))
         return SA_ERR_UNSUPPORTED; /* as the forward stages (sa_gpu_attn_check_common) */
     if (s->head_dim != BWD_HEAD_DIM)

@@ -87,6 +87,8 @@ struct Args {
     const int32_t *indices, *counts;
     const int32_t *offsets, *entries; // the reverse index (kernel 2)
     float *dq, *dk, *dv;
+    float *dk_part, *dv_part; // kernel 2's per-split sums when splits > 1, else NULL
+    int splits;               // kernel-2 CTAs per (batch, KV head, block): the group's heads split
     int heads_q, heads_kv, group, list_heads, list_div;
     int len_q, len_kv, q_tiles, kv_blocks, max_blocks;
     int causal, q_off; // query i sees key j when j <= i + q_off
@@ -177,7 +179,7 @@ struct Chunk {
     int q0;   // first query row of the chunk
 };
 struct ChunkWalk {
-    int h, i, end, half;
+    int h, h_end, i, end, half; // heads [h, h_end) of the group still to walk
 };
 
 __device__ bool next_chunk(const Args &a, int b, int g, int blk, ChunkWalk &w, Chunk &out)
@@ -199,7 +201,7 @@ __device__ bool next_chunk(const Args &a, int b, int g, int blk, ChunkWalk &w, C
             out = {g * a.group + w.h - 1, q0};
             return true;
         }
-        if (w.h == a.group)
+        if (w.h == w.h_end)
             return false;
         const int lh = (g * a.group + w.h) / a.list_div;
         const int bucket = (b * a.list_heads + lh) * a.kv_blocks + blk;
@@ -276,8 +278,8 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_dkdv(const Args a)
     extern __shared__ uint8_t smem_raw[];
     Smem2 &sm = *reinterpret_cast<Smem2 *>(smem_raw);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int blk = blockIdx.x % a.kv_blocks;
-    const int bg = blockIdx.x / a.kv_blocks, g = bg % a.heads_kv, b = bg / a.heads_kv;
+    const int blk = blockIdx.x % a.kv_blocks, sp = (blockIdx.x / a.kv_blocks) % a.splits;
+    const int bg = blockIdx.x / a.kv_blocks / a.splits, g = bg % a.heads_kv, b = bg / a.heads_kv;
     const int keys = min(TILE, a.len_kv - blk * TILE);
     const size_t kv_row0 = (size_t)bg * a.len_kv + (size_t)blk * TILE;
     const uint32_t sk = smem_addr(sm.k), sv = smem_addr(sm.v);
@@ -291,7 +293,9 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_dkdv(const Args a)
         for (int e = 0; e < 4; e++)
             dk[t][e] = dv[t][e] = 0.f;
 
-    ChunkWalk walk = {0, 0, 0, 0};
+    // This CTA's heads of the group: split sp of splits (the partial sums are added in split
+    // order by bwd_reduce, so the result does not depend on the schedule).
+    ChunkWalk walk = {sp * a.group / a.splits, (sp + 1) * a.group / a.splits, 0, 0, 0};
     Chunk cur, nxt;
     bool have = next_chunk(a, b, g, blk, walk, cur);
     if (have)
@@ -350,7 +354,12 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_dkdv(const Args a)
         const int kr = 16 * warp + lane / 4 + 8 * half;
         if (kr >= keys)
             continue;
-        float *dkr = a.dk + (kv_row0 + kr) * D, *dvr = a.dv + (kv_row0 + kr) * D;
+        // With splits, this split's rows of the partial sums (bg * splits + sp, then the key).
+        const size_t out_row = a.splits == 1 ? kv_row0 + kr
+                                             : ((size_t)bg * a.splits + sp) * a.len_kv +
+                                                   (size_t)blk * TILE + kr;
+        float *dkr = (a.splits == 1 ? a.dk : a.dk_part) + out_row * D;
+        float *dvr = (a.splits == 1 ? a.dv : a.dv_part) + out_row * D;
 #pragma unroll
         for (int t = 0; t < 16; t++) {
             const int col = 8 * t + 2 * (lane % 4);
@@ -358,6 +367,29 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_dkdv(const Args a)
                 make_float2(dk[t][2 * half] * a.scale, dk[t][2 * half + 1] * a.scale);
             *reinterpret_cast<float2 *>(dvr + col) = make_float2(dv[t][2 * half], dv[t][2 * half + 1]);
         }
+    }
+}
+
+// Kernel 2b (splits > 1 only): dK, dV = the sum of the splits' partial sums, in split order.
+// part is (B * Hkv, splits, len_kv, D), out (B * Hkv, len_kv, D).
+__global__ void __launch_bounds__(THREADS) bwd_reduce(const float4 *__restrict__ dk_part,
+                                                       const float4 *__restrict__ dv_part,
+                                                       float4 *__restrict__ dk,
+                                                       float4 *__restrict__ dv, long long n,
+                                                       int splits, long long per_split)
+{
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < n;
+         i += (long long)gridDim.x * THREADS) {
+        const long long bg = i / per_split, r = i - bg * per_split;
+        const long long base = bg * splits * per_split + r;
+        float4 x = dk_part[base], y = dv_part[base];
+        for (int s = 1; s < splits; s++) {
+            const float4 a = dk_part[base + s * per_split], b = dv_part[base + s * per_split];
+            x.x += a.x, x.y += a.y, x.z += a.z, x.w += a.w;
+            y.x += b.x, y.y += b.y, y.z += b.z, y.w += b.w;
+        }
+        dk[i] = x;
+        dv[i] = y;
     }
 }
 
@@ -512,8 +544,21 @@ sa_kv_params index_params(const sa_gpu_attn_bwd *a, void *ws)
 }
 
 struct Layout {
-    size_t dsum_bytes, index_off, index_bytes, total;
+    int splits;
+    size_t dsum_bytes, part_off, part_bytes, index_off, index_bytes, total;
 };
+
+// Kernel-2 CTAs a (batch, KV head, block) is split into: enough to give about SPLIT_TARGET CTAs
+// in all (two per SM of an H200), at most one per head of the group. A function of the shape
+// alone, so the sums (and their bits) are the same on every device.
+constexpr int SPLIT_TARGET = 256;
+int splits_for(const sa_shape *s)
+{
+    const long long ctas = (long long)s->batch * s->heads_kv * sa_kv_blocks(s);
+    const int group = s->heads_q / s->heads_kv;
+    long long want = (SPLIT_TARGET + ctas - 1) / ctas;
+    return (int)(want < 1 ? 1 : want > group ? group : want);
+}
 
 int layout(const sa_gpu_attn_bwd *a, Layout *l)
 {
@@ -521,12 +566,20 @@ int layout(const sa_gpu_attn_bwd *a, Layout *l)
     int err = sa_kv_workspace_size(&p, &l->index_bytes);
     if (err)
         return err;
+    l->splits = splits_for(&a->shape);
     const int64_t dsum = sa_sz_round_up(sa_sz_mul((int64_t)sa_lse_elems(&a->shape), 4), ALIGN);
-    const int64_t total = sa_sz_add(dsum, (int64_t)l->index_bytes);
+    // dK and dV partial sums: splits x the size of dK, each (none without splits).
+    const int64_t part = l->splits == 1 ? 0
+                                        : sa_sz_round_up(sa_sz_mul3((int64_t)sa_kv_elems(&a->shape),
+                                                                    l->splits, 4),
+                                                         ALIGN);
+    const int64_t total = sa_sz_add(sa_sz_add(dsum, sa_sz_mul(part, 2)), (int64_t)l->index_bytes);
     if (!sa_sz_fits_size_t(total))
         return SA_ERR_UNSUPPORTED;
     l->dsum_bytes = (size_t)dsum;
-    l->index_off = (size_t)dsum;
+    l->part_off = (size_t)dsum;
+    l->part_bytes = (size_t)part;
+    l->index_off = (size_t)(dsum + 2 * part);
     l->total = (size_t)total;
     return SA_OK;
 }
@@ -584,6 +637,10 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
     g.dq = a->dq;
     g.dk = a->dk;
     g.dv = a->dv;
+    g.splits = l.splits;
+    g.dk_part = l.splits == 1 ? nullptr : reinterpret_cast<float *>(ws + l.part_off);
+    g.dv_part = l.splits == 1 ? nullptr
+                              : reinterpret_cast<float *>(ws + l.part_off + l.part_bytes);
     g.heads_q = s->heads_q;
     g.heads_kv = s->heads_kv;
     g.group = s->heads_q / s->heads_kv;
@@ -612,8 +669,16 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
                                          (int)sizeof(Smem3)));
         smem_set = 1;
     }
-    bwd_dkdv<<<s->batch * s->heads_kv * g.kv_blocks, THREADS, sizeof(Smem2), st>>>(g);
+    bwd_dkdv<<<s->batch * s->heads_kv * g.kv_blocks * l.splits, THREADS, sizeof(Smem2), st>>>(g);
     SA_CUDA_TRY(cudaGetLastError());
+    if (l.splits > 1) {
+        const long long per_split = (long long)s->len_kv * D / 4, n = s->batch * s->heads_kv * per_split;
+        bwd_reduce<<<(int)min((n + THREADS - 1) / THREADS, (long long)sms * 8), THREADS, 0, st>>>(
+            reinterpret_cast<const float4 *>(g.dk_part), reinterpret_cast<const float4 *>(g.dv_part),
+            reinterpret_cast<float4 *>(a->dk), reinterpret_cast<float4 *>(a->dv), n, l.splits,
+            per_split);
+        SA_CUDA_TRY(cudaGetLastError());
+    }
     bwd_dq<<<s->batch * s->heads_q * g.q_tiles, THREADS, sizeof(Smem3), st>>>(g);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;

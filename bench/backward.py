@@ -142,6 +142,16 @@ def run_shape(torch, sa, args, hkv, skv, summary):
     ours_val()
     torch.cuda.synchronize()
     timers = {"ours": [ours]}
+    if args.profile:  # where our time goes, kernel by kernel (torch's profiler, CUPTI)
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                ours()
+            torch.cuda.synchronize()
+        for ev in prof.key_averages():
+            us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if us > 0:
+                log("  profile: %-40s %8.3f ms per call" % (ev.key[:40], us / 3e3))
     notes = {}
     # FA4
     if "fa4" in args.peers:
@@ -194,6 +204,9 @@ def run_shape(torch, sa, args, hkv, skv, summary):
     if "flex" in args.peers:
         try:
             from torch.nn.attention.flex_attention import flex_attention
+            # The backward is timed again and again on one graph (retain_graph): compiled
+            # backwards donate their buffers by default, which forbids that.
+            torch._functorch.config.donated_buffer = False
             fl = torch.compile(flex_attention)
             bm = flex_mask(torch, lists, Sq, skv)
             qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
@@ -245,6 +258,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--profile", action="store_true", help="our kernels' times (torch.profiler)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     args.peers = set(args.peers.split(","))

@@ -363,7 +363,7 @@ typedef struct sa_gpu_attn_bwd {
     const uint16_t *d_o;       /* device BF16 (B, Hq, Sq, D): dL/dO */
     sa_tile_lists lists;       /* device pointers: the forward's lists */
     float *dq;                 /* device FP32 (B, Hq, Sq, D) */
-    float *dk, *dv;            /* device FP32 (B, Hkv, Skv, D) */
+    float *dk, *dv;            /* device FP32 (B, Hkv, Skv, D); every tensor 16-byte aligned */
     /* 1 (default): the lists are copied to the host and checked there with the forward's rules
      * (sa_tile_lists_check_opts, so the same codes); the call then synchronizes the stream once.
      * 0: unchecked; counts are clamped and out-of-range indices skipped (no bad access). */

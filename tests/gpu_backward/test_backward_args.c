@@ -92,7 +92,7 @@ START_TEST(errors)
     expect(&a, SA_ERR_UNSUPPORTED, "Q not 16-byte aligned");
     a = valid_args();
     a.dk = (float *)((uintptr_t)a.dk + 4);
-    expect(&a, SA_ERR_UNSUPPORTED, "dK not 8-byte aligned");
+    expect(&a, SA_ERR_UNSUPPORTED, "dK not 16-byte aligned");
     a = valid_args();
     ck_assert_int_eq(sa_gpu_backward_workspace_size(&a, NULL), SA_ERR_NULL);
 }
