@@ -164,11 +164,56 @@ static inline bool sel_aligned16(const void *p)
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
-// Top-k of every row of keys (rows x n, as written by a scorer): one CTA per row, forced blocks
-// (diagonal, sink) first, then the largest keys, ties to the lower block index; each row of
-// `indices` (rows x k) comes out sorted by block index, `counts` (may be NULL) holds k.
-// A row r covers (b, hkv) = r / per_bh and x = r % per_bh, a tile (per_query 0) or a query
-// (per_query 1); its diagonal block is x or x / SA_TILE. Queues work only (no sync).
-int sel_cuda_topk(const uint32_t *keys, int rows, int n, int per_bh, int per_query, int k,
-                  int keep_diag, int keep_sink, int32_t *indices, int32_t *counts,
-                  cudaStream_t st);
+// Which blocks of a row compete and how many it keeps: the rule of the CPU's sel_row_choose
+// (sel_common.c), shared by every GPU top-k (sel_topk.cu and the fused one of sel_reps.cu).
+//   - Without causal: all n blocks, k of them, the diagonal block forced with keep_diag (x for
+//     tile x, x / SA_TILE for query x).
+//   - With causal (docs/api.md, "Causal attention"; common/sa_internal.h's sa_geo_*): the row's
+//     last visible key is last = r + (len_kv - len_q), r the query (per_query) or the tile's last
+//     valid query row min(128 x + 127, len_q - 1); the blocks [0, nv) with
+//     nv = last < 0 ? 0 : last / 128 + 1 compete, min(k, nv) are kept (the row's count; the
+//     slots past it hold -1), and block nv - 1 (the diagonal block, holding the last visible key)
+//     is forced. keep_diag then names the same block (it needs len_q == len_kv) and adds nothing.
+// keep_sink forces block 0 in both.
+struct SelRowRule {
+    int n;         // kv_blocks: keys per row
+    int per_bh;    // rows per (batch, KV head): row r is x = r % per_bh of its (batch, KV head)
+    int per_query; // 1: x is a query, 0: a tile
+    int k;         // slots per row
+    int keep_diag, keep_sink, causal;
+    int len_q, len_kv;
+};
+
+struct SelRow {
+    int n;    // blocks [0, n) compete
+    int k;    // blocks kept: min(rule.k, n) under causal, else rule.k
+    int diag; // the forced diagonal block, -1 for none
+};
+
+__host__ __device__ __forceinline__ SelRow sel_row_of(const SelRowRule &r, int x)
+{
+    SelRow o;
+    if (!r.causal) {
+        o.n = r.n;
+        o.k = r.k;
+        o.diag = r.keep_diag ? (r.per_query ? x / SA_TILE : x) : -1;
+        return o;
+    }
+    long long row = r.per_query ? (long long)x : (long long)x * SA_TILE + SA_TILE - 1;
+    if (row > (long long)r.len_q - 1)
+        row = (long long)r.len_q - 1;
+    const long long last = row + r.len_kv - r.len_q; // at most len_kv - 1
+    o.n = last < 0 ? 0 : (int)(last / SA_TILE) + 1;
+    o.k = r.k < o.n ? r.k : o.n;
+    o.diag = o.n - 1; // -1 when the row sees nothing
+    return o;
+}
+
+// Top-k of every row of keys (rows x rule.n, as written by a scorer): forced blocks (diagonal,
+// sink) first, then the largest keys, ties to the lower block index, over the blocks the row's
+// rule lets compete (sel_row_of: the causal prefix, or all); each row of `indices`
+// (rows x rule.k) comes out sorted by block index, -1 past its count, and `counts` (may be NULL)
+// holds the count (rule.k without causal). Keys past a row's competing prefix are never read.
+// Queues work only (no sync).
+int sel_cuda_topk(const uint32_t *keys, int rows, const SelRowRule &rule, int32_t *indices,
+                  int32_t *counts, cudaStream_t st);

@@ -162,6 +162,7 @@ extern "C" int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, cons
         dk = k ? di : nullptr;
         dqi = p->q_index ? di : nullptr;
         dki = p->k_index ? di : nullptr;
+        dc = counts ? di : nullptr; // causal requires counts (SA_ERR_NULL): keep the caller's
     }
     dp.q_index = static_cast<const uint16_t *>(dqi);
     dp.k_index = static_cast<const uint16_t *>(dki);

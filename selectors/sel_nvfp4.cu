@@ -16,7 +16,9 @@
 //      monotone map, so it commutes with the max). Max over each block's valid keys, then over
 //      the tile's valid queries (nvfp4) or per query (nvfp4_query), combined over the GQA
 //      group's heads with atomicMax on order-preserving keys (sel_score_key).
-//   4. sel_cuda_topk.
+//      With causal each query's maximum runs over the keys it sees only (j <= i + len_kv -
+//      len_q, as the CPU's block_max_scores), and a CTA scores only the blocks its tile can see.
+//   4. sel_cuda_topk (causal: over each row's visible prefix, its last block forced).
 // Barrier protocol of score_kernel (one __syncthreads per K block):
 //   | barrier                 | who waits         | for                                        |
 //   | top of iteration kb     | all 256 threads   | K block kb landed (cp.async.wait_all) and  |
@@ -222,6 +224,7 @@ constexpr int kSmemPad = 8; // BF16 per row: 16 bytes, so 8 ldmatrix rows hit di
 struct NvArgs {
     int heads_q, heads_kv, group, len_q, len_kv, dim, q_tiles, kv_blocks;
     int per_query;
+    int causal; // query i's maxima run over the keys j <= i + (len_kv - len_q) only
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
@@ -281,6 +284,14 @@ __global__ void __launch_bounds__(kScoreThreads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int q0 = t * SA_TILE;
     const float scale = __fmul_rn(ts[0], ts[1]);
+    // The blocks [0, kb_end) the tile can see (all without causal; with causal those of its last
+    // valid query row, sel_row_of). A block past them scores for no query of the tile, and a
+    // tile that sees no key (len_q > len_kv) has nothing to score. Uniform over the CTA.
+    const SelRowRule tile_rule = {a.kv_blocks, a.q_tiles, 0, 1, 0, 0, a.causal, a.len_q,
+                                  a.len_kv};
+    const int kb_end = sel_row_of(tile_rule, t).n;
+    if (kb_end == 0)
+        return;
 
     load_rows(qs, qd + ((size_t)bhq * a.len_q + q0) * a.dim, a.len_q - q0, a.dim);
     const __nv_bfloat16 *kbase = kd + (size_t)bkv * a.len_kv * a.dim;
@@ -296,10 +307,10 @@ __global__ void __launch_bounds__(kScoreThreads)
     // (n 8-15, k 8).
     const int b_off = ((lane % 8) + (lane / 16) * 8) * stride + ((lane / 8) % 2) * 8;
 
-    for (int kb = 0; kb < a.kv_blocks; kb++) {
+    for (int kb = 0; kb < kb_end; kb++) {
         cp_async_wait_all();
         __syncthreads();
-        if (kb + 1 < a.kv_blocks) {
+        if (kb + 1 < kb_end) {
             const int k0 = (kb + 1) * SA_TILE;
             load_rows((kb + 1) & 1 ? kbuf1 : kbuf0, kbase + (size_t)k0 * a.dim, a.len_kv - k0,
                       a.dim);
@@ -321,30 +332,44 @@ __global__ void __launch_bounds__(kScoreThreads)
                 mma_bf16(acc[2 * np + 1], af, bf[2], bf[3]);
             }
         }
-        // Max over this block's valid keys, per accumulator row.
+        // Max over this block's valid keys, per accumulator row; with causal over the keys
+        // [0, vis) of the block that the row's query sees (none: -inf, no key of the block is
+        // visible to it), as the CPU's block_max_scores.
         const int valid_keys = min(SA_TILE, a.len_kv - kb * SA_TILE);
+        int vis_lo = valid_keys, vis_hi = valid_keys;
+        if (a.causal) {
+            // Query i sees the keys j <= i + len_kv - len_q: of this block, the first
+            // i + len_kv - len_q - 128 kb + 1 (clamped to [0, valid_keys]).
+            const long long v0 =
+                (long long)q0 + r_lo + a.len_kv - a.len_q - (long long)kb * SA_TILE + 1;
+            const long long v1 = v0 + 8; // r_hi = r_lo + 8
+            vis_lo = (int)max(0LL, min((long long)valid_keys, v0));
+            vis_hi = (int)max(0LL, min((long long)valid_keys, v1));
+        }
         float m_lo = -INFINITY, m_hi = -INFINITY;
 #pragma unroll
         for (int n = 0; n < 16; n++)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int key = n * 8 + 2 * (lane % 4) + j;
-                if (key < valid_keys) {
+                if (key < vis_lo)
                     m_lo = fmaxf(m_lo, acc[n][j]);
+                if (key < vis_hi)
                     m_hi = fmaxf(m_hi, acc[n][2 + j]);
-                }
             }
         m_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, 1));
         m_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, 2));
         m_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, 1));
         m_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, 2));
         if (a.per_query) {
+            // A block wholly after the query's last visible key (causal; m -inf) is past the
+            // query's competing blocks: its key stays 0 and is never read.
             if (lane % 4 == 0) {
                 const size_t row0 = (size_t)bkv * a.len_q + q0;
-                if (v_lo)
+                if (v_lo && m_lo > -INFINITY)
                     atomicMax(keys + (row0 + r_lo) * a.kv_blocks + kb,
                               sel_score_key(__fmul_rn(m_lo, scale)));
-                if (v_hi)
+                if (v_hi && m_hi > -INFINITY)
                     atomicMax(keys + (row0 + r_hi) * a.kv_blocks + kb,
                               sel_score_key(__fmul_rn(m_hi, scale)));
             }
@@ -366,14 +391,14 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                       const sa_select_params *p, int per_query, int32_t *indices, int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin(s, q, k, p, indices, 1, 1, &c);
+    // The CPU's checks, counts required with causal included (SA_ERR_NULL, as on the CPU).
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
     if (err)
         return err;
-    if (c.causal) // no causal masking or top-k on the GPU yet: the CPU function has it
-        return SA_ERR_UNSUPPORTED;
-    // Index heads (q_index with Hi heads, not Hq) and a local block off the diagonal
-    // (len_q < len_kv): the CPU function has them, the kernels not yet.
-    if (c.index_heads || c.keep_local)
+    // Index heads (q_index with Hi heads, not Hq) and, without causal, a local block off the
+    // diagonal (len_q < len_kv): the CPU function has them, the kernels not yet. Under causal
+    // the local block is the diagonal block causal keeps anyway (sel_row_choose).
+    if (c.index_heads || (c.keep_local && !c.causal))
         return SA_ERR_UNSUPPORTED;
     if (c.dim > SEL_CUDA_NVFP4_MAX_DIM || c.kv_blocks > SEL_CUDA_MAX_BLOCKS ||
         !sel_aligned16(c.q) || !sel_aligned16(c.k))
@@ -400,7 +425,8 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     unsigned *keys = scr.at<unsigned>(o_keys), *amax = scr.at<unsigned>(o_amax); // amax: Q, K
     float *ts = scr.at<float>(o_ts);                                                // ts: Q, K
     int *bad = scr.at<int>(o_bad);
-    // Every block of every row gets at least one atomicMax; 0 is below any key written.
+    // Every block a row ranks (all, or with causal the row's visible prefix) gets at least one
+    // atomicMax with a finite score; 0 is below any key written.
     SA_CUDA_TRY(cudaMemsetAsync(keys, 0, rows * c.kv_blocks * sizeof(unsigned), st));
     SA_CUDA_TRY(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), st));
     SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
@@ -408,12 +434,13 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         (err = quantize_async(c.k, nk, amax + 1, bad, nullptr, nullptr, kd, ts + 1, st)))
         return err;
     NvArgs na = {s->heads_q, s->heads_kv, c.group, s->len_q, s->len_kv, c.dim, c.q_tiles,
-                 c.kv_blocks, per_query};
+                 c.kv_blocks, per_query, c.causal};
     score_kernel<<<(unsigned)((size_t)s->batch * s->heads_q * c.q_tiles), kScoreThreads, smem,
                    st>>>(qd, kd, ts, na, keys);
     SA_CUDA_TRY(cudaGetLastError());
-    if ((err = sel_cuda_topk(keys, (int)rows, c.kv_blocks, per_bh, per_query, c.k_sel,
-                             c.keep_diagonal, c.keep_sink, indices, counts, st)))
+    const SelRowRule rule = {c.kv_blocks, per_bh, per_query, c.k_sel, c.keep_diagonal,
+                             c.keep_sink, c.causal, s->len_q, s->len_kv};
+    if ((err = sel_cuda_topk(keys, (int)rows, rule, indices, counts, st)))
         return err;
     int h_bad = 0;
     SA_CUDA_TRY(cudaMemcpyAsync(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost, st));

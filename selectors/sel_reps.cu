@@ -20,6 +20,11 @@
 //    from shared memory when one CTA scores the whole row, else by the CTA that scores the
 //    row's last chunk (a per-row counter). Longer rows take the separate top-k launch
 //    (sel_topk.cu).
+// Causal (sa_select_params.causal): the scores stay those of whole blocks, as on the CPU
+// (sel_reps.c, docs/selectors.md "Causal lists"); only the ranking changes. A tile's competing
+// blocks are the prefix it can see, the last of them forced (sel_row_of), min(k, visible) are
+// kept and the slots past them hold -1; a chunk of blocks wholly after the tile's last visible
+// key is not scored.
 // Fewer, overlapped launches matter here: at the study's shape the whole selector is tens of
 // microseconds, and each launch boundary costs a few (docs/selectors.md has the measurements).
 #include "sel_cuda.cuh"
@@ -130,7 +135,7 @@ struct ScoreArgs {
     // the lists.
     unsigned *row_done;
     int32_t *indices, *counts;
-    int k, keep_diag, keep_sink;
+    SelRowRule rule; // which blocks of a row compete (causal: a prefix) and how many it keeps
 };
 
 // 16 bytes from src to shared dst, or zeros when !in (cp.async with a source size of 0).
@@ -200,6 +205,10 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
     const int tx = (warp % (TX / 8)) * 8 + lane % 8, ty = (warp / (TX / 8)) * 4 + lane / 8;
     const int g = lane / 4, tg = lane % 4, mh = warp % 2, nq = warp / 2; // tensor path
     const int mq_total = a.group * P;
+    // The row's competing blocks [0, n_row): all, or with causal those the tile can see. The
+    // scores are those of whole blocks either way (sel_reps.c); a chunk wholly past n_row is
+    // never ranked, so it skips the scoring (n_row is uniform over the CTA).
+    const SelRow rr = sel_row_of(a.rule, t);
 
     sa_pdl_trigger(); // the next launch's CTAs are small: let them wait resident
     if (tid < kNB)
@@ -209,7 +218,7 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
     const float *kbase = kr + (size_t)bh * a.kg * a.dim;
     constexpr int kPieces = kDS / 4; // 16-byte pieces per row
 
-    for (int m0 = 0; m0 < mq_total; m0 += MQ) {
+    for (int m0 = 0; m0 < mq_total && blk0 < rr.n; m0 += MQ) {
         float acc[kTC ? 1 : TM][kTC ? 1 : TN];
         float cacc[kTC ? 2 : 1][kTC ? NT : 1][4];
 #pragma unroll
@@ -349,7 +358,6 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
         __syncthreads();
     }
     if constexpr (ITEMS > 0) {
-        const int diag = a.keep_diag ? t : -1;
         uint32_t v[ITEMS > 0 ? ITEMS : 1];
         if (gridDim.y == 1) {
             // The whole row is ours: rank it from shared memory.
@@ -358,8 +366,8 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
 #pragma unroll
             for (int j = 0; j < ITEMS; j++) {
                 const int i = lane * ITEMS + j;
-                v[j] = i < a.kv_blocks ? sel_score_key(best[i]) : 0u;
-                if (i < a.kv_blocks && (i == diag || (a.keep_sink && i == 0)))
+                v[j] = i < rr.n ? sel_score_key(best[i]) : 0u; // rr.n <= kv_blocks <= kNB
+                if (i < rr.n && (i == rr.diag || (a.rule.keep_sink && i == 0)))
                     v[j] = SEL_KEY_FORCED;
             }
         } else {
@@ -379,14 +387,18 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
 #pragma unroll
             for (int j = 0; j < ITEMS; j++) {
                 const int i = lane * ITEMS + j;
-                v[j] = i < a.kv_blocks ? __ldcg(&src[i]) : 0u;
-                if (i < a.kv_blocks && (i == diag || (a.keep_sink && i == 0)))
+                v[j] = i < rr.n ? __ldcg(&src[i]) : 0u;
+                if (i < rr.n && (i == rr.diag || (a.rule.keep_sink && i == 0)))
                     v[j] = SEL_KEY_FORCED;
             }
         }
-        sel_warp_topk<ITEMS>(v, a.kv_blocks, a.k, a.indices + (size_t)row * a.k);
+        int32_t *out = a.indices + (size_t)row * a.rule.k;
+        if (rr.k > 0) // a causal row that sees no key keeps nothing (uniform over the warp)
+            sel_warp_topk<ITEMS>(v, rr.n, rr.k, out);
+        for (int j = rr.k + lane; j < a.rule.k; j += 32)
+            out[j] = -1; // causal: the slots past the row's count
         if (a.counts && lane == 0)
-            a.counts[row] = a.k;
+            a.counts[row] = rr.k;
     } else if (tid < kNB && blk0 + tid < a.kv_blocks) {
         keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
     }
@@ -407,13 +419,14 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                     const sa_select_params *p, int span, int32_t *indices, int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin(s, q, k, p, indices, 1, 1, &c);
+    // The CPU's checks, counts required with causal included (SA_ERR_NULL, as on the CPU).
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
     if (err)
         return err;
-    if (c.causal) // no causal top-k on the GPU yet: the CPU function has it (sa_selectors.h)
-        return SA_ERR_UNSUPPORTED;
-    // Index heads and a local block off the diagonal: CPU only for now (sa_selectors.h).
-    if (c.index_heads || c.keep_local)
+    // Index heads, and a local block off the diagonal without causal: CPU only for now
+    // (sa_selectors.h). Under causal the local block is the diagonal block causal keeps anyway
+    // (sel_row_choose), so keep_local changes nothing there.
+    if (c.index_heads || (c.keep_local && !c.causal))
         return SA_ERR_UNSUPPORTED;
     if (c.kv_blocks > SEL_CUDA_MAX_BLOCKS || !sel_aligned16(c.q) ||
         !sel_aligned16(c.k))
@@ -475,8 +488,10 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         return err;
 
     // 3. Scores, and the top-k where a row fits a warp.
+    const SelRowRule rule = {c.kv_blocks, c.q_tiles, 0, c.k_sel, c.keep_diagonal, c.keep_sink,
+                             c.causal, s->len_q, s->len_kv};
     ScoreArgs sa = {s->heads_q, s->heads_kv, c.group, c.q_tiles, c.kv_blocks, c.dim, qg, kg,
-                    row_done, indices, counts, c.k_sel, c.keep_diagonal, c.keep_sink};
+                    row_done, indices, counts, rule};
     void (*kern)(const float *, const float *, ScoreArgs, uint32_t *);
     size_t smem;
     if (P == 1 && nkc == 32)
@@ -496,8 +511,7 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         return err;
     if (fused_topk)
         return SA_OK;
-    return sel_cuda_topk(keys, rows, c.kv_blocks, c.q_tiles, 0, c.k_sel, c.keep_diagonal,
-                         c.keep_sink, indices, counts, st);
+    return sel_cuda_topk(keys, rows, rule, indices, counts, st);
 }
 
 } // namespace

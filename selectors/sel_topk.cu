@@ -4,7 +4,9 @@
 //     owns the contiguous blocks [l * ITEMS, (l + 1) * ITEMS)), counts by warp reductions;
 //   - longer rows: one CTA per row, the keys in shared memory, counts by block reductions.
 // Steps:
-// 1. Load the row's n keys; forced blocks (diagonal, sink) get SEL_KEY_FORCED.
+// 1. Load the keys of the row's competing blocks (sel_row_of: all n, or with causal the prefix
+//    the row can see, whose last block is the forced diagonal); forced blocks (diagonal, sink)
+//    get SEL_KEY_FORCED. A causal row keeps min(k, visible) blocks and writes -1 past them.
 // 2. Radix select: the k-th largest key T, found bit by bit from the top (32 counts of
 //    "keys >= candidate").
 // 3. Every key above T is chosen; of the keys equal to T, the r = k - count(> T) with the lowest
@@ -56,20 +58,26 @@ __device__ int block_exclusive_scan(int v, int *red)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    topk_rows(const uint32_t *__restrict__ keys, int n, int per_bh, int per_query, int k,
-              int keep_diag, int keep_sink, int32_t *__restrict__ indices,
+    topk_rows(const uint32_t *__restrict__ keys, SelRowRule rule, int32_t *__restrict__ indices,
               int32_t *__restrict__ counts)
 {
     extern __shared__ uint32_t sk[];
     __shared__ int red[kWarps];
     sa_pdl_wait(); // the keys come from the previous launch
     const size_t row = blockIdx.x;
-    const uint32_t *src = keys + row * n;
-    const int x = (int)(row % per_bh);
-    const int diag = keep_diag ? (per_query ? x / SA_TILE : x) : -1;
+    const uint32_t *src = keys + row * rule.n;
+    const SelRow rr = sel_row_of(rule, (int)(row % rule.per_bh)); // the same for the whole CTA
+    const int n = rr.n, k = rr.k;
+    int32_t *out = indices + row * rule.k;
+    for (int j = k + (int)threadIdx.x; j < rule.k; j += kThreads)
+        out[j] = -1; // causal: the slots past the row's count
+    if (counts && threadIdx.x == 0)
+        counts[row] = k;
+    if (k == 0) // a causal row that sees no key (uniform over the CTA: no barrier is skipped)
+        return;
     for (int i = threadIdx.x; i < n; i += kThreads) {
         uint32_t v = src[i];
-        if (i == diag || (keep_sink && i == 0))
+        if (i == rr.diag || (rule.keep_sink && i == 0))
             v = SEL_KEY_FORCED;
         sk[i] = v;
     }
@@ -103,51 +111,50 @@ __global__ void __launch_bounds__(kThreads)
             chosen += r++ < take_eq;
     }
     int pos = block_exclusive_scan(chosen, red);
-    int32_t *out = indices + row * k;
     for (int i = i0, r = eq_rank; i < i1; i++) {
         bool take = sk[i] > T || (sk[i] == T && r++ < take_eq);
         if (take)
             out[pos++] = i;
     }
-    if (counts && threadIdx.x == 0)
-        counts[row] = k;
 }
 
 constexpr int kWarpRowsPerCta = 4;
 
-template <int ITEMS> // keys per lane: n <= 32 * ITEMS
+template <int ITEMS> // keys per lane: rule.n <= 32 * ITEMS
 __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
-    topk_warp_rows(const uint32_t *__restrict__ keys, int rows, int n, int per_bh, int per_query,
-                   int k, int keep_diag, int keep_sink, int32_t *__restrict__ indices,
-                   int32_t *__restrict__ counts)
+    topk_warp_rows(const uint32_t *__restrict__ keys, int rows, SelRowRule rule,
+                   int32_t *__restrict__ indices, int32_t *__restrict__ counts)
 {
     sa_pdl_wait(); // the keys come from the previous launch
     const size_t row = (size_t)blockIdx.x * kWarpRowsPerCta + threadIdx.x / 32;
     if (row >= (size_t)rows) // whole warps leave together
         return;
     const int lane = threadIdx.x % 32;
-    const uint32_t *src = keys + row * n;
-    const int x = (int)(row % per_bh);
-    const int diag = keep_diag ? (per_query ? x / SA_TILE : x) : -1;
+    const uint32_t *src = keys + row * rule.n;
+    const SelRow rr = sel_row_of(rule, (int)(row % rule.per_bh)); // the same for the warp
+    int32_t *out = indices + row * rule.k;
     uint32_t v[ITEMS];
 #pragma unroll
     for (int j = 0; j < ITEMS; j++) {
         const int i = lane * ITEMS + j;
-        v[j] = i < n ? src[i] : 0u;
-        if (i < n && (i == diag || (keep_sink && i == 0)))
+        v[j] = i < rr.n ? src[i] : 0u;
+        if (i < rr.n && (i == rr.diag || (rule.keep_sink && i == 0)))
             v[j] = SEL_KEY_FORCED;
     }
-    sel_warp_topk<ITEMS>(v, n, k, indices + row * k);
+    if (rr.k > 0) // uniform over the warp
+        sel_warp_topk<ITEMS>(v, rr.n, rr.k, out);
+    for (int j = rr.k + lane; j < rule.k; j += 32)
+        out[j] = -1; // causal: the slots past the row's count
     if (counts && lane == 0)
-        counts[row] = k;
+        counts[row] = rr.k;
 }
 
 } // namespace
 
-int sel_cuda_topk(const uint32_t *keys, int rows, int n, int per_bh, int per_query, int k,
-                  int keep_diag, int keep_sink, int32_t *indices, int32_t *counts,
-                  cudaStream_t st)
+int sel_cuda_topk(const uint32_t *keys, int rows, const SelRowRule &rule, int32_t *indices,
+                  int32_t *counts, cudaStream_t st)
 {
+    const int n = rule.n;
     if (n > SEL_CUDA_MAX_BLOCKS)
         return SA_ERR_UNSUPPORTED;
     if (rows == 0)
@@ -155,17 +162,17 @@ int sel_cuda_topk(const uint32_t *keys, int rows, int n, int per_bh, int per_que
     const dim3 warp_ctas((unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta));
     const dim3 wt(32 * kWarpRowsPerCta);
     if (n <= 32 * 4)
-        return sel_launch_pdl(topk_warp_rows<4>, warp_ctas, wt, 0, st, keys, rows, n, per_bh,
-                              per_query, k, keep_diag, keep_sink, indices, counts);
+        return sel_launch_pdl(topk_warp_rows<4>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
+                              counts);
     if (n <= 32 * 8)
-        return sel_launch_pdl(topk_warp_rows<8>, warp_ctas, wt, 0, st, keys, rows, n, per_bh,
-                              per_query, k, keep_diag, keep_sink, indices, counts);
+        return sel_launch_pdl(topk_warp_rows<8>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
+                              counts);
     if (n <= 32 * 16)
-        return sel_launch_pdl(topk_warp_rows<16>, warp_ctas, wt, 0, st, keys, rows, n, per_bh,
-                              per_query, k, keep_diag, keep_sink, indices, counts);
+        return sel_launch_pdl(topk_warp_rows<16>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
+                              counts);
     if (n <= 32 * 32)
-        return sel_launch_pdl(topk_warp_rows<32>, warp_ctas, wt, 0, st, keys, rows, n, per_bh,
-                              per_query, k, keep_diag, keep_sink, indices, counts);
+        return sel_launch_pdl(topk_warp_rows<32>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
+                              counts);
     return sel_launch_pdl(topk_rows, dim3(rows), dim3(kThreads), (size_t)n * sizeof(uint32_t), st,
-                          keys, n, per_bh, per_query, k, keep_diag, keep_sink, indices, counts);
+                          keys, rule, indices, counts);
 }

@@ -30,9 +30,14 @@ static inline size_t sel_rows(const sa_selector *sel, const sa_shape *s)
     return (size_t)s->batch * s->heads_kv * (sel->per_query ? s->len_q : sa_q_tiles(s));
 }
 
+/* The poison of device lists before a selector runs: neither a block index nor -1 (the causal
+ * padding) nor a count, so every slot and count left unwritten shows. */
+#define SEL_POISON_BYTE 0x5a
+#define SEL_POISON_WORD 0x5a5a5a5a
+
 /* Runs sel->cuda on host inputs (q, k and p's index vectors copied to the device); the device
- * lists are poisoned (-1) first. indices (rows x k) and counts (rows) are host buffers; returns
- * the selector's status. */
+ * lists and counts are poisoned (SEL_POISON_WORD) first. indices (rows x k) and counts (rows)
+ * are host buffers; returns the selector's status. */
 static inline int run_gpu_selector(const sa_selector *sel, const sa_shape *s, const uint16_t *q,
                                    const uint16_t *k, const sa_select_params *p, int32_t *indices,
                                    int32_t *counts)
@@ -47,14 +52,22 @@ static inline int run_gpu_selector(const sa_selector *sel, const sa_shape *s, co
     int32_t *di, *dc;
     CK_CUDA(cudaMalloc((void **)&di, n * 4 + 4));
     CK_CUDA(cudaMalloc((void **)&dc, rows * 4 + 4));
-    CK_CUDA(cudaMemset(di, 0xff, n * 4 + 4));
-    CK_CUDA(cudaMemset(dc, 0xff, rows * 4 + 4));
+    CK_CUDA(cudaMemset(di, SEL_POISON_BYTE, n * 4 + 4));
+    CK_CUDA(cudaMemset(dc, SEL_POISON_BYTE, rows * 4 + 4));
     int rc = sel->cuda(s, dq, dk, &dp, di, dc);
     CK_CUDA(cudaDeviceSynchronize());
     CK_CUDA(cudaGetLastError());
     if (rc == SA_OK) {
         CK_CUDA(cudaMemcpy(indices, di, n * 4, cudaMemcpyDeviceToHost));
         CK_CUDA(cudaMemcpy(counts, dc, rows * 4, cudaMemcpyDeviceToHost));
+        /* The word after each array must still hold the poison: nothing wrote past the end. */
+        int32_t after[2];
+        CK_CUDA(cudaMemcpy(&after[0], di + n, 4, cudaMemcpyDeviceToHost));
+        CK_CUDA(cudaMemcpy(&after[1], dc + rows, 4, cudaMemcpyDeviceToHost));
+        ck_assert_msg(after[0] == SEL_POISON_WORD && after[1] == SEL_POISON_WORD,
+                      "%s wrote past the end of its lists (0x%08x) or counts (0x%08x) (seed %llu)",
+                      sel->name, (unsigned)after[0], (unsigned)after[1],
+                      (unsigned long long)sa_test_seed());
     }
     cudaFree(dq);
     cudaFree(dk);

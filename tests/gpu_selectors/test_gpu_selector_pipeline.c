@@ -3,8 +3,12 @@
  * registry with SA_ROLE_SPARSE reads them as they are, and the output must equal the CPU
  * reference sa_ref_tile_sparse run with the CPU selector's lists (sa_cmp_ok). If the GPU lists
  * differ from the CPU's (a near-tie swap that test_gpu_selectors accepts), the reference is run
- * with the GPU's lists instead, and says so. Without a sparse stage or a tile-list GPU selector
- * in the registry the test is skipped (exit 77) with the reason printed. */
+ * with the GPU's lists instead, and says so. Causal too: the selector's causal lists (rows of
+ * min(k, visible) blocks, -1 past the count, rows that see nothing empty) feed every sparse stage
+ * whose check takes causal = 1 (validated, no future block allowed), against the causal CPU
+ * reference; a stage that does not mask causally says so and is skipped for those cases.
+ * Without a sparse stage or a tile-list GPU selector in the registry the test is skipped (exit
+ * 77) with the reason printed. */
 #include <stdint.h>
 
 #include "sel_test_util.h"
@@ -31,12 +35,12 @@ static const sa_selector *tile_gpu_selector(int n)
     return NULL;
 }
 
-static void pipeline(const sa_stage *st, const sa_selector *sel, sa_shape s, int k)
+static void pipeline(const sa_stage *st, const sa_selector *sel, sa_shape s, int k, int causal)
 {
     const char *name = sel->name;
     ck_assert(sel->cuda && !sel->per_query);
     sa_rng r;
-    sa_rng_seed(&r, sa_test_seed() ^ (uint64_t)s.len_kv);
+    sa_rng_seed(&r, sa_test_seed() ^ (uint64_t)s.len_kv ^ ((uint64_t)causal << 40));
     const size_t nq = sa_q_elems(&s), nk = sa_kv_elems(&s);
     uint16_t *q = malloc(nq * 2), *kk = malloc(nk * 2), *v = malloc(nk * 2), *o = malloc(nq * 2);
     uint16_t *o_ref = malloc(nq * 2);
@@ -46,10 +50,12 @@ static void pipeline(const sa_stage *st, const sa_selector *sel, sa_shape s, int
         sa_workload_generate("local", &s, sa_test_seed(), SA_STRENGTH_DEFAULT, q, kk, v), SA_OK);
     const size_t rows = (size_t)s.batch * s.heads_kv * sa_q_tiles(&s);
     int32_t *ic = malloc(rows * k * 4), *ig = malloc(rows * k * 4), *cnt = malloc(rows * 4);
-    ck_assert(ic && ig && cnt);
+    int32_t *cg = malloc(rows * 4);
+    ck_assert(ic && ig && cnt && cg);
     sa_select_params p;
     sa_select_params_default(&p);
     p.k = k;
+    p.causal = causal;
     ck_assert_int_eq(sel->cpu(&s, q, kk, &p, ic, cnt), SA_OK);
 
     uint16_t *dq = dev_from_host(q, nq * 2), *dk = dev_from_host(kk, nk * 2);
@@ -60,9 +66,11 @@ static void pipeline(const sa_stage *st, const sa_selector *sel, sa_shape s, int
     CK_CUDA(cudaMalloc((void **)&dc, rows * 4));
     CK_CUDA(cudaMalloc((void **)&dout, nq * 2));
     CK_CUDA(cudaMalloc((void **)&dlse, sa_lse_elems(&s) * 4));
-    CK_CUDA(cudaMemset(di, 0xff, rows * k * 4));
+    CK_CUDA(cudaMemset(di, SEL_POISON_BYTE, rows * k * 4));
+    CK_CUDA(cudaMemset(dc, SEL_POISON_BYTE, rows * 4));
     CK_CUDA(cudaMemset(dout, 0xff, nq * 2)); /* NaN: unwritten outputs show */
     ck_assert_int_eq(sel->cuda(&s, dq, dk, &p, di, dc), SA_OK);
+    CK_CUDA(cudaGetLastError());
 
     sa_gpu_attn a;
     sa_gpu_attn_default(&a);
@@ -71,39 +79,47 @@ static void pipeline(const sa_stage *st, const sa_selector *sel, sa_shape s, int
     a.lists = (sa_tile_lists){di, dc, s.heads_kv, k};
     a.o = dout;
     a.lse = dlse;
+    a.causal = causal; /* validate = 1, allow_future_blocks = 0, empty rows allowed */
     int chk = st->check(&a);
     if (chk != SA_OK) {
-        printf("stage %d (%s) cannot run shape (%d,%d,%d,%d,%d,%d): %s; case skipped\n", st->id,
-               st->name, s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_kv, s.head_dim,
-               sa_strerror(chk));
+        printf("stage %d (%s) cannot run shape (%d,%d,%d,%d,%d,%d)%s: %s; case skipped\n",
+               st->id, st->name, s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_kv, s.head_dim,
+               causal ? " causal" : "", sa_strerror(chk));
     } else {
         ck_assert_int_eq(st->launch(&a), SA_OK);
         CK_CUDA(cudaDeviceSynchronize());
+        CK_CUDA(cudaGetLastError());
         CK_CUDA(cudaMemcpy(o, dout, nq * 2, cudaMemcpyDeviceToHost));
         CK_CUDA(cudaMemcpy(ig, di, rows * k * 4, cudaMemcpyDeviceToHost));
-        const int32_t *lists = ic;
-        if (memcmp(ic, ig, rows * k * 4)) {
+        CK_CUDA(cudaMemcpy(cg, dc, rows * 4, cudaMemcpyDeviceToHost));
+        const int32_t *lists = ic, *counts = cnt;
+        if (memcmp(ic, ig, rows * k * 4) || memcmp(cnt, cg, rows * 4)) {
             printf("%s: GPU lists differ from the CPU's (near-tie swaps, checked by "
                    "gpu_selectors); reference run with the GPU lists\n",
                    name);
             lists = ig;
+            counts = cg;
         }
-        sa_tile_lists hl = {lists, NULL, s.heads_kv, k};
+        sa_tile_lists hl = {lists, counts, s.heads_kv, k};
         sa_outputs out = {o_ref, NULL, NULL};
-        ck_assert_int_eq(sa_ref_tile_sparse(&s, q, kk, v, &hl, NULL, &out), SA_OK);
+        sa_attn_opts ro;
+        sa_attn_opts_default(&ro);
+        ro.causal = causal; /* validated, no future block allowed, empty rows allowed */
+        ck_assert_int_eq(sa_ref_tile_sparse(&s, q, kk, v, &hl, &ro, &out), SA_OK);
         sa_cmp c = sa_compare_bf16(o, o_ref, nq);
         ck_assert_msg(sa_cmp_ok(&c),
-                      "%s -> stage %d: rel_l2 %.3g max_abs %.3g (ref max %.3g), %zu non-finite "
-                      "(seed %llu)",
-                      name, st->id, c.rel_l2, c.max_abs, c.ref_max, c.nonfinite,
-                      (unsigned long long)sa_test_seed());
-        printf("%s -> stage %d (%s), shape (%d,%d,%d,%d,%d,%d) k %d: rel_l2 %.2e max_abs %.2e\n",
-               name, st->id, st->name, s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_kv,
-               s.head_dim, k, c.rel_l2, c.max_abs);
+                      "%s%s -> stage %d: rel_l2 %.3g max_abs %.3g (ref max %.3g), %zu "
+                      "non-finite (seed %llu)",
+                      name, causal ? " causal" : "", st->id, c.rel_l2, c.max_abs, c.ref_max,
+                      c.nonfinite, (unsigned long long)sa_test_seed());
+        printf("%s%s -> stage %d (%s), shape (%d,%d,%d,%d,%d,%d) k %d: rel_l2 %.2e max_abs "
+               "%.2e\n",
+               name, causal ? " causal" : "", st->id, st->name, s.batch, s.heads_q, s.heads_kv,
+               s.len_q, s.len_kv, s.head_dim, k, c.rel_l2, c.max_abs);
     }
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(di), cudaFree(dc), cudaFree(dout);
     cudaFree(dlse);
-    free(q), free(kk), free(v), free(o), free(o_ref), free(ic), free(ig), free(cnt);
+    free(q), free(kk), free(v), free(o), free(o_ref), free(ic), free(ig), free(cnt), free(cg);
 }
 
 START_TEST(test_pipeline)
@@ -112,9 +128,16 @@ START_TEST(test_pipeline)
     const sa_selector *sel;
     for (int si = 0; (st = sparse_stage(si)); si++)
         for (int i = 0; (sel = tile_gpu_selector(i)); i++) {
-            pipeline(st, sel, (sa_shape){1, 4, 1, 256, 1024, 128}, 3);
-            if (!getenv("SA_SMALL"))
-                pipeline(st, sel, (sa_shape){2, 16, 1, 512, 4096, 128}, 16);
+            pipeline(st, sel, (sa_shape){1, 4, 1, 256, 1024, 128}, 3, 0);
+            /* causal: a chunk after 700 cached keys, partial final block and tile */
+            pipeline(st, sel, (sa_shape){1, 4, 1, 300, 1000, 128}, 3, 1);
+            if (!getenv("SA_SMALL")) {
+                pipeline(st, sel, (sa_shape){2, 16, 1, 512, 4096, 128}, 16, 0);
+                /* causal prefill (the early tiles keep every block they see), GQA 4 */
+                pipeline(st, sel, (sa_shape){1, 8, 2, 1000, 1000, 128}, 4, 1);
+                /* causal, len_q > len_kv: the first tiles see no key (count 0, O = 0) */
+                pipeline(st, sel, (sa_shape){1, 4, 1, 600, 300, 128}, 2, 1);
+            }
         }
 }
 END_TEST

@@ -55,7 +55,9 @@ static double *means(const uint16_t *x, int heads, int len, int dim, int span)
 /* NaN-keeping max, as the CPU's representative scoring. */
 static double nanmax(double a, double b) { return isnan(a) || isnan(b) ? NAN : a > b ? a : b; }
 
-/* Scores (rows, kv_blocks) the selector ranks, in double. */
+/* Scores (rows, kv_blocks) the selector ranks, in double. With p->causal a query's nvfp4
+ * maximum runs over the keys it sees only (j <= i + len_kv - len_q); r1/r4 score whole blocks
+ * either way (docs/selectors.md, "Causal lists"), and only a row's visible prefix is ranked. */
 static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q,
                           const uint16_t *k, const sa_select_params *p)
 {
@@ -63,7 +65,7 @@ static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q
     const uint16_t *qv = p->q_index ? p->q_index : q, *kv = p->k_index ? p->k_index : k;
     const int dim = p->q_index ? p->index_dim : s->head_dim;
     if (!is_reps(name) && !is_nvfp4(name))
-        return bf_scores(name, s, qv, kv, dim); /* the CPU tests' brute force */
+        return bf_scores_causal(name, s, qv, kv, dim, p->causal); /* the CPU tests' brute force */
     const int per_query = sa_selector_by_name(name)->per_query;
     const size_t rows = (size_t)s->batch * s->heads_kv * (per_query ? s->len_q : qt);
     double *S = malloc(rows * n * sizeof *S);
@@ -109,19 +111,26 @@ static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q
     ck_assert_int_eq(sa_nvfp4_dequantize(&zk, kd), SA_OK);
     for (size_t i = 0; i < rows * n; i++)
         S[i] = -INFINITY;
+    /* One row (a tile, or a query) per iteration: the rows are independent, so the threads
+     * share even a single (batch, KV head). */
+    const size_t per_bh = per_query ? (size_t)s->len_q : (size_t)qt;
 #pragma omp parallel for schedule(dynamic)
-    for (size_t bhkv = 0; bhkv < (size_t)s->batch * s->heads_kv; bhkv++) {
-        size_t b = bhkv / s->heads_kv, hkv = bhkv % s->heads_kv;
+    for (size_t r = 0; r < rows; r++) {
+        const size_t bhkv = r / per_bh, x = r % per_bh;
+        const size_t b = bhkv / s->heads_kv, hkv = bhkv % s->heads_kv;
+        const int i0 = per_query ? (int)x : (int)x * 128;
+        const int i1 = per_query ? i0 + 1 : (i0 + 128 < s->len_q ? i0 + 128 : s->len_q);
+        double *row = S + r * n;
         for (int j = 0; j < group; j++)
-            for (int i = 0; i < s->len_q; i++) {
-                const float *x = qd + (((b * s->heads_q + hkv * group + j) * s->len_q) + i) * dim;
-                double *row =
-                    S + (bhkv * (per_query ? s->len_q : qt) + (per_query ? i : i / 128)) * n;
-                for (int key = 0; key < s->len_kv; key++) {
+            for (int i = i0; i < i1; i++) {
+                const float *xq = qd + (((b * s->heads_q + hkv * group + j) * s->len_q) + i) * dim;
+                const long long lim = p->causal ? (long long)i + s->len_kv - s->len_q + 1
+                                                : (long long)s->len_kv; /* keys [0, lim) */
+                for (int key = 0; key < lim; key++) {
                     const float *y = kd + (bhkv * s->len_kv + key) * dim;
                     double acc = 0;
                     for (int d = 0; d < dim; d++)
-                        acc += (double)x[d] * y[d];
+                        acc += (double)xq[d] * y[d];
                     if (acc > row[key / 128])
                         row[key / 128] = acc;
                 }
@@ -140,7 +149,7 @@ static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q
 static int row_agrees(const double *S, int n, int k, int diag, int sink, const int32_t *cpu,
                       const int32_t *gpu, double tol, int *swaps, char *why, size_t whylen)
 {
-    unsigned char *in = calloc(n, 1); /* bit 0: CPU, bit 1: GPU */
+    unsigned char *in = calloc(n > 0 ? n : 1, 1); /* bit 0: CPU, bit 1: GPU */
     ck_assert(in);
     int ok = 1;
     for (int j = 0; j < k && ok; j++) {
@@ -185,15 +194,30 @@ typedef struct sel_case {
     sa_shape s;
     int k, keep_diagonal, keep_sink, index_dim;
     int nan_block; /* >= 0: poison one key of this block with NaN (r1/r4 only) */
+    int causal, keep_local;
 } sel_case;
 
-/* Runs CPU and GPU selector `name` on case c; checks format, counts and agreement. */
+/* Blocks row x (a tile, or with per_query a query) competes for: all, or with causal the visible
+ * prefix, from the public helpers (not the selectors' code). */
+static int visible_blocks(const sa_shape *s, int per_query, int causal, int x)
+{
+    if (!causal)
+        return sa_kv_blocks(s);
+    return per_query ? sa_causal_query_blocks(s, x) : sa_causal_tile_blocks(s, x);
+}
+
+/* Runs CPU and GPU selector `name` on case c; checks format, counts and agreement. With
+ * c->causal: every row's count is min(k, visible blocks) on both sides, the slots past it hold
+ * -1 on the GPU (its lists were poisoned with another value), the GPU's lists pass the causal
+ * validator (no future block, no empty row but those that see nothing), and the rows agree on
+ * the row's visible prefix with its diagonal block forced. */
 static void check_case(const char *name, const sel_case *c)
 {
     const sa_selector *sel = sa_selector_by_name(name);
     ck_assert_msg(sel && sel->cuda, "selector %s has no GPU function", name);
     const sa_shape *s = &c->s;
-    const uint64_t seed = sa_test_seed() ^ (uint64_t)(c->s.len_kv * 131 + c->k);
+    const uint64_t seed =
+        sa_test_seed() ^ (uint64_t)(c->s.len_kv * 131 + c->k) ^ ((uint64_t)c->causal << 40);
     sa_rng rng;
     sa_rng_seed(&rng, seed);
     uint16_t *q = malloc(sa_q_elems(s) * 2), *k = malloc(sa_kv_elems(s) * 2);
@@ -205,6 +229,8 @@ static void check_case(const char *name, const sel_case *c)
     p.k = c->k;
     p.keep_diagonal = c->keep_diagonal;
     p.keep_sink = c->keep_sink;
+    p.causal = c->causal;
+    p.keep_local = c->keep_local;
     uint16_t *qi = NULL, *ki = NULL;
     if (c->index_dim) {
         size_t nq = (size_t)s->batch * s->heads_q * s->len_q * c->index_dim;
@@ -222,27 +248,44 @@ static void check_case(const char *name, const sel_case *c)
             kk[((size_t)bh * s->len_kv + c->nan_block * 128 + 5) * dim + 3] = 0x7fc0;
         }
     const size_t rows = sel_rows(sel, s), n = rows * c->k;
+    const int per_bh = sel->per_query ? s->len_q : sa_q_tiles(s);
     int32_t *ic = malloc(n * 4), *cc = malloc(rows * 4);
     int32_t *ig = malloc(n * 4), *cg = malloc(rows * 4);
     ck_assert(ic && cc && ig && cg);
     ck_assert_int_eq(sel->cpu(s, q, k, &p, ic, cc), SA_OK);
     int rc = run_gpu_selector(sel, s, q, k, &p, ig, cg);
-    ck_assert_msg(rc == SA_OK, "%s GPU: %s (seed %llu)", name, sa_strerror(rc),
-                  (unsigned long long)sa_test_seed());
-    for (size_t r = 0; r < rows; r++)
-        ck_assert_msg(cg[r] == c->k, "%s: counts[%zu] = %d, expected %d (seed %llu)", name, r,
-                      cg[r], c->k, (unsigned long long)sa_test_seed());
-    /* The host validator on the GPU's lists (range, duplicates). */
+    ck_assert_msg(rc == SA_OK, "%s%s GPU: %s (seed %llu)", name, c->causal ? " causal" : "",
+                  sa_strerror(rc), (unsigned long long)sa_test_seed());
+    for (size_t r = 0; r < rows; r++) {
+        const int vis = visible_blocks(s, sel->per_query, c->causal, (int)(r % per_bh));
+        const int want = c->k < vis ? c->k : vis;
+        ck_assert_msg(cg[r] == want && cc[r] == want,
+                      "%s%s: counts[%zu] = %d (GPU), %d (CPU), expected %d (seed %llu)", name,
+                      c->causal ? " causal" : "", r, cg[r], cc[r], want,
+                      (unsigned long long)sa_test_seed());
+        for (int j = want; j < c->k; j++)
+            ck_assert_msg(ig[r * c->k + j] == -1 && ic[r * c->k + j] == -1,
+                          "%s causal: row %zu slot %d past the count %d holds %d (GPU), %d "
+                          "(CPU), expected -1 (seed %llu)",
+                          name, r, j, want, ig[r * c->k + j], ic[r * c->k + j],
+                          (unsigned long long)sa_test_seed());
+    }
+    /* The host validator on the GPU's lists (range, duplicates; causally no future block). */
+    sa_attn_opts vo;
+    sa_attn_opts_default(&vo);
+    vo.allow_empty_rows = 0; /* a causal row that sees nothing may still be empty */
+    vo.causal = c->causal;
+    vo.allow_future_blocks = 0;
     if (sel->per_query) {
         sa_query_lists l = {ig, cg, c->k};
-        ck_assert_int_eq(sa_query_lists_check(s, &l, 0), SA_OK);
+        ck_assert_int_eq(sa_query_lists_check_opts(s, &l, &vo), SA_OK);
     } else {
         sa_tile_lists l = {ig, cg, s->heads_kv, c->k};
-        ck_assert_int_eq(sa_tile_lists_check(s, &l, 0), SA_OK);
+        ck_assert_int_eq(sa_tile_lists_check_opts(s, &l, &vo), SA_OK);
     }
     if (memcmp(ic, ig, n * 4)) {
         double *S = ref_scores(name, s, q, k, &p);
-        const int nb = sa_kv_blocks(s), per_bh = sel->per_query ? s->len_q : sa_q_tiles(s);
+        const int nb = sa_kv_blocks(s);
         int swaps = 0, rows_diff = 0;
         char why[256];
         for (size_t r = 0; r < rows; r++) {
@@ -250,22 +293,28 @@ static void check_case(const char *name, const sel_case *c)
                 continue;
             rows_diff++;
             const double *Sr = S + r * nb;
+            const int x = (int)(r % per_bh);
+            /* The blocks the row ranks, how many it keeps, its forced diagonal. */
+            const int vis = visible_blocks(s, sel->per_query, c->causal, x);
+            const int kr = c->k < vis ? c->k : vis;
+            const int diag = c->causal          ? vis - 1
+                             : c->keep_diagonal ? (sel->per_query ? x / 128 : x)
+                                                : -1;
             double mx = 0;
-            for (int b = 0; b < nb; b++)
+            for (int b = 0; b < vis; b++)
                 mx = isfinite(Sr[b]) && fabs(Sr[b]) > mx ? fabs(Sr[b]) : mx;
             double tol = mx * (is_reps(name) ? TIE_REL_REPS : TIE_REL_NVFP4);
-            int x = (int)(r % per_bh);
-            int diag = c->keep_diagonal ? (sel->per_query ? x / 128 : x) : -1;
-            ck_assert_msg(row_agrees(Sr, nb, c->k, diag, c->keep_sink, ic + r * c->k,
+            ck_assert_msg(row_agrees(Sr, vis, kr, diag, c->keep_sink, ic + r * c->k,
                                      ig + r * c->k, tol, &swaps, why, sizeof why),
-                          "%s shape (%d,%d,%d,%d,%d,%d) k %d: row %zu differs: %s (seed %llu)",
-                          name, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv,
-                          s->head_dim, c->k, r, why, (unsigned long long)sa_test_seed());
+                          "%s%s shape (%d,%d,%d,%d,%d,%d) k %d: row %zu differs: %s (seed %llu)",
+                          name, c->causal ? " causal" : "", s->batch, s->heads_q, s->heads_kv,
+                          s->len_q, s->len_kv, s->head_dim, c->k, r, why,
+                          (unsigned long long)sa_test_seed());
         }
-        printf("%s (%d,%d,%d,%d,%d,%d) k %d: %d of %zu rows differ from the CPU, %d blocks "
+        printf("%s%s (%d,%d,%d,%d,%d,%d) k %d: %d of %zu rows differ from the CPU, %d blocks "
                "swapped inside the tie band: accepted\n",
-               name, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim, c->k,
-               rows_diff, rows, swaps);
+               name, c->causal ? " causal" : "", s->batch, s->heads_q, s->heads_kv, s->len_q,
+               s->len_kv, s->head_dim, c->k, rows_diff, rows, swaps);
         free(S);
     }
     free(q), free(k), free(qi), free(ki), free(ic), free(cc), free(ig), free(cg);
@@ -274,23 +323,23 @@ static void check_case(const char *name, const sel_case *c)
 /* Shapes: the first is the smallest (SA_SMALL). */
 static const sel_case cases[] = {
     /* GQA 4, partial final block (1000 = 7 * 128 + 104) and partial tile (200) */
-    {{1, 4, 1, 200, 1000, 64}, 3, 0, 0, 0, -1},
+    {{1, 4, 1, 200, 1000, 64}, 3, 0, 0, 0, -1, 0, 0},
     /* GQA 1 */
-    {{2, 2, 2, 256, 700, 128}, 3, 0, 0, 0, -1},
+    {{2, 2, 2, 256, 700, 128}, 3, 0, 0, 0, -1, 0, 0},
     /* GQA 16, more blocks */
-    {{1, 16, 1, 384, 2100, 128}, 8, 0, 0, 0, -1},
+    {{1, 16, 1, 384, 2100, 128}, 8, 0, 0, 0, -1, 0, 0},
     /* options: diagonal and sink (len_q == len_kv), GQA 2 */
-    {{1, 4, 2, 640, 640, 64}, 3, 1, 1, 0, -1},
-    {{2, 4, 4, 300, 300, 64}, 2, 1, 0, 0, -1},
-    {{1, 8, 2, 256, 900, 64}, 4, 0, 1, 0, -1},
+    {{1, 4, 2, 640, 640, 64}, 3, 1, 1, 0, -1, 0, 0},
+    {{2, 4, 4, 300, 300, 64}, 2, 1, 0, 0, -1, 0, 0},
+    {{1, 8, 2, 256, 900, 64}, 4, 0, 1, 0, -1, 0, 0},
     /* k == kv_blocks: every block */
-    {{1, 4, 1, 128, 500, 64}, 4, 0, 0, 0, -1},
+    {{1, 4, 1, 128, 500, 64}, 4, 0, 0, 0, -1, 0, 0},
     /* separate index vectors (index_dim 48) */
-    {{1, 4, 2, 256, 1100, 64}, 5, 0, 0, 48, -1},
+    {{1, 4, 2, 256, 1100, 64}, 5, 0, 0, 48, -1, 0, 0},
     /* 196 blocks: the top-k's second row size (8 keys per lane) */
-    {{1, 4, 1, 128, 25000, 64}, 16, 0, 0, 0, -1},
+    {{1, 4, 1, 128, 25000, 64}, 16, 0, 0, 0, -1, 0, 0},
     /* index_dim 256: two 128-dim slices per mean tile */
-    {{1, 4, 2, 300, 1500, 64}, 4, 0, 1, 256, -1},
+    {{1, 4, 2, 300, 1500, 64}, 4, 0, 1, 256, -1, 0, 0},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -302,6 +351,55 @@ START_TEST(test_vs_cpu)
 }
 END_TEST
 
+/* Causal lists (sa_select_params.causal = 1), every GPU selector of the registry against its CPU
+ * function. The first two cases are small (SA_SMALL runs them only). */
+#define NCAUSAL_SMALL 2
+static const sel_case causal_cases[] = {
+    /* a chunk after 200 cached keys (len_q < len_kv; 200 is not a multiple of 128), partial
+     * final block (900 = 7 * 128 + 4) and tile (700 = 5 * 128 + 60): tile 0 and the first
+     * queries see fewer than k blocks (counts below k, -1 after them), GQA 4 */
+    {{1, 4, 1, 700, 900, 64}, 4, 0, 0, 0, -1, 1, 0},
+    /* len_q > len_kv: the first 400 queries see no key (count 0: tiles 0-2, and per query) */
+    {{1, 4, 2, 700, 300, 64}, 2, 0, 0, 0, -1, 1, 0},
+    /* a chunk after 700 cached keys (len_q < len_kv; 700 is not a multiple of 128, so the block
+     * before a tile's diagonal block is partly visible to its first queries), partial final
+     * block (1000 = 7 * 128 + 104) and partial tile (300), GQA 4 */
+    {{1, 4, 1, 300, 1000, 64}, 3, 0, 0, 0, -1, 1, 0},
+    /* prefill (len_q == len_kv) with a partial final block, GQA 1: the early tiles keep every
+     * block they see */
+    {{2, 2, 2, 500, 500, 128}, 3, 0, 0, 0, -1, 1, 0},
+    /* GQA 16, a chunk */
+    {{1, 16, 1, 384, 2100, 128}, 8, 0, 0, 0, -1, 1, 0},
+    /* GQA 16, prefill, more tiles than k */
+    {{1, 16, 1, 1000, 1000, 64}, 4, 0, 0, 0, -1, 1, 0},
+    /* sink and the diagonal forced, one block chosen, GQA 4 */
+    {{1, 8, 2, 640, 1500, 64}, 3, 0, 1, 0, -1, 1, 0},
+    /* keep_diagonal and sink on a prefill (causal's diagonal is keep_diagonal's block) */
+    {{1, 4, 2, 640, 640, 64}, 3, 1, 1, 0, -1, 1, 0},
+    /* keep_local off the diagonal: under causal it is the block causal keeps anyway */
+    {{1, 4, 1, 256, 900, 64}, 3, 0, 0, 0, -1, 1, 1},
+    /* k == kv_blocks: every visible block */
+    {{1, 4, 1, 256, 500, 64}, 4, 0, 0, 0, -1, 1, 0},
+    /* separate index vectors (index_dim 48) */
+    {{1, 4, 2, 256, 1100, 64}, 5, 0, 0, 48, -1, 1, 0},
+    /* 196 blocks: the warp top-k's 8 keys per lane; sink */
+    {{1, 4, 1, 128, 25000, 64}, 16, 0, 1, 0, -1, 1, 0},
+    /* 133 blocks, 8 tiles that see 126 to 133 of them: the fused r1/r4 top-k over several
+     * score chunks (r1: 128 blocks each, so the early tiles leave the second one unscored) */
+    {{1, 1, 1, 1024, 17000, 64}, 16, 0, 0, 0, -1, 1, 0},
+    /* 1025 blocks: the top-k's one CTA per row; tile 0 sees 1024 of them, tile 1 all */
+    {{1, 1, 1, 256, 131200, 64}, 20, 0, 1, 0, -1, 1, 0},
+};
+#define NCAUSAL (int)(sizeof causal_cases / sizeof causal_cases[0])
+
+START_TEST(test_causal_vs_cpu)
+{
+    for (int ci = 0; ci < (small() ? NCAUSAL_SMALL : NCAUSAL); ci++)
+        for (int si = 0; gpu_selector(si); si++)
+            check_case(gpu_selector(si)->name, &causal_cases[ci]);
+}
+END_TEST
+
 /* r1 and r4 only (the CPU nvfp4 scorer would take minutes here): top-k over 1024 blocks
  * (131072 keys), a NaN block, and a large k. */
 START_TEST(test_many_blocks)
@@ -309,15 +407,24 @@ START_TEST(test_many_blocks)
     if (small())
         return;
     const sel_case big[] = {
-        {{1, 16, 1, 256, 131072, 64}, 16, 0, 0, 0, -1},    /* 1024 blocks: 32 keys per lane */
-        {{1, 4, 1, 256, 131000, 128}, 1000, 0, 1, 0, -1},  /* k close to kv_blocks */
-        {{1, 4, 2, 128, 60000, 64}, 16, 0, 0, 0, -1},      /* 469 blocks: 16 keys per lane */
-        {{1, 4, 1, 128, 140000, 64}, 20, 0, 1, 0, -1},     /* 1094 blocks: one CTA per row */
-        {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7},         /* a NaN block, never chosen */
-        {{2, 16, 1, 4096, 8192, 128}, 16, 0, 1, 0, -1},    /* the benchmark's shape */
-        {{2, 4, 1, 4096, 16384, 128}, 16, 0, 1, 0, -1},    /* r4's wide score tile (> 1 wave) */
-        {{1, 20, 1, 256, 3000, 64}, 4, 0, 0, 0, -1},       /* group 20: r1's 16-deep tile, 2 passes */
-        {{1, 4, 1, 256, 3000, 64}, 4, 0, 1, 320, -1},      /* index_dim 320: slices of 128, 128, 64 */
+        /* 1024 blocks: 32 keys per lane */
+        {{1, 16, 1, 256, 131072, 64}, 16, 0, 0, 0, -1, 0, 0},
+        /* k close to kv_blocks */
+        {{1, 4, 1, 256, 131000, 128}, 1000, 0, 1, 0, -1, 0, 0},
+        /* 469 blocks: 16 keys per lane */
+        {{1, 4, 2, 128, 60000, 64}, 16, 0, 0, 0, -1, 0, 0},
+        /* 1094 blocks: one CTA per row */
+        {{1, 4, 1, 128, 140000, 64}, 20, 0, 1, 0, -1, 0, 0},
+        /* a NaN block, never chosen */
+        {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7, 0, 0},
+        /* the benchmark's shape */
+        {{2, 16, 1, 4096, 8192, 128}, 16, 0, 1, 0, -1, 0, 0},
+        /* r4's wide score tile (> 1 wave) */
+        {{2, 4, 1, 4096, 16384, 128}, 16, 0, 1, 0, -1, 0, 0},
+        /* group 20: r1's 16-deep tile, 2 passes */
+        {{1, 20, 1, 256, 3000, 64}, 4, 0, 0, 0, -1, 0, 0},
+        /* index_dim 320: slices of 128, 128, 64 */
+        {{1, 4, 1, 256, 3000, 64}, 4, 0, 1, 320, -1, 0, 0},
     };
     for (int ci = 0; ci < (int)(sizeof big / sizeof big[0]); ci++) {
         check_case("r1", &big[ci]);
@@ -565,6 +672,90 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* The causal argument rules, CPU and GPU alike: causal is a flag (SA_ERR_ARG), counts are
+ * required (SA_ERR_NULL), the sink and the diagonal are two forced blocks (k 1 with the sink is
+ * SA_ERR_ARG once there is more than one block); valid calls succeed, keep_local off the
+ * diagonal included (under causal it names the diagonal block); index heads stay CPU-only
+ * (SA_ERR_UNSUPPORTED after the checks). */
+static void same_error_counts(const sa_selector *sel, const sa_shape *s, const uint16_t *hq,
+                              const uint16_t *hk, const uint16_t *dq, const uint16_t *dk,
+                              const sa_select_params *hp, const sa_select_params *dp,
+                              int32_t *hidx, int32_t *didx, int32_t *hcnt, int32_t *dcnt,
+                              int expect, const char *what)
+{
+    int c = sel->cpu(s, hq, hk, hp, hidx, hcnt);
+    int g = sel->cuda(s, dq, dk, dp, didx, dcnt);
+    CK_CUDA(cudaDeviceSynchronize());
+    CK_CUDA(cudaGetLastError());
+    ck_assert_msg(c == expect && g == expect, "%s, %s: expected %d, CPU %d, GPU %d (seed %llu)",
+                  sel->name, what, expect, c, g, (unsigned long long)sa_test_seed());
+}
+
+START_TEST(test_causal_errors)
+{
+    /* 4 blocks; 1 block; 2 blocks with len_q > len_kv */
+    const sa_shape s0 = {1, 4, 2, 256, 512, 64}, s1 = {1, 4, 2, 300, 100, 64},
+                   s2 = {1, 4, 2, 300, 256, 64};
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0xca05a1);
+    const size_t nq = sa_q_elems(&s1), nk = sa_kv_elems(&s0); /* the larger of each */
+    const size_t ni = (size_t)2 * 512 * 64;                     /* index heads 2 */
+    uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hi = malloc(ni * 2);
+    ck_assert(hq && hk && hi);
+    sa_rng_fill_bf16(&r, hq, nq, 1.0f);
+    sa_rng_fill_bf16(&r, hk, nk, 1.0f);
+    sa_rng_fill_bf16(&r, hi, ni, 1.0f);
+    uint16_t *dq = dev_from_host(hq, nq * 2), *dk = dev_from_host(hk, nk * 2);
+    uint16_t *di16 = dev_from_host(hi, ni * 2);
+    const size_t max_rows = (size_t)2 * 300; /* per-query rows of s1 */
+    int32_t *hidx = malloc(max_rows * 4 * 4), *hcnt = malloc(max_rows * 4), *didx, *dcnt;
+    ck_assert(hidx && hcnt);
+    CK_CUDA(cudaMalloc((void **)&didx, max_rows * 4 * 4));
+    CK_CUDA(cudaMalloc((void **)&dcnt, max_rows * 4));
+    const sa_selector *sel;
+    for (int si = 0; (sel = gpu_selector(si)); si++) {
+        sa_select_params p;
+        sa_select_params_default(&p);
+        p.k = 2;
+        p.causal = 1;
+#define SAMEC(sh, hc, dc, expect, what)                                                     \
+    same_error_counts(sel, sh, hq, hk, dq, dk, &p, &p, hidx, didx, hc, dc, expect, what)
+        SAMEC(&s0, hcnt, dcnt, SA_OK, "causal, valid arguments");
+        SAMEC(&s0, NULL, NULL, SA_ERR_NULL, "causal without counts");
+        p.causal = 2;
+        SAMEC(&s0, hcnt, dcnt, SA_ERR_ARG, "causal 2");
+        p.causal = 1;
+        p.k = 0;
+        SAMEC(&s0, hcnt, dcnt, SA_ERR_ARG, "causal, k 0 (before the counts)");
+        SAMEC(&s0, NULL, NULL, SA_ERR_ARG, "causal, k 0 and no counts: k is checked first");
+        p.k = 1;
+        p.keep_sink = 1;
+        SAMEC(&s0, hcnt, dcnt, SA_ERR_ARG, "causal, sink, k 1, 4 blocks");
+        SAMEC(&s1, hcnt, dcnt, SA_OK, "causal, sink, k 1, 1 block");
+        p.keep_sink = 0;
+        p.k = 2;
+        p.keep_local = 1;
+        SAMEC(&s0, hcnt, dcnt, SA_OK, "causal, keep_local with len_q < len_kv");
+        SAMEC(&s2, hcnt, dcnt, SA_ERR_ARG, "causal, keep_local with len_q > len_kv");
+        p.keep_local = 0;
+        p.keep_diagonal = 1;
+        SAMEC(&s0, hcnt, dcnt, SA_ERR_ARG, "causal, keep_diagonal with len_q != len_kv");
+        p.keep_diagonal = 0;
+#undef SAMEC
+        /* Index heads: CPU only, after the same checks. */
+        sa_select_params hp = p, dp = p;
+        hp.q_index = hp.k_index = hi, hp.index_dim = 64, hp.index_heads = 2;
+        dp.q_index = dp.k_index = di16, dp.index_dim = 64, dp.index_heads = 2;
+        ck_assert_int_eq(sel->cpu(&s0, hq, hk, &hp, hidx, hcnt), SA_OK);
+        ck_assert_int_eq(sel->cuda(&s0, dq, dk, &dp, didx, dcnt), SA_ERR_UNSUPPORTED);
+        ck_assert_int_eq(sel->cuda(&s0, dq, dk, &dp, didx, NULL), SA_ERR_NULL);
+        CK_CUDA(cudaDeviceSynchronize());
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(di16), cudaFree(didx), cudaFree(dcnt);
+    free(hq), free(hk), free(hi), free(hidx), free(hcnt);
+}
+END_TEST
+
 /* sel_cuda_run_host (what select-eval --device cuda uses) gives the same lists as a direct call
  * on device buffers (the kernels are deterministic) and passes the selector's errors through. */
 START_TEST(test_host_wrapper)
@@ -593,6 +784,15 @@ START_TEST(test_host_wrapper)
                       (unsigned long long)sa_test_seed());
         ck_assert(ms >= 0);
         ck_assert_int_eq(sel_cuda_run_host(sel, &s, NULL, k, &p, a, NULL, NULL), SA_ERR_NULL);
+        /* Causal: the same through the wrapper, which needs counts as the selector does. */
+        p.causal = 1;
+        ck_assert_int_eq(sel_cuda_run_host(sel, &s, q, k, &p, a, ca, NULL), SA_OK);
+        ck_assert_int_eq(run_gpu_selector(sel, &s, q, k, &p, b, cb), SA_OK);
+        ck_assert_msg(!memcmp(a, b, n * 4) && !memcmp(ca, cb, rows * 4),
+                      "%s causal: host wrapper and direct call differ (seed %llu)", sel->name,
+                      (unsigned long long)sa_test_seed());
+        ck_assert_int_eq(sel_cuda_run_host(sel, &s, q, k, &p, a, NULL, NULL), SA_ERR_NULL);
+        p.causal = 0;
         p.k = 0;
         ck_assert_int_eq(sel_cuda_run_host(sel, &s, q, k, &p, a, NULL, NULL), SA_ERR_ARG);
         p.k = 1000;
@@ -686,6 +886,8 @@ int main(void)
     tcase_add_test(tc, test_quantizer_errors);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_vs_cpu);
+    tcase_add_test(tc, test_causal_errors);
+    tcase_add_test(tc, test_causal_vs_cpu);
     tcase_add_test(tc, test_many_blocks);
     tcase_add_test(tc, test_host_wrapper);
     tcase_add_test(tc, test_index_heads_unsupported);
