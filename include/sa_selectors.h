@@ -30,7 +30,7 @@ typedef struct sa_select_params {
     uint64_t seed; /* the "random" selector's seed (default 0); others ignore it */
     /* 1: causal lists (docs/api.md, "Causal attention"): a row picks only among the blocks it
      * can see, keeps its diagonal block, and holds min(k, visible blocks) entries; counts is then
-     * required. Default 0. The GPU functions return SA_ERR_UNSUPPORTED for causal = 1. */
+     * required, on the CPU and the GPU alike. Default 0. */
     int causal;
     /* Head layout of the index vectors (docs/selectors.md, "Index heads"). 0 (default): the
      * attention's layout above, q_index with Hq heads, k_index with Hkv. Hi > 0: Hi index heads
@@ -45,8 +45,8 @@ typedef struct sa_select_params {
      * attention: block (i + len_kv - len_q) / 128 for query i, that of the tile's last valid query
      * for a tile (sa_causal_query_blocks / sa_causal_tile_blocks minus 1). Needs len_q <= len_kv;
      * with len_q == len_kv it is keep_diagonal's block, with causal the diagonal that causal
-     * already keeps. Default 0. The GPU functions take it only where len_q == len_kv
-     * (SA_ERR_UNSUPPORTED otherwise). */
+     * already keeps. Default 0. The GPU functions take it only where len_q == len_kv or under
+     * causal (SA_ERR_UNSUPPORTED otherwise). */
     int keep_local;
 } sa_select_params;
 SA_API void sa_select_params_default(sa_select_params *p);
@@ -87,8 +87,8 @@ SA_API const sa_selector *sa_selector_by_name(const char *name);
  *   - Scores are FP32; a NaN score ranks below every number. Among equal scores the lower block
  *     index wins; rows come out sorted by block index, every row holds exactly k blocks, and
  *     counts (if not NULL) is filled with k.
- *   - causal is a flag. With causal = 1 (CPU functions only; the GPU ones return
- *     SA_ERR_UNSUPPORTED after the checks above) a row's eligible blocks are those it can see,
+ *   - causal is a flag. With causal = 1 (CPU and GPU functions give the same lists) a row's
+ *     eligible blocks are those it can see,
  *     the prefix [0, n) with n = sa_causal_tile_blocks (tile lists: the tile's last valid query
  *     row decides) or sa_causal_query_blocks (per-query lists); block n - 1, the diagonal block
  *     (it holds the row's last visible key), is always kept; the row holds min(k, n) blocks, its

@@ -69,8 +69,8 @@ static void run_usage(FILE *f)
             "                    the recall, and the oracle and random rows\n"
             "  --causal          causal attention, bottom-right aligned (query i sees key j when\n"
             "                    j <= i + len_kv - len_q): the selectors, the recall's exact mass\n"
-            "                    and every attention row; runs on the CPU (the GPU selectors have\n"
-            "                    no causal mask yet)\n"
+            "                    and every attention row; runs on the CPU (this command's GPU\n"
+            "                    path has no causal mode yet)\n"
             "  --json            one machine-readable line instead of the table\n"
             "selectors:",
             RUN_TOPK, RUN_SELECTOR, RUN_WORKLOAD, RUN_STRENGTH, RUN_WORKLOAD);
@@ -99,13 +99,13 @@ static void resolve_device(run_cfg *c)
 {
     const sa_selector *sel = sa_selector_by_name(c->selector);
     if (c->causal && !strcmp(c->device, "cuda"))
-        cli_usage_error("run: --causal runs on the CPU (the GPU selectors have no causal mask "
-                        "yet): use --device cpu or auto");
+        cli_usage_error("run: --causal runs on the CPU (this command's GPU path has no causal "
+                        "mode yet): use --device cpu or auto");
     if (!strcmp(c->device, "cuda"))
         c->cuda = 1;
     else if (!strcmp(c->device, "auto")) {
         if (c->causal)
-            c->why_cpu = "--causal: the GPU selectors have no causal mask yet";
+            c->why_cpu = "--causal: this command's GPU path has no causal mode yet";
         else if (!sa_gpu_available())
             c->why_cpu = "no GPU found";
         else if (sel->per_query)

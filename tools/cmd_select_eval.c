@@ -381,8 +381,8 @@ int cmd_select_eval(int argc, char **argv)
     }
     int warned = 0;
     if (cuda && c.causal)
-        fprintf(stderr, "sparseattn: select-eval: the GPU selectors do not support --causal yet "
-                        "(SA_ERR_UNSUPPORTED): every selector runs on the CPU\n");
+        fprintf(stderr, "sparseattn: select-eval: --causal: this command's GPU comparison does "
+                        "not pass counts yet: every selector runs on the CPU\n");
     /* The GPU functions take neither index heads nor a local block off the diagonal. */
     const int local_off_diag = c.keep_local && s->len_q != s->len_kv;
     int any_index = 0;

@@ -55,8 +55,8 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     function, where it has one. keep_diagonal and keep_sink force blocks (they count toward
     topk); seed drives the "random" selector. causal: a row picks only among the blocks it can
     see (bottom-right aligned), always keeps its diagonal block and holds min(topk, visible
-    blocks) entries, its count, with -1 in the slots past it (CPU functions only: the GPU ones
-    answer SA_ERR_UNSUPPORTED); pass the lists on with causal=True. index_heads Hi > 0: the
+    blocks) entries, its count, with -1 in the slots past it (CPU and GPU functions alike);
+    pass the lists on with causal=True. index_heads Hi > 0: the
     index vectors have Hi heads of their own, q_index (B, Hi, Sq, I) and k_index (B, Hi, Skv, I),
     Hi dividing Hq and dividing or a multiple of Hkv (docs/selectors.md, "Index heads"; CPU
     only). keep_local keeps the block holding each row's own position (bottom-right aligned,

@@ -268,15 +268,16 @@ START_TEST(test_causal_errors)
         ck_assert_int_eq(sel->cpu(&s, q, k, &p, idx, counts), SA_OK);
         p.keep_diagonal = 1; /* still needs len_q == len_kv */
         ck_assert_int_eq(sel->cpu(&s, q, k, &p, idx, counts), SA_ERR_ARG);
-        /* The GPU function refuses causal before touching any pointer (host pointers here). */
+        /* The GPU function checks causal's arguments as the CPU one does, before touching any
+         * pointer (host pointers here): a flag of 2, and counts required. */
         if (sel->cuda) {
             p = (sa_select_params){0};
             sa_select_params_default(&p);
             p.k = 2;
-            p.causal = 1;
-            ck_assert_int_eq(sel->cuda(&s, q, k, &p, idx, counts), SA_ERR_UNSUPPORTED);
             p.causal = 2;
             ck_assert_int_eq(sel->cuda(&s, q, k, &p, idx, counts), SA_ERR_ARG);
+            p.causal = 1;
+            ck_assert_int_eq(sel->cuda(&s, q, k, &p, idx, NULL), SA_ERR_NULL);
         }
     }
     free(q);
