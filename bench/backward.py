@@ -159,7 +159,7 @@ def run_shape(torch, sa, args, hkv, skv, summary):
             from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch as BST
             from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
             qb, kb, vb, dob = peers.bshd((q, k, v, do))
-            mc, mi, fc, fi = peers.fa4_sparse_metadata(lists, None, torch)
+            mc, mi, fc, fi = (x.cuda() for x in peers.fa4_sparse_metadata(lists, None, torch))
             fwd_bs = BST(mc, mi, fc, fi, block_size=(TILE, TILE))
             of, lf = _flash_attn_fwd(qb, kb, vb, return_lse=True, block_sparse_tensors=fwd_bs)[:2]
             bwd_bs = fa4_bwd_tensors(torch, BST, lists, Hq, nb)
