@@ -165,7 +165,10 @@ def run_shape(torch, sa, args, hkv, skv, summary):
             bwd_bs = fa4_bwd_tensors(torch, BST, lists, Hq, nb)
 
             def fa4():
-                return _flash_attn_bwd(qb, kb, vb, of, dob, lf, block_sparse_tensors=bwd_bs)
+                # Fresh views each call: FA4's backward reshapes some of its arguments in place
+                # (a second call with the same tensors failed its own shape assert on the H200).
+                return _flash_attn_bwd(*(x.view(x.shape) for x in (qb, kb, vb, of, dob, lf)),
+                                       block_sparse_tensors=bwd_bs)
             t0 = time.time()
             r = fa4()
             torch.cuda.synchronize()
