@@ -161,14 +161,11 @@ def run_shape(torch, sa, args, hkv, skv, summary):
             qb, kb, vb, dob = peers.bshd((q, k, v, do))
             mc, mi, fc, fi = (x.cuda() for x in peers.fa4_sparse_metadata(lists, None, torch))
             fwd_bs = BST(mc, mi, fc, fi, block_size=(TILE, TILE))
-            of, lf = _flash_attn_fwd(qb, kb, vb, return_lse=True, block_sparse_tensors=fwd_bs)[:2]
+            o4, l4 = _flash_attn_fwd(qb, kb, vb, return_lse=True, block_sparse_tensors=fwd_bs)[:2]
             bwd_bs = fa4_bwd_tensors(torch, BST, lists, Hq, nb)
 
             def fa4():
-                # Fresh views each call: FA4's backward reshapes some of its arguments in place
-                # (a second call with the same tensors failed its own shape assert on the H200).
-                return _flash_attn_bwd(*(x.view(x.shape) for x in (qb, kb, vb, of, dob, lf)),
-                                       block_sparse_tensors=bwd_bs)
+                return _flash_attn_bwd(qb, kb, vb, o4, dob, l4, block_sparse_tensors=bwd_bs)
             t0 = time.time()
             r = fa4()
             torch.cuda.synchronize()
@@ -213,10 +210,10 @@ def run_shape(torch, sa, args, hkv, skv, summary):
             fl = torch.compile(flex_attention)
             bm = flex_mask(torch, lists, Sq, skv)
             qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
-            of = fl(qg, kg, vg, block_mask=bm, enable_gqa=hkv != Hq)
+            o_flex = fl(qg, kg, vg, block_mask=bm, enable_gqa=hkv != Hq)
 
             def flex():
-                return torch.autograd.grad(of, (qg, kg, vg), do, retain_graph=True)
+                return torch.autograd.grad(o_flex, (qg, kg, vg), do, retain_graph=True)
             t0 = time.time()
             r = flex()
             torch.cuda.synchronize()
