@@ -101,20 +101,6 @@ def fa4_bwd_tensors(torch, BST, lists, Hq, n_blocks):
     return BST(z_cnt, z_idx, cnt, order, block_size=(TILE, TILE))
 
 
-def flex_mask(torch, lists, Sq, skv):
-    from torch.nn.attention.flex_attention import BlockMask
-    B, LH, T, K = lists.shape
-    nb = (skv + TILE - 1) // TILE
-    full_idx = torch.zeros(B, LH, T, nb, device="cuda", dtype=torch.int32)
-    full_idx[..., :K] = lists
-    full_num = torch.full((B, LH, T), K, device="cuda", dtype=torch.int32)
-    part_num = torch.zeros(B, LH, T, device="cuda", dtype=torch.int32)
-    part_idx = torch.zeros(B, LH, T, nb, device="cuda", dtype=torch.int32)
-    return BlockMask.from_kv_blocks(part_num, part_idx, full_kv_num_blocks=full_num,
-                                    full_kv_indices=full_idx, BLOCK_SIZE=TILE,
-                                    seq_lengths=(Sq, skv))
-
-
 def rel(torch, x, ref):
     x, ref = x.float(), ref.float()
     return float(torch.linalg.vector_norm(x - ref) / max(float(torch.linalg.vector_norm(ref)),
@@ -208,7 +194,7 @@ def run_shape(torch, sa, args, hkv, skv, summary):
             # backwards donate their buffers by default, which forbids that.
             torch._functorch.config.donated_buffer = False
             fl = torch.compile(flex_attention)
-            bm = flex_mask(torch, lists, Sq, skv)
+            bm = peers.block_mask_from_lists(torch, lists, skv, q_blocks=True)
             qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
             o_flex = fl(qg, kg, vg, block_mask=bm, enable_gqa=hkv != Hq)
 

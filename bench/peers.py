@@ -920,8 +920,9 @@ def rounds_ratio(rounds, key, peer):
 
 
 # ---------------------------------------------------------------- sparse
-def block_mask_from_lists(torch, lists, skv):
-    """FlexAttention BlockMask whose full blocks are exactly our lists (no partial blocks)."""
+def block_mask_from_lists(torch, lists, skv, q_blocks=False):
+    """FlexAttention BlockMask whose full blocks are exactly our lists (no partial blocks).
+    q_blocks: also the Q-major block tables that Flex's backward needs (bench/backward.py)."""
     from torch.nn.attention.flex_attention import BlockMask
     B, LH, T, K = lists.shape
     nblk = (skv + TILE - 1) // TILE
@@ -932,6 +933,8 @@ def block_mask_from_lists(torch, lists, skv):
     part_idx = torch.zeros(B, LH, T, nblk, device="cuda", dtype=torch.int32)
     kw = dict(full_kv_num_blocks=full_num, full_kv_indices=full_idx, BLOCK_SIZE=TILE,
               seq_lengths=(T * TILE, skv))
+    if q_blocks:
+        return BlockMask.from_kv_blocks(part_num, part_idx, **kw)
     try:
         return BlockMask.from_kv_blocks(part_num, part_idx, compute_q_blocks=False, **kw)
     except TypeError:  # older signature without compute_q_blocks
