@@ -192,6 +192,7 @@ def run_shape(torch, sa, args, hkv, skv, summary):
             from torch.nn.attention.flex_attention import flex_attention
             # The backward is timed again and again on one graph (retain_graph): compiled
             # backwards donate their buffers by default, which forbids that.
+            import torch._functorch.config  # not imported by torch itself until compiled
             torch._functorch.config.donated_buffer = False
             fl = torch.compile(flex_attention)
             bm = peers.block_mask_from_lists(torch, lists, skv, q_blocks=True)
