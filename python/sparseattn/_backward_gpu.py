@@ -14,8 +14,7 @@ from ctypes import c_int, c_size_t, c_void_p
 from . import _capi
 from ._capi import SaShape, SaTileLists
 from ._core import check, flag, lib, library_path
-from ._tensors import (attn_shape, check_layout, cuda_bf16, cuda_int32, q_tiles, tile_list_dims,
-                       torch_mod)
+from ._tensors import attn_shape, check_layout, cuda_bf16, tile_list_dims, torch_mod
 
 
 class SaGpuAttnBwd(ctypes.Structure):
@@ -66,7 +65,7 @@ def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, 
                                     causal=False, allow_future_blocks=False):
     """Gradients (dq, dk, dv) of block_sparse_attention on CUDA tensors; see the module."""
     t = torch_mod()
-    from ._gpu import require_gpu, stream_ptr
+    from ._gpu import require_gpu, stream_ptr, tile_lists
     require_gpu()
     _bind()
     check_layout(layout)
@@ -76,11 +75,7 @@ def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, 
                          % (tuple(q.shape), tuple(o.shape), tuple(d_o.shape)))
     list_heads, max_blocks = tile_list_dims(indices, s)
     dev = q.device
-    tiles = q_tiles(s)
-    ind = cuda_int32("indices", indices, dev, (s.batch, list_heads, tiles, max_blocks),
-                     "(B, list_heads, q_tiles, max_blocks)")
-    cnt = cuda_int32("counts", counts, dev, (s.batch, list_heads, tiles),
-                     "(B, list_heads, q_tiles)")
+    ind, cnt = tile_lists(indices, counts, s, list_heads, max_blocks, dev)
     with t.cuda.device(dev):
         qb, kb, vb = (cuda_bf16(n, x, layout) for n, x in (("q", q), ("k", k), ("v", v)))
         ob, dob = cuda_bf16("o", o, layout), cuda_bf16("d_o", d_o, layout)

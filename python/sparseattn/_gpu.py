@@ -270,6 +270,16 @@ def _result(o, lse, layout):
     return (o.transpose(1, 2).contiguous() if layout == "bshd" else o), lse
 
 
+def tile_lists(indices, counts, s, list_heads, max_blocks, dev):
+    """Tile lists on dev, checked (int32, contiguous, aligned, shaped): (indices, counts or None)."""
+    tiles = q_tiles(s)
+    ind = cuda_int32("indices", indices, dev, (s.batch, list_heads, tiles, max_blocks),
+                     "(B, list_heads, q_tiles, max_blocks)")
+    cnt = cuda_int32("counts", counts, dev, (s.batch, list_heads, tiles),
+                     "(B, list_heads, q_tiles)")
+    return ind, cnt
+
+
 def tile_sparse(q, k, v, indices, counts, s, list_heads, max_blocks, layout, validate,
                 allow_empty_rows, causal, allow_future_blocks, stage, verdict):
     t = torch_mod()
@@ -277,11 +287,7 @@ def tile_sparse(q, k, v, indices, counts, s, list_heads, max_blocks, layout, val
     if verdict is not None and not isinstance(verdict, Verdict):
         raise TypeError("verdict must be a sparseattn.Verdict, got %s" % type(verdict).__name__)
     dev = q.device
-    tiles = q_tiles(s)
-    ind = cuda_int32("indices", indices, dev, (s.batch, list_heads, tiles, max_blocks),
-                     "(B, list_heads, q_tiles, max_blocks)")
-    cnt = cuda_int32("counts", counts, dev, (s.batch, list_heads, tiles),
-                     "(B, list_heads, q_tiles)")
+    ind, cnt = tile_lists(indices, counts, s, list_heads, max_blocks, dev)
     with t.cuda.device(dev):
         q, k, v = _inputs(q, k, v, layout)
         o, lse = _outputs(t, s, dev)
