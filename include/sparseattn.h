@@ -366,7 +366,8 @@ typedef struct sa_gpu_attn_bwd {
     float *dk, *dv;            /* device FP32 (B, Hkv, Skv, D); every tensor 16-byte aligned */
     /* 1 (default): the lists are copied to the host and checked there with the forward's rules
      * (sa_tile_lists_check_opts, so the same codes); the call then synchronizes the stream once.
-     * 0: unchecked; counts are clamped and out-of-range indices skipped (no bad access). */
+     * 0: unchecked; a count outside [0, max_blocks] is an empty row and an index outside
+     * [0, kv_blocks) is skipped (wrong gradients for bad lists, never a bad access). */
     int validate;
     int allow_empty_rows;    /* as sa_attn_opts (default 1) */
     int causal;              /* as sa_attn_opts (default 0) */
@@ -378,8 +379,8 @@ typedef struct sa_gpu_attn_bwd {
 SA_API void sa_gpu_attn_bwd_default(sa_gpu_attn_bwd *a);
 /* Device workspace of a call: D (B * Hq * Sq floats) and the reverse index of the lists. */
 SA_API int sa_gpu_backward_workspace_size(const sa_gpu_attn_bwd *a, size_t *bytes);
-/* Checks the arguments (and the lists when a->validate), then queues the three kernels on
- * a->stream. SA_ERR_NOT_BUILT without CUDA, SA_ERR_NO_DEVICE without an sm_90 GPU. */
+/* Checks the arguments (and the lists when a->validate), then queues its kernels (the reverse
+ * index of the lists, D, dK/dV, dQ) on a->stream. SA_ERR_NOT_BUILT without CUDA, SA_ERR_NO_DEVICE without an sm_90 GPU. */
 SA_API int sa_gpu_tile_sparse_backward(const sa_gpu_attn_bwd *a);
 
 /* ---------------------------------------------------------------- ABI check */
