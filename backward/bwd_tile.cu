@@ -66,6 +66,7 @@
 #include "bwd_internal.h"
 #include "sa_checked.h"
 #include "sa_cuda_internal.h"
+#include "sa_mbarrier.cuh" // sa_smem_addr
 #include "sa_mma_sync.cuh"
 #include "sparseattn.h"
 
@@ -94,30 +95,6 @@ struct Args {
     int causal, q_off; // query i sees key j when j <= i + q_off
     float scale, scale_log2;
 };
-
-__device__ __forceinline__ float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// rows x 128 BF16 from src (row stride 128) into a swizzled tile; rows past `valid` zero-filled.
-template <int ROWS> __device__ __forceinline__ void load_rows(uint32_t dst, const uint16_t *src,
-                                                              int valid)
-{
-#pragma unroll
-    for (int i = 0; i < ROWS * 16 / THREADS; i++) {
-        const int idx = threadIdx.x + i * THREADS, r = idx >> 4, c = idx & 15;
-        const bool ok = r < valid;
-        cp_async16(dst + swz(r, c), src + (size_t)(ok ? r : 0) * D + c * 8, ok);
-    }
-}
 
 // LSE in log2 units, +inf where the row has no key or lies past len_q (so P = exp2(-inf) = 0),
 // and D (0 there, so 0 * (dP - D) stays 0).
@@ -216,8 +193,8 @@ __device__ __forceinline__ void load_chunk(const Args &a, Smem2 &sm, int buf, in
 {
     const size_t row0 = ((size_t)b * a.heads_q + c.head) * a.len_q + c.q0;
     const int valid = a.len_q - c.q0;
-    load_rows<CHUNK>(smem_addr(sm.q[buf]), a.q + row0 * D, valid);
-    load_rows<CHUNK>(smem_addr(sm.d_o[buf]), a.d_o + row0 * D, valid);
+    cp_async_rows<CHUNK, THREADS>(sa_smem_addr(sm.q[buf]), a.q + row0 * D, valid);
+    cp_async_rows<CHUNK, THREADS>(sa_smem_addr(sm.d_o[buf]), a.d_o + row0 * D, valid);
     if (threadIdx.x < CHUNK) {
         const int r = threadIdx.x;
         const bool ok = r < valid;
@@ -282,9 +259,9 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_dkdv(const Args a)
     const int bg = blockIdx.x / a.kv_blocks / a.splits, g = bg % a.heads_kv, b = bg / a.heads_kv;
     const int keys = min(TILE, a.len_kv - blk * TILE);
     const size_t kv_row0 = (size_t)bg * a.len_kv + (size_t)blk * TILE;
-    const uint32_t sk = smem_addr(sm.k), sv = smem_addr(sm.v);
-    load_rows<TILE>(sk, a.k + kv_row0 * D, keys);
-    load_rows<TILE>(sv, a.v + kv_row0 * D, keys);
+    const uint32_t sk = sa_smem_addr(sm.k), sv = sa_smem_addr(sm.v);
+    cp_async_rows<TILE, THREADS>(sk, a.k + kv_row0 * D, keys);
+    cp_async_rows<TILE, THREADS>(sv, a.v + kv_row0 * D, keys);
 
     float dk[16][4], dv[16][4];
 #pragma unroll
@@ -314,7 +291,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_dkdv(const Args a)
             asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();
 
-        const uint32_t sq = smem_addr(sm.q[buf]), sdo = smem_addr(sm.d_o[buf]);
+        const uint32_t sq = sa_smem_addr(sm.q[buf]), sdo = sa_smem_addr(sm.d_o[buf]);
         const float *lse2 = sm.lse2[buf], *dsum = sm.dsum[buf];
         // 1-2. P^T = exp2(S^T scale log2e - LSE')
         float p[8][4];
@@ -417,8 +394,8 @@ __device__ __forceinline__ void load_kv_block(const Args &a, Smem3 &sm, int buf,
 {
     const size_t row0 = kv_bh * a.len_kv + (size_t)blk * TILE;
     const int keys = min(TILE, a.len_kv - blk * TILE);
-    load_rows<TILE>(smem_addr(sm.k[buf]), a.k + row0 * D, keys);
-    load_rows<TILE>(smem_addr(sm.v[buf]), a.v + row0 * D, keys);
+    cp_async_rows<TILE, THREADS>(sa_smem_addr(sm.k[buf]), a.k + row0 * D, keys);
+    cp_async_rows<TILE, THREADS>(sa_smem_addr(sm.v[buf]), a.v + row0 * D, keys);
 }
 
 __global__ void __launch_bounds__(THREADS, 1) bwd_dq(const Args a)
@@ -431,18 +408,16 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_dq(const Args a)
     const size_t kv_bh = (size_t)b * a.heads_kv + h / a.group;
     const size_t q_row0 = (size_t)bh * a.len_q + (size_t)t * TILE;
     const int rows = min(TILE, a.len_q - t * TILE);
-    const uint32_t sq = smem_addr(sm.q), sdo = smem_addr(sm.d_o);
-    load_rows<TILE>(sq, a.q + q_row0 * D, rows);
-    load_rows<TILE>(sdo, a.d_o + q_row0 * D, rows);
+    const uint32_t sq = sa_smem_addr(sm.q), sdo = sa_smem_addr(sm.d_o);
+    cp_async_rows<TILE, THREADS>(sq, a.q + q_row0 * D, rows);
+    cp_async_rows<TILE, THREADS>(sdo, a.d_o + q_row0 * D, rows);
 
     const int list_row = (b * a.list_heads + h / a.list_div) * a.q_tiles + t;
     const int32_t *row = a.indices + (size_t)list_row * a.max_blocks;
     const int raw = a.counts ? a.counts[list_row] : a.max_blocks;
     const int count = raw < 0 || raw > a.max_blocks ? 0 : raw; // as the reverse index has it
-    const int last_blk = a.causal ? (last_key_of(a, t * TILE + TILE - 1) < 0
-                                         ? -1
-                                         : last_key_of(a, t * TILE + TILE - 1) / TILE)
-                                  : a.kv_blocks - 1;
+    const int last_key = last_key_of(a, t * TILE + TILE - 1);
+    const int last_blk = !a.causal ? a.kv_blocks - 1 : last_key < 0 ? -1 : last_key / TILE;
 
     // This thread's rows: r0 = 16 warp + lane / 4 and r0 + 8 of the tile.
     const int r0 = 16 * warp + lane / 4;
@@ -476,7 +451,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_dq(const Args a)
             asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();
 
-        const uint32_t sk = smem_addr(sm.k[buf]), sv = smem_addr(sm.v[buf]);
+        const uint32_t sk = sa_smem_addr(sm.k[buf]), sv = sa_smem_addr(sm.v[buf]);
         const bool mask = blk * TILE + TILE > a.len_kv ||
                           (a.causal && blk * TILE + TILE - 1 > t * TILE + a.q_off);
 #pragma unroll 1

@@ -4,10 +4,12 @@
 // (backward/) keeps them. Fragment layouts of m16n8k16 (PTX ISA, "Matrix fragments for mma"):
 // lane l holds A rows l/4 and l/4 + 8, columns 2(l%4) + {0, 1} and + 8; B columns (n) l/4, rows
 // (k) 2(l%4) + {0, 1} and + 8; C as A's first two registers, per 8-column tile.
-// pack_bf16 is the one of sa_stage14.cuh: a file includes one of the two headers.
+// fast_exp2 and pack_bf16 come with it (sa_bf16.cuh).
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+#include "sa_bf16.cuh"
 
 namespace {
 
@@ -53,10 +55,17 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+// ROWS rows of 128 BF16 (row stride 128 elements) from src into a swizzled tile at dst, by the
+// THREADS threads of the CTA, 16 bytes each per step; rows past `valid` are zero-filled.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void cp_async_rows(uint32_t dst, const uint16_t *src, int valid)
 {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
+#pragma unroll
+    for (int i = 0; i < ROWS * 16 / THREADS; i++) {
+        const int idx = threadIdx.x + i * THREADS, r = idx >> 4, c = idx & 15;
+        const bool ok = r < valid;
+        cp_async16(dst + swz(r, c), src + (size_t)(ok ? r : 0) * 128 + c * 8, ok);
+    }
 }
 
 } // namespace

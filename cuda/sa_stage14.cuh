@@ -11,7 +11,8 @@
 //   CONSUMERS, THREADS, *_REGS      the CTA's roles: one producer and two consumer warpgroups,
 //                                   and the setmaxnreg split of the register file between them.
 //   HALF_COLS ... ATOM_BYTES        the 128B-swizzled layout of a 128 x 128 BF16 tile in smem.
-//   fast_exp2, pack_bf16            the softmax's ex2.approx and the BF16 packing of P and O.
+//   fast_exp2, pack_bf16            the softmax's ex2.approx and the BF16 packing of P and O
+//                                   (sa_bf16.cuh, which the mma.sync kernels include too).
 //   turn_wait, turn_pass            the ping-pong turns between the two consumer warpgroups.
 //   warp_arrive                     a consumer warp's release of a Q or K/V buffer.
 //   DESC_HI, issue_qk, issue_pv     the 8 wgmma of S = Q_h K^T and of O_h += P V.
@@ -25,6 +26,7 @@
 #include <math_constants.h>
 #include <stdint.h>
 
+#include "sa_bf16.cuh"
 #include "sa_mbarrier.cuh"
 #include "sa_warpgroup.cuh"
 #include "sa_wgmma.cuh"
@@ -53,19 +55,6 @@ constexpr uint32_t HALF_BYTES = TILE * HALF_COLS * 2; // 16 KB: 128 rows x 64 co
 constexpr uint32_t TILE_BYTES = 2 * HALF_BYTES;       // 32 KB: 128 x 128 BF16
 constexpr uint32_t ROW_BYTES = HALF_COLS * 2;         // 128 B per row of a half
 constexpr uint32_t ATOM_BYTES = 8 * ROW_BYTES;        // the 1024 B swizzle atom (8 rows)
-
-__device__ __forceinline__ float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x (low half) = lo
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 // Ping-pong turns: named barriers 1 and 2 (0 is __syncthreads), 256 threads = both consumer
 // warpgroups: the waiting one syncs, the other arrives.

@@ -100,26 +100,14 @@ __device__ __forceinline__ uint4 ld_shared_b128(uint32_t addr)
     return v;
 }
 
-// Load a 128 x 128 tile of rows [0, valid) from src (row stride 128 elements); rows past valid
-// are zero-filled. 2048 chunks of 16 bytes over 256 threads.
-__device__ __forceinline__ void load_block(uint32_t dst, const uint16_t *src, int valid)
-{
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int idx = threadIdx.x + i * kThreads, r = idx >> 4, c = idx & 15;
-        bool ok = r < valid;
-        cp_async16(dst + swz(r, c), src + (size_t)(ok ? r : 0) * KV_D + c * 8, ok);
-    }
-}
-
 // K and V of a bucket's block, by all threads of the CTA.
 __device__ __forceinline__ void load_kv(const attn_args &a, int bucket, uint32_t sk, uint32_t sv)
 {
     const int bh = bucket / a.blocks, blk = bucket - bh * a.blocks;
     const int klen = min(kKeys, a.len_kv - blk * kKeys);
     const size_t base = ((size_t)bh * a.len_kv + (size_t)blk * kKeys) * KV_D;
-    load_block(sk, a.k + base, klen);
-    load_block(sv, a.v + base, klen);
+    cp_async_rows<kKeys, kThreads>(sk, a.k + base, klen);
+    cp_async_rows<kKeys, kThreads>(sv, a.v + base, klen);
 }
 
 // cp.async this warp's 16 Q rows of task d into its 4 KB of the Q tile (rows past the task's
