@@ -21,6 +21,7 @@ count 2.5x the forward's useful FLOPs (the convention of FlashAttention's papers
 import argparse
 import ctypes
 import json
+import math
 import os
 import sys
 import time
@@ -52,11 +53,16 @@ def ours_calls(torch, sa, q, k, v, o, lse, do, lists):
     dk = torch.empty(k.shape, dtype=torch.float32, device="cuda")
     dv = torch.empty(v.shape, dtype=torch.float32, device="cuda")
     B, Hq, Sq, D = q.shape
-    shape = sa._capi.SaShape(B, Hq, k.shape[1], Sq, k.shape[2], D)
     args = []
     for validate in (1, 0):
-        a = bg.backward_args(shape, (q, k, v, o, lse, do),
-                             (lists, None, lists.shape[1], lists.shape[3]), (dq, dk, dv), validate)
+        a = bg.SaGpuAttnBwd()
+        lib.sa_gpu_attn_bwd_default(ctypes.byref(a))
+        a.shape = sa._capi.SaShape(B, Hq, k.shape[1], Sq, k.shape[2], D)
+        a.q, a.k, a.v, a.o, a.lse, a.d_o = (x.data_ptr() for x in (q, k, v, o, lse, do))
+        a.lists = sa._capi.SaTileLists(lists.data_ptr(), None, lists.shape[1], lists.shape[3])
+        a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+        a.validate = validate
+        a.stream = torch.cuda.current_stream().cuda_stream
         size = ctypes.c_size_t()
         rc = lib.sa_gpu_backward_workspace_size(ctypes.byref(a), ctypes.byref(size))
         if rc:

@@ -60,33 +60,12 @@ def _lse(name, x, s, device):
     return x.contiguous()
 
 
-def backward_args(s, tensors, lists, grads, validate=1, allow_empty_rows=1, causal=0,
-                  allow_future_blocks=0):
-    """An SaGpuAttnBwd over BHSD CUDA tensors: tensors = (q, k, v, o, lse, d_o), lists = (indices,
-    counts or None, list_heads, max_blocks), grads = (dq, dk, dv); the flags as 0/1; torch's
-    current stream. The caller keeps the tensors alive (bench/backward.py times calls on it)."""
-    from ._gpu import stream_ptr
-    _bind()
-    a = SaGpuAttnBwd()
-    lib.sa_gpu_attn_bwd_default(ctypes.byref(a))
-    a.shape = s
-    a.q, a.k, a.v, a.o, a.lse, a.d_o = (x.data_ptr() for x in tensors)
-    ind, cnt, list_heads, max_blocks = lists
-    a.lists = SaTileLists(ind.data_ptr(), cnt.data_ptr() if cnt is not None else None,
-                          list_heads, max_blocks)
-    a.dq, a.dk, a.dv = (x.data_ptr() for x in grads)
-    a.validate, a.allow_empty_rows = validate, allow_empty_rows
-    a.causal, a.allow_future_blocks = causal, allow_future_blocks
-    a.stream = stream_ptr()
-    return a
-
-
 def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, *,
                                     layout="bhsd", validate=True, allow_empty_rows=True,
                                     causal=False, allow_future_blocks=False):
     """Gradients (dq, dk, dv) of block_sparse_attention on CUDA tensors; see the module."""
     t = torch_mod()
-    from ._gpu import require_gpu, tile_lists
+    from ._gpu import require_gpu, stream_ptr, tile_lists
     require_gpu()
     _bind()
     check_layout(layout)
@@ -104,10 +83,18 @@ def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, 
         dq = t.empty(tuple(qb.shape), dtype=t.float32, device=dev)
         dk = t.empty(tuple(kb.shape), dtype=t.float32, device=dev)
         dv = t.empty(tuple(vb.shape), dtype=t.float32, device=dev)
-        a = backward_args(s, (qb, kb, vb, ob, lse_c, dob), (ind, cnt, list_heads, max_blocks),
-                          (dq, dk, dv), flag("validate", validate),
-                          flag("allow_empty_rows", allow_empty_rows), flag("causal", causal),
-                          flag("allow_future_blocks", allow_future_blocks))
+        a = SaGpuAttnBwd()
+        lib.sa_gpu_attn_bwd_default(ctypes.byref(a))
+        a.shape = s
+        a.q, a.k, a.v, a.o, a.lse, a.d_o = (x.data_ptr() for x in (qb, kb, vb, ob, lse_c, dob))
+        a.lists = SaTileLists(ind.data_ptr(), cnt.data_ptr() if cnt is not None else None,
+                              list_heads, max_blocks)
+        a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+        a.validate = flag("validate", validate)
+        a.allow_empty_rows = flag("allow_empty_rows", allow_empty_rows)
+        a.causal = flag("causal", causal)
+        a.allow_future_blocks = flag("allow_future_blocks", allow_future_blocks)
+        a.stream = stream_ptr()
         check(lib.sa_gpu_tile_sparse_backward(ctypes.byref(a)), "sa_gpu_tile_sparse_backward")
     if layout == "bshd":
         return tuple(x.transpose(1, 2).contiguous() for x in (dq, dk, dv))

@@ -270,15 +270,6 @@ def _result(o, lse, layout):
     return (o.transpose(1, 2).contiguous() if layout == "bshd" else o), lse
 
 
-def every_block_lists(s, dev):
-    """Tile lists naming every KV block for every tile, one list per KV head:
-    int32 (B, Hkv, q_tiles, kv_blocks) on dev (dense attention through the tile-list kernels)."""
-    t = torch_mod()
-    nb = kv_blocks(s)
-    return t.arange(nb, dtype=t.int32, device=dev).expand(s.batch, s.heads_kv, q_tiles(s),
-                                                          nb).contiguous()
-
-
 def tile_lists(indices, counts, s, list_heads, max_blocks, dev):
     """Tile lists on dev, checked (int32, contiguous, aligned, shaped): (indices, counts or None)."""
     tiles = q_tiles(s)
@@ -327,8 +318,10 @@ def dense(q, k, v, s, layout, causal, stage):
             check(st.check(a), "stage %d (%s) check" % (st.id, st.name))
         full = None
         if st is None or st.sparse:
-            full = every_block_lists(s, dev)
-            a.lists = SaTileLists(full.data_ptr(), None, s.heads_kv, full.shape[3])
+            nb = kv_blocks(s)
+            full = t.arange(nb, dtype=t.int32, device=dev).expand(
+                s.batch, s.heads_kv, q_tiles(s), nb).contiguous()
+            a.lists = SaTileLists(full.data_ptr(), None, s.heads_kv, nb)
             a.validate = 0  # every block once: valid by construction
             a.allow_future_blocks = causal
             st = pick_sparse(st, a)

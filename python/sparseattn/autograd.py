@@ -20,8 +20,7 @@ import numpy as np
 from ._attention import (attention_backward, block_sparse_attention, dense_attention,
                          query_sparse_attention)
 from ._backward_gpu import block_sparse_attention_backward
-from ._gpu import every_block_lists
-from ._tensors import attn_shape
+from ._capi import TILE
 
 
 def torch_mod():
@@ -42,6 +41,18 @@ def _numpy(name, x):
     return np.ascontiguousarray(x.detach().to(t.float32).numpy())
 
 
+def _all_blocks(t, q, k, layout):
+    """Tile lists naming every KV block (dense attention through the tile-list kernels)."""
+    b = q.shape[0]
+    if layout == "bhsd":
+        sq, hkv, skv = q.shape[2], k.shape[1], k.shape[2]
+    else:
+        sq, hkv, skv = q.shape[1], k.shape[2], k.shape[1]
+    tiles, blocks = -(-sq // TILE), -(-skv // TILE)
+    return t.arange(blocks, dtype=t.int32, device=q.device).expand(b, hkv, tiles,
+                                                                   blocks).contiguous()
+
+
 def _cuda_function():
     t = torch_mod()
 
@@ -52,7 +63,7 @@ def _cuda_function():
         def forward(ctx, q, k, v, indices, counts, causal, allow_future_blocks, layout):
             qb, kb, vb = (x.detach().to(t.bfloat16).contiguous() for x in (q, k, v))
             if indices is None:
-                indices, counts = every_block_lists(attn_shape(qb, kb, vb, layout), qb.device), None
+                indices, counts = _all_blocks(t, qb, kb, layout), None
                 if causal:
                     allow_future_blocks = True  # every block: the future ones add nothing
             o, lse = block_sparse_attention(qb, kb, vb, indices, counts, layout=layout,
