@@ -416,8 +416,10 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_dq(const Args a)
     const int32_t *row = a.indices + (size_t)list_row * a.max_blocks;
     const int raw = a.counts ? a.counts[list_row] : a.max_blocks;
     const int count = raw < 0 || raw > a.max_blocks ? 0 : raw; // as the reverse index has it
-    const int last_key = last_key_of(a, t * TILE + TILE - 1);
-    const int last_blk = !a.causal ? a.kv_blocks - 1 : last_key < 0 ? -1 : last_key / TILE;
+    const int last_blk = a.causal ? (last_key_of(a, t * TILE + TILE - 1) < 0
+                                         ? -1
+                                         : last_key_of(a, t * TILE + TILE - 1) / TILE)
+                                  : a.kv_blocks - 1;
 
     // This thread's rows: r0 = 16 warp + lane / 4 and r0 + 8 of the tile.
     const int r0 = 16 * warp + lane / 4;
