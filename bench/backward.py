@@ -21,7 +21,6 @@ count 2.5x the forward's useful FLOPs (the convention of FlashAttention's papers
 import argparse
 import ctypes
 import json
-import math
 import os
 import sys
 import time
