@@ -63,6 +63,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "bwd_common.cuh"
 #include "bwd_internal.h"
 #include "sa_checked.h"
 #include "sa_cuda_internal.h"
@@ -70,53 +71,16 @@
 #include "sa_mma_sync.cuh"
 #include "sparseattn.h"
 
+// SA_BWD_MMA_SYNC=1 builds the first, mma.sync, kernels for dK/dV and dQ (below) instead of the
+// wgmma ones (bwd_wgmma.cu): an A/B variant (docs/backward.md has both measured).
+#ifndef SA_BWD_MMA_SYNC
+#define SA_BWD_MMA_SYNC 0
+#endif
+
 namespace {
 
-constexpr int D = BWD_HEAD_DIM;
-constexpr int TILE = SA_TILE;
 constexpr int THREADS = 256; // 8 warps
-constexpr int CHUNK = 64;    // query rows per step of kernel 2
-constexpr int ROW_BYTES = D * 2;
-constexpr int TILE_BYTES = TILE * ROW_BYTES;   // 32 KB
-constexpr int CHUNK_BYTES = CHUNK * ROW_BYTES; // 16 KB
-constexpr float LOG2E = 1.4426950408889634f;
 constexpr size_t ALIGN = 256; // workspace arrays start on 256-byte boundaries
-
-struct Args {
-    const uint16_t *q, *k, *v, *d_o;
-    const float *lse, *dsum;
-    const int32_t *indices, *counts;
-    const int32_t *offsets, *entries; // the reverse index (kernel 2)
-    float *dq, *dk, *dv;
-    float *dk_part, *dv_part; // kernel 2's per-split sums when splits > 1, else NULL
-    int splits;               // kernel-2 CTAs per (batch, KV head, block): the group's heads split
-    int heads_q, heads_kv, group, list_heads, list_div;
-    int len_q, len_kv, q_tiles, kv_blocks, max_blocks;
-    int causal, q_off; // query i sees key j when j <= i + q_off
-    float scale, scale_log2;
-};
-
-// LSE in log2 units, +inf where the row has no key or lies past len_q (so P = exp2(-inf) = 0),
-// and D (0 there, so 0 * (dP - D) stays 0).
-__device__ __forceinline__ float lse2_of(const Args &a, size_t row, bool valid)
-{
-    if (!valid)
-        return CUDART_INF_F;
-    const float l = a.lse[row];
-    return l == -CUDART_INF_F ? CUDART_INF_F : l * LOG2E;
-}
-
-// Does key column kg (global key index) enter the softmax of query qg?
-__device__ __forceinline__ bool visible(const Args &a, int kg, int qg)
-{
-    return kg < a.len_kv && (!a.causal || kg <= qg + a.q_off);
-}
-
-// The causal last visible key of query rows [q0, q0 + 64 or 128) (their last valid row).
-__device__ __forceinline__ int last_key_of(const Args &a, int q_last)
-{
-    return min(q_last, a.len_q - 1) + a.q_off;
-}
 
 // ------------------------------------------------------------------ kernel 1: D = rowsum(dO O)
 __global__ void __launch_bounds__(THREADS) bwd_dsum(const uint16_t *__restrict__ o,
@@ -147,47 +111,6 @@ struct Smem2 {
     uint8_t q[2][CHUNK_BYTES], d_o[2][CHUNK_BYTES];
     float lse2[2][CHUNK], dsum[2][CHUNK];
 };
-
-// The chunks a kernel-2 CTA walks: for each head h of the group, the entries of the bucket
-// (batch, list head of h, block) in order, and each listed tile's 64-row halves (one for a
-// partial last tile of up to 64 rows). Halves that cannot see the block (causal) are skipped.
-struct Chunk {
-    int head; // query head
-    int q0;   // first query row of the chunk
-};
-struct ChunkWalk {
-    int h, h_end, i, end, half; // heads [h, h_end) of the group still to walk
-};
-
-__device__ bool next_chunk(const Args &a, int b, int g, int blk, ChunkWalk &w, Chunk &out)
-{
-    for (;;) {
-        if (w.i < w.end) {
-            const int e = a.entries[w.i];
-            const int t = (e / a.max_blocks) % a.q_tiles;
-            const int rows = min(TILE, a.len_q - t * TILE);
-            const int halves = (rows + CHUNK - 1) / CHUNK;
-            const int half = w.half;
-            if (++w.half == halves) {
-                w.half = 0;
-                w.i++;
-            }
-            const int q0 = t * TILE + half * CHUNK;
-            if (a.causal && blk * TILE > last_key_of(a, q0 + CHUNK - 1))
-                continue; // no row of the half sees any key of the block
-            out = {g * a.group + w.h - 1, q0};
-            return true;
-        }
-        if (w.h == w.h_end)
-            return false;
-        const int lh = (g * a.group + w.h) / a.list_div;
-        const int bucket = (b * a.list_heads + lh) * a.kv_blocks + blk;
-        w.i = a.offsets[bucket];
-        w.end = a.offsets[bucket + 1];
-        w.half = 0;
-        w.h++;
-    }
-}
 
 __device__ __forceinline__ void load_chunk(const Args &a, Smem2 &sm, int buf, int b, Chunk c)
 {
@@ -375,19 +298,6 @@ struct Smem3 {
     uint8_t q[TILE_BYTES], d_o[TILE_BYTES];
     uint8_t k[2][TILE_BYTES], v[2][TILE_BYTES];
 };
-
-// The next listed block of the row at or after position j that can contribute: in range and,
-// causally, not wholly after the tile's last visible key. count when there is none.
-__device__ __forceinline__ int next_block(const Args &a, const int32_t *row, int count, int j,
-                                          int last_blk)
-{
-    for (; j < count; j++) {
-        const int blk = row[j];
-        if (blk >= 0 && blk < a.kv_blocks && blk <= last_blk)
-            return j;
-    }
-    return count;
-}
 
 __device__ __forceinline__ void load_kv_block(const Args &a, Smem3 &sm, int buf, size_t kv_bh,
                                               int blk)
@@ -638,6 +548,12 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
                                                                   reinterpret_cast<float *>(ws), rows);
     SA_CUDA_TRY(cudaGetLastError());
 
+    const int kv_ctas = s->batch * s->heads_kv * g.kv_blocks * l.splits;
+    const int q_ctas = s->batch * s->heads_q * g.q_tiles;
+#if !SA_BWD_MMA_SYNC
+    if ((err = sa_bwd::launch_dkdv_wgmma(g, kv_ctas, st)))
+        return err;
+#else
     static int smem_set; // the opt-in once per process (every device of a build is sm_90)
     if (!smem_set) {
         SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -646,8 +562,9 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
                                          (int)sizeof(Smem3)));
         smem_set = 1;
     }
-    bwd_dkdv<<<s->batch * s->heads_kv * g.kv_blocks * l.splits, THREADS, sizeof(Smem2), st>>>(g);
+    bwd_dkdv<<<kv_ctas, THREADS, sizeof(Smem2), st>>>(g);
     SA_CUDA_TRY(cudaGetLastError());
+#endif
     if (l.splits > 1) {
         const long long per_split = (long long)s->len_kv * D / 4, n = s->batch * s->heads_kv * per_split;
         bwd_reduce<<<(int)min((n + THREADS - 1) / THREADS, (long long)sms * 8), THREADS, 0, st>>>(
@@ -656,8 +573,13 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
             per_split);
         SA_CUDA_TRY(cudaGetLastError());
     }
-    bwd_dq<<<s->batch * s->heads_q * g.q_tiles, THREADS, sizeof(Smem3), st>>>(g);
+#if !SA_BWD_MMA_SYNC
+    if ((err = sa_bwd::launch_dq_wgmma(g, q_ctas, st)))
+        return err;
+#else
+    bwd_dq<<<q_ctas, THREADS, sizeof(Smem3), st>>>(g);
     SA_CUDA_TRY(cudaGetLastError());
+#endif
     return SA_OK;
 }
 

@@ -1,0 +1,414 @@
+// The wgmma kernels of the GPU backward (docs/backward.md): dK/dV and dQ with the tensor core
+// reading its operands from shared memory itself. Diff them against bwd_dkdv and bwd_dq of
+// bwd_tile.cu (mma.sync): the walks, the visibility rules and the order of every sum are the
+// same; what changes is who feeds the tensor core.
+//
+// FOCUS
+//   mma.sync needs every B operand (and every A operand of a shared-memory GEMM) moved through
+//   ldmatrix into registers before each MMA; at this shape that operand traffic, not the tensor
+//   core, bounds the mma.sync kernels (docs/backward.md). wgmma takes shared-memory operands by
+//   descriptor and a register A operand straight from the accumulators of the GEMM before, the
+//   way stage 17's PV takes P: P^T and dS^T never touch shared memory.
+//
+// SHAPE (both kernels: 256 threads = two warpgroups, no producer warpgroup; every thread issues
+// its share of the cp.async copies, double-buffered as in bwd_tile.cu)
+//   dK/dV: a CTA owns one KV block; warpgroup c owns keys 64c..64c+63, dK and dV of its 64 keys
+//     in registers (2 x 64 fp32 a thread). A step is a chunk of 64 query rows: score tiles are
+//     64 keys x 64 queries (m64n64, 32 registers each), so S^T, dP^T, dK and dV fit together.
+//   dQ: a CTA owns one 128-row Q tile; warpgroup c owns rows 64c..64c+63 and their dQ (64 fp32 a
+//     thread). A listed block is taken in two halves of 64 keys (m64n64 score tiles again).
+//
+// DATAFLOW, dK/dV per chunk (warpgroup c, keys K_c, V_c; chunk Q, dO of 64 rows)
+//   1. S^T = K_c Q^T, dP^T = V_c dO^T: 8 + 8 wgmma (SS, both K-major over the head dim), two
+//      commit groups.
+//   2. wait for S^T (wait_group 1); P^T = exp2(S^T scale log2e - LSE log2e), masked (partial
+//      block, causal) as in bwd_tile.cu; packed to BF16 A fragments.
+//   3. dV += P^T dO: 4 wgmma (RS, dO MN-major), committed; it runs during step 4.
+//   4. wait for dP^T (wait_group 1); dS^T = P^T (dP^T - D), packed.
+//   5. dK += dS^T Q: 4 wgmma (RS); wait_group 0 before the chunk's buffers are given back.
+//   After the last chunk: dK *= scale, stores as bwd_tile.cu (or the split's partial sums).
+// DATAFLOW, dQ per block half hf (warpgroup c, rows Q_c, dO_c; keys K_hf, V_hf of the block)
+//   1. S = Q_c K_hf^T, dP = dO_c V_hf^T: 8 + 8 wgmma (SS), two groups.
+//   2. wait for S (wait_group 1: the previous half's dQ GEMM is done too); P = exp2(S scale log2e
+//      - LSE log2e), masked.
+//   3. wait for dP (wait_group 0); dS = P (dP - D), packed.
+//   4. dQ += dS K_hf: 4 wgmma (RS, K MN-major); for hf = 0 it runs during the next half's steps
+//      1-2. wait_group 0 after hf = 1, before the block's buffers are given back.
+//
+// SHARED MEMORY (the 128-byte swizzle TMA writes: 64-column panels of 128-byte rows, 16-byte
+// chunk c of row r at c ^ (r % 8), so one descriptor layout serves K-major and MN-major reads)
+//   dK/dV: K, V 32 KB each; Q, dO 2 x 16 KB each; LSE', D 2 x 64 floats each: 129 KB.
+//   dQ: Q, dO 32 KB each; K, V 2 x 32 KB each: 192 KB.
+//
+// BARRIERS: as bwd_tile.cu (cp.async.wait_group + __syncthreads before a buffer is read, a
+//   trailing __syncthreads before it is refilled), plus wgmma.wait_group 0 before the trailing
+//   barrier: a wgmma reads shared memory until it completes, not until it is issued.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "bwd_common.cuh"
+#include "sa_cuda_internal.h"
+#include "sa_mbarrier.cuh" // sa_smem_addr
+#include "sa_mma_sync.cuh" // cp_async16, cp_async_commit, cp_async_wait_all, fast_exp2, pack_bf16
+#include "sa_wgmma.cuh"
+
+namespace {
+
+constexpr int WG_THREADS = 256;                // two warpgroups
+constexpr int KEYS_PER_WG = 64;                // dK/dV: keys per warpgroup; dQ: keys per half
+constexpr uint32_t PANEL_ROW = 128;            // bytes of one row of a 64-column panel
+constexpr uint32_t ATOM = 8 * PANEL_ROW;       // the 1024-byte swizzle atom
+constexpr uint32_t TILE_PANEL = TILE * PANEL_ROW;   // 16 KB: panel step of a 128-row tile
+constexpr uint32_t CHUNK_PANEL = CHUNK * PANEL_ROW; // 8 KB: panel step of a 64-row chunk
+constexpr uint32_t DESC_HI = sa_desc_hi_sw128(ATOM);
+
+// ROWS rows of 128 BF16 from src (row stride 128) into the swizzled layout at dst (1024-byte
+// aligned), by the CTA's 256 threads; rows past `valid` are zero-filled.
+template <int ROWS>
+__device__ __forceinline__ void load_rows_sw128(uint32_t dst, const uint16_t *src, int valid)
+{
+#pragma unroll
+    for (int i = 0; i < ROWS * 16 / WG_THREADS; i++) {
+        const int idx = threadIdx.x + i * WG_THREADS, r = idx >> 4, c = idx & 15;
+        const bool ok = r < valid;
+        const uint32_t off = (c >> 3) * (ROWS * PANEL_ROW) + r * PANEL_ROW +
+                             ((((uint32_t)c & 7) ^ ((uint32_t)r & 7)) << 4);
+        cp_async16(dst + off, src + (size_t)(ok ? r : 0) * D + c * 8, ok);
+    }
+}
+
+// d (64 x 64) = A (64 rows) B^T (64 rows), both K-major over the 128 head dims; k-step kk is
+// panel kk / 4, 32 bytes into each row. PANEL_A / PANEL_B: the operands' panel steps.
+template <uint32_t PANEL_A, uint32_t PANEL_B>
+__device__ __forceinline__ void gemm_ss(float (&d)[32], uint32_t a_lo, uint32_t b_lo)
+{
+    sa_wgmma_m64n64k16_ss_zero(d, sa_desc_join(a_lo, DESC_HI), sa_desc_join(b_lo, DESC_HI));
+#pragma unroll
+    for (int kk = 1; kk < 8; kk++) {
+        const uint32_t oa = ((kk / 4) * PANEL_A + (kk % 4) * 32) >> 4;
+        const uint32_t ob = ((kk / 4) * PANEL_B + (kk % 4) * 32) >> 4;
+        sa_wgmma_m64n64k16_ss(d, sa_desc_join(a_lo + oa, DESC_HI), sa_desc_join(b_lo + ob, DESC_HI));
+    }
+}
+
+// d (64 x 128) += X (64 x 64, A fragments) B, B = 64 rows of an MN-major operand (its
+// descriptor's lbo is the panel step); k-step kk is rows 16kk..16kk+15, two atoms on.
+__device__ __forceinline__ void gemm_rs(float (&d)[64], const uint32_t (&x)[16], uint32_t b_lo)
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        const uint32_t a[4] = {x[4 * kk], x[4 * kk + 1], x[4 * kk + 2], x[4 * kk + 3]};
+        sa_wgmma_m64n128k16_rs(d, a, sa_desc_join(b_lo + ((kk * 2 * ATOM) >> 4), DESC_HI), 1);
+    }
+}
+
+// A 64 x 64 accumulator as the A fragments of the next GEMM (columns 16kk.. = k-step kk).
+__device__ __forceinline__ void pack_a(const float (&s)[32], uint32_t (&x)[16])
+{
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            x[(jj / 2) * 4 + (jj % 2) * 2 + i] = pack_bf16(s[4 * jj + 2 * i], s[4 * jj + 2 * i + 1]);
+}
+
+// The dynamic base is only 16-byte aligned; the swizzle atoms need 1024.
+template <typename T> __device__ __forceinline__ T &aligned_smem(uint8_t *raw)
+{
+    return *reinterpret_cast<T *>(raw + ((1024 - (sa_smem_addr(raw) & 1023)) & 1023));
+}
+
+// ------------------------------------------------------------------ dK, dV
+struct alignas(1024) SmemKV {
+    uint8_t k[TILE_BYTES], v[TILE_BYTES];
+    uint8_t q[2][CHUNK_BYTES], d_o[2][CHUNK_BYTES];
+    float lse2[2][CHUNK], dsum[2][CHUNK];
+};
+
+__device__ __forceinline__ void load_chunk(const Args &a, SmemKV &sm, int buf, int b, Chunk c)
+{
+    const size_t row0 = ((size_t)b * a.heads_q + c.head) * a.len_q + c.q0;
+    const int valid = a.len_q - c.q0;
+    load_rows_sw128<CHUNK>(sa_smem_addr(sm.q[buf]), a.q + row0 * D, valid);
+    load_rows_sw128<CHUNK>(sa_smem_addr(sm.d_o[buf]), a.d_o + row0 * D, valid);
+    if (threadIdx.x < CHUNK) {
+        const int r = threadIdx.x;
+        const bool ok = r < valid;
+        sm.lse2[buf][r] = lse2_of(a, row0 + r, ok);
+        sm.dsum[buf][r] = ok ? a.dsum[row0 + r] : 0.f;
+    }
+}
+
+__global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
+{
+    extern __shared__ uint8_t smem_raw[];
+    SmemKV &sm = aligned_smem<SmemKV>(smem_raw);
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int blk = blockIdx.x % a.kv_blocks, sp = (blockIdx.x / a.kv_blocks) % a.splits;
+    const int bg = blockIdx.x / a.kv_blocks / a.splits, g = bg % a.heads_kv, b = bg / a.heads_kv;
+    const int keys = min(TILE, a.len_kv - blk * TILE);
+    const size_t kv_row0 = (size_t)bg * a.len_kv + (size_t)blk * TILE;
+    const uint32_t sk = sa_smem_addr(sm.k), sv = sa_smem_addr(sm.v);
+    load_rows_sw128<TILE>(sk, a.k + kv_row0 * D, keys);
+    load_rows_sw128<TILE>(sv, a.v + kv_row0 * D, keys);
+    // This warpgroup's 64 keys of K and V as A operands (K-major, the panel step of a tile).
+    const uint32_t k_lo = sa_desc_lo(sk + wg * KEYS_PER_WG * PANEL_ROW, 16);
+    const uint32_t v_lo = sa_desc_lo(sv + wg * KEYS_PER_WG * PANEL_ROW, 16);
+
+    float dk[64], dv[64];
+#pragma unroll
+    for (int r = 0; r < 64; r++)
+        dk[r] = dv[r] = 0.f;
+
+    ChunkWalk walk = {sp * a.group / a.splits, (sp + 1) * a.group / a.splits, 0, 0, 0};
+    Chunk cur, nxt;
+    bool have = next_chunk(a, b, g, blk, walk, cur);
+    if (have)
+        load_chunk(a, sm, 0, b, cur);
+    cp_async_commit();
+    // This thread's keys: key_lo and key_lo + 8 (accumulator rows i = 0, 1).
+    const int key_lo = blk * TILE + KEYS_PER_WG * wg + 16 * warp + lane / 4;
+    for (int n = 0; have; n++) {
+        const int buf = n & 1;
+        const bool more = next_chunk(a, b, g, blk, walk, nxt);
+        if (more)
+            load_chunk(a, sm, buf ^ 1, b, nxt);
+        cp_async_commit();
+        if (more)
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        // cp.async writes through the generic proxy; wgmma reads through the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+
+        const uint32_t sq = sa_smem_addr(sm.q[buf]), sdo = sa_smem_addr(sm.d_o[buf]);
+        const float *lse2 = sm.lse2[buf], *dsum = sm.dsum[buf];
+        float st[32], dpt[32];
+        // 1. S^T and dP^T
+        sa_wgmma_fence();
+        gemm_ss<TILE_PANEL, CHUNK_PANEL>(st, k_lo, sa_desc_lo(sq, 16));
+        sa_wgmma_commit();
+        gemm_ss<TILE_PANEL, CHUNK_PANEL>(dpt, v_lo, sa_desc_lo(sdo, 16));
+        sa_wgmma_commit();
+        // 2. P^T
+        sa_wgmma_wait<1>();
+        const bool mask = keys < TILE ||
+                          (a.causal && blk * TILE + TILE - 1 > cur.q0 + a.q_off); // a hidden key
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qc = 8 * jj + 2 * (lane % 4) + (e % 2);
+                float x = fast_exp2(st[4 * jj + e] * a.scale_log2 - lse2[qc]);
+                if (mask && !visible(a, key_lo + 8 * (e / 2), cur.q0 + qc))
+                    x = 0.f;
+                st[4 * jj + e] = x;
+            }
+        uint32_t pt[16];
+        pack_a(st, pt);
+        // 3. dV += P^T dO
+        sa_wgmma_fence();
+        gemm_rs(dv, pt, sa_desc_lo(sdo, CHUNK_PANEL));
+        sa_wgmma_commit();
+        // 4. dS^T = P^T (dP^T - D)
+        sa_wgmma_wait<1>();
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - dsum[8 * jj + 2 * (lane % 4) + (e % 2)]);
+        uint32_t dst[16];
+        pack_a(dpt, dst);
+        // 5. dK += dS^T Q
+        sa_wgmma_fence();
+        gemm_rs(dk, dst, sa_desc_lo(sq, CHUNK_PANEL));
+        sa_wgmma_commit();
+        sa_wgmma_wait<0>();
+        __syncthreads(); // buffer `buf` is refilled two chunks on
+        cur = nxt;
+        have = more;
+    }
+    cp_async_wait_all(); // a CTA with no chunk still has its K/V copies in flight
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int kr = KEYS_PER_WG * wg + 16 * warp + lane / 4 + 8 * i;
+        if (kr >= keys)
+            continue;
+        const size_t out_row = a.splits == 1 ? kv_row0 + kr
+                                             : ((size_t)bg * a.splits + sp) * a.len_kv +
+                                                   (size_t)blk * TILE + kr;
+        float *dkr = (a.splits == 1 ? a.dk : a.dk_part) + out_row * D;
+        float *dvr = (a.splits == 1 ? a.dv : a.dv_part) + out_row * D;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++) {
+            const int col = 8 * jj + 2 * (lane % 4);
+            *reinterpret_cast<float2 *>(dkr + col) =
+                make_float2(dk[4 * jj + 2 * i] * a.scale, dk[4 * jj + 2 * i + 1] * a.scale);
+            *reinterpret_cast<float2 *>(dvr + col) = make_float2(dv[4 * jj + 2 * i], dv[4 * jj + 2 * i + 1]);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ dQ
+struct alignas(1024) SmemQ {
+    uint8_t q[TILE_BYTES], d_o[TILE_BYTES];
+    uint8_t k[2][TILE_BYTES], v[2][TILE_BYTES];
+};
+
+__device__ __forceinline__ void load_kv_block(const Args &a, SmemQ &sm, int buf, size_t kv_bh,
+                                              int blk)
+{
+    const size_t row0 = kv_bh * a.len_kv + (size_t)blk * TILE;
+    const int keys = min(TILE, a.len_kv - blk * TILE);
+    load_rows_sw128<TILE>(sa_smem_addr(sm.k[buf]), a.k + row0 * D, keys);
+    load_rows_sw128<TILE>(sa_smem_addr(sm.v[buf]), a.v + row0 * D, keys);
+}
+
+__global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_wgmma(const Args a)
+{
+    extern __shared__ uint8_t smem_raw[];
+    SmemQ &sm = aligned_smem<SmemQ>(smem_raw);
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int t = blockIdx.x % a.q_tiles, bh = blockIdx.x / a.q_tiles; // bh = b * Hq + head
+    const int b = bh / a.heads_q, h = bh % a.heads_q;
+    const size_t kv_bh = (size_t)b * a.heads_kv + h / a.group;
+    const size_t q_row0 = (size_t)bh * a.len_q + (size_t)t * TILE;
+    const int rows = min(TILE, a.len_q - t * TILE);
+    const uint32_t sq = sa_smem_addr(sm.q), sdo = sa_smem_addr(sm.d_o);
+    load_rows_sw128<TILE>(sq, a.q + q_row0 * D, rows);
+    load_rows_sw128<TILE>(sdo, a.d_o + q_row0 * D, rows);
+    const uint32_t q_lo = sa_desc_lo(sq + wg * 64 * PANEL_ROW, 16);
+    const uint32_t do_lo = sa_desc_lo(sdo + wg * 64 * PANEL_ROW, 16);
+
+    const int list_row = (b * a.list_heads + h / a.list_div) * a.q_tiles + t;
+    const int32_t *row = a.indices + (size_t)list_row * a.max_blocks;
+    const int raw = a.counts ? a.counts[list_row] : a.max_blocks;
+    const int count = raw < 0 || raw > a.max_blocks ? 0 : raw; // as the reverse index has it
+    const int last_blk = a.causal ? (last_key_of(a, t * TILE + TILE - 1) < 0
+                                         ? -1
+                                         : last_key_of(a, t * TILE + TILE - 1) / TILE)
+                                  : a.kv_blocks - 1;
+
+    // This thread's rows: r0 = 64 wg + 16 warp + lane / 4 and r0 + 8 of the tile.
+    const int r0 = 64 * wg + 16 * warp + lane / 4;
+    float lse2[2], dsum[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const bool ok = r0 + 8 * i < rows;
+        lse2[i] = lse2_of(a, q_row0 + r0 + 8 * i, ok);
+        dsum[i] = ok ? a.dsum[q_row0 + r0 + 8 * i] : 0.f;
+    }
+    float dq[64];
+#pragma unroll
+    for (int r = 0; r < 64; r++)
+        dq[r] = 0.f;
+
+    int j = next_block(a, row, count, 0, last_blk);
+    if (j < count)
+        load_kv_block(a, sm, 0, kv_bh, row[j]);
+    cp_async_commit();
+    for (int n = 0; j < count; n++) {
+        const int buf = n & 1, blk = row[j];
+        const int jn = next_block(a, row, count, j + 1, last_blk);
+        if (jn < count)
+            load_kv_block(a, sm, buf ^ 1, kv_bh, row[jn]);
+        cp_async_commit();
+        if (jn < count)
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+
+        const uint32_t sk = sa_smem_addr(sm.k[buf]), sv = sa_smem_addr(sm.v[buf]);
+        const bool mask = blk * TILE + TILE > a.len_kv ||
+                          (a.causal && blk * TILE + TILE - 1 > t * TILE + a.q_off);
+#pragma unroll 1
+        for (int hf = 0; hf < 2; hf++) { // keys 64 hf .. 64 hf + 63 of the block
+            const uint32_t kh = sk + hf * KEYS_PER_WG * PANEL_ROW, vh = sv + hf * KEYS_PER_WG * PANEL_ROW;
+            float s[32], dp[32];
+            // 1. S and dP
+            sa_wgmma_fence();
+            gemm_ss<TILE_PANEL, TILE_PANEL>(s, q_lo, sa_desc_lo(kh, 16));
+            sa_wgmma_commit();
+            gemm_ss<TILE_PANEL, TILE_PANEL>(dp, do_lo, sa_desc_lo(vh, 16));
+            sa_wgmma_commit();
+            // 2. P
+            sa_wgmma_wait<1>();
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = fast_exp2(s[4 * jj + e] * a.scale_log2 - lse2[e / 2]);
+                    const int kg = blk * TILE + KEYS_PER_WG * hf + 8 * jj + 2 * (lane % 4) + (e % 2);
+                    if (mask && !visible(a, kg, t * TILE + r0 + 8 * (e / 2)))
+                        x = 0.f;
+                    s[4 * jj + e] = x;
+                }
+            // 3. dS = P (dP - D)
+            sa_wgmma_wait<0>();
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dp[4 * jj + e] = s[4 * jj + e] * (dp[4 * jj + e] - dsum[e / 2]);
+            uint32_t ds[16];
+            pack_a(dp, ds);
+            // 4. dQ += dS K_hf
+            sa_wgmma_fence();
+            gemm_rs(dq, ds, sa_desc_lo(kh, TILE_PANEL));
+            sa_wgmma_commit();
+        }
+        sa_wgmma_wait<0>();
+        __syncthreads(); // buffer `buf` is refilled two blocks on
+        j = jn;
+    }
+    cp_async_wait_all(); // a row with no block still has its Q/dO copies in flight
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (r0 + 8 * i >= rows)
+            continue;
+        float *dst = a.dq + (q_row0 + r0 + 8 * i) * D;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+            *reinterpret_cast<float2 *>(dst + 8 * jj + 2 * (lane % 4)) =
+                make_float2(dq[4 * jj + 2 * i] * a.scale, dq[4 * jj + 2 * i + 1] * a.scale);
+    }
+}
+
+constexpr size_t SMEM_KV = sizeof(SmemKV) + 1024; // + room to align the dynamic base
+constexpr size_t SMEM_Q = sizeof(SmemQ) + 1024;
+static_assert(SMEM_Q <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+
+} // namespace
+
+int sa_bwd::launch_dkdv_wgmma(const Args &g, int ctas, cudaStream_t st)
+{
+    static int smem_set; // the opt-in once per process (every device of a build is sm_90)
+    if (!smem_set) {
+        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)SMEM_KV));
+        smem_set = 1;
+    }
+    bwd_dkdv_wgmma<<<ctas, WG_THREADS, SMEM_KV, st>>>(g);
+    SA_CUDA_TRY(cudaGetLastError());
+    return SA_OK;
+}
+
+int sa_bwd::launch_dq_wgmma(const Args &g, int ctas, cudaStream_t st)
+{
+    static int smem_set;
+    if (!smem_set) {
+        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dq_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)SMEM_Q));
+        smem_set = 1;
+    }
+    bwd_dq_wgmma<<<ctas, WG_THREADS, SMEM_Q, st>>>(g);
+    SA_CUDA_TRY(cudaGetLastError());
+    return SA_OK;
+}
