@@ -26,8 +26,9 @@ struct Args {
 };
 
 // The wgmma kernels (bwd_wgmma.cu), launched on `st` with `ctas` CTAs: dK/dV, one CTA per
-// (batch, KV head, block, split); dQ, one per (batch, query head, Q tile).
-int launch_dkdv_wgmma(const Args &g, int ctas, cudaStream_t st);
+// (batch, KV head, block, split), which with fused_dq also adds each chunk's dQ into g.dq (FP32
+// atomics; dq zeroed first); dQ alone, one per (batch, query head, Q tile).
+int launch_dkdv_wgmma(const Args &g, int ctas, bool fused_dq, cudaStream_t st);
 int launch_dq_wgmma(const Args &g, int ctas, cudaStream_t st);
 
 } // namespace sa_bwd

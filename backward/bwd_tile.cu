@@ -551,7 +551,10 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
     const int kv_ctas = s->batch * s->heads_kv * g.kv_blocks * l.splits;
     const int q_ctas = s->batch * s->heads_q * g.q_tiles;
 #if !SA_BWD_MMA_SYNC
-    if ((err = sa_bwd::launch_dkdv_wgmma(g, kv_ctas, st)))
+    const bool fused_dq = !a->deterministic;
+    if (fused_dq && cudaMemsetAsync(a->dq, 0, sa_q_elems(s) * sizeof(float), st) != cudaSuccess)
+        return SA_ERR_CUDA;
+    if ((err = sa_bwd::launch_dkdv_wgmma(g, kv_ctas, fused_dq, st)))
         return err;
 #else
     static int smem_set; // the opt-in once per process (every device of a build is sm_90)
@@ -574,7 +577,7 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
         SA_CUDA_TRY(cudaGetLastError());
     }
 #if !SA_BWD_MMA_SYNC
-    if ((err = sa_bwd::launch_dq_wgmma(g, q_ctas, st)))
+    if (!fused_dq && (err = sa_bwd::launch_dq_wgmma(g, q_ctas, st)))
         return err;
 #else
     bwd_dq<<<q_ctas, THREADS, sizeof(Smem3), st>>>(g);

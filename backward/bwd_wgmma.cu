@@ -52,6 +52,7 @@
 #include "sa_cuda_internal.h"
 #include "sa_mbarrier.cuh" // sa_smem_addr
 #include "sa_mma_sync.cuh" // cp_async16, cp_async_commit, cp_async_wait_all, fast_exp2, pack_bf16
+#include "sa_warpgroup.cuh" // sa_named_barrier_sync
 #include "sa_wgmma.cuh"
 
 namespace {
@@ -104,6 +105,19 @@ __device__ __forceinline__ void gemm_rs(float (&d)[64], const uint32_t (&x)[16],
     }
 }
 
+// d (64 x 64) = A B with both operands MN-major (A: 128 rows of K, 64 of M contiguous in each;
+// B: 128 rows of K, 64 of N): 8 k-steps of 16 rows, two atoms each.
+__device__ __forceinline__ void gemm_ss_mn(float (&d)[32], uint32_t a_lo, uint32_t b_lo)
+{
+    sa_wgmma_m64n64k16_ss_zero<1, 1>(d, sa_desc_join(a_lo, DESC_HI), sa_desc_join(b_lo, DESC_HI));
+#pragma unroll
+    for (int kk = 1; kk < 8; kk++) {
+        const uint32_t off = (kk * 2 * ATOM) >> 4;
+        sa_wgmma_m64n64k16_ss<1, 1>(d, sa_desc_join(a_lo + off, DESC_HI),
+                                    sa_desc_join(b_lo + off, DESC_HI));
+    }
+}
+
 // A 64 x 64 accumulator as the A fragments of the next GEMM (columns 16kk.. = k-step kk).
 __device__ __forceinline__ void pack_a(const float (&s)[32], uint32_t (&x)[16])
 {
@@ -124,6 +138,7 @@ template <typename T> __device__ __forceinline__ T &aligned_smem(uint8_t *raw)
 struct alignas(1024) SmemKV {
     uint8_t k[TILE_BYTES], v[TILE_BYTES];
     uint8_t q[2][CHUNK_BYTES], d_o[2][CHUNK_BYTES];
+    uint8_t ds[TILE * PANEL_ROW]; // FUSED_DQ: dS^T of the chunk, a row of 64 queries per key
     float lse2[2][CHUNK], dsum[2][CHUNK];
 };
 
@@ -141,6 +156,24 @@ __device__ __forceinline__ void load_chunk(const Args &a, SmemKV &sm, int buf, i
     }
 }
 
+// FUSED_DQ: this warpgroup's packed dS^T (64 keys x 64 queries) into the chunk's dS^T buffer,
+// row = key, swizzled as every other tile (the A operand of dQ, MN-major).
+__device__ __forceinline__ void store_ds(uint8_t *ds, const uint32_t (&x)[16], int key0, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int key = key0 + 8 * i;
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++) // queries 8 jj + 2 (lane % 4) + {0, 1}: 16-byte chunk jj
+            *reinterpret_cast<uint32_t *>(ds + key * PANEL_ROW + ((jj ^ (key & 7)) << 4) +
+                                          4 * (lane % 4)) = x[(jj / 2) * 4 + (jj % 2) * 2 + i];
+    }
+}
+
+// Named barrier 1 over both warpgroups: both halves of dS^T are in shared memory (FUSED_DQ).
+constexpr int DS_BARRIER = 1;
+
+template <bool FUSED_DQ>
 __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
 {
     extern __shared__ uint8_t smem_raw[];
@@ -222,11 +255,39 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
                 dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - dsum[8 * jj + 2 * (lane % 4) + (e % 2)]);
         uint32_t dst[16];
         pack_a(dpt, dst);
+        if (FUSED_DQ)
+            store_ds(sm.ds, dst, KEYS_PER_WG * wg + 16 * warp + lane / 4, lane);
         // 5. dK += dS^T Q
         sa_wgmma_fence();
         gemm_rs(dk, dst, sa_desc_lo(sq, CHUNK_PANEL));
         sa_wgmma_commit();
-        sa_wgmma_wait<0>();
+        if (FUSED_DQ) {
+            // 6. dQ (this chunk's 64 rows, head dims 64 wg..64 wg+63) += scale dS K, added to
+            //    dq by FP32 atomics: A = dS^T of both warpgroups, B = panel wg of K.
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            sa_named_barrier_sync<DS_BARRIER>(WG_THREADS);
+            float dqp[32];
+            sa_wgmma_fence();
+            gemm_ss_mn(dqp, sa_desc_lo(sa_smem_addr(sm.ds), CHUNK_PANEL),
+                       sa_desc_lo(sk + wg * TILE_PANEL, TILE_PANEL));
+            sa_wgmma_commit();
+            sa_wgmma_wait<0>();
+            const int valid = a.len_q - cur.q0;
+            float *dq0 = a.dq + (((size_t)b * a.heads_q + cur.head) * a.len_q + cur.q0) * D +
+                         KEYS_PER_WG * wg + 2 * (lane % 4);
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int r = 16 * warp + lane / 4 + 8 * i;
+                if (r < valid)
+#pragma unroll
+                    for (int jj = 0; jj < 8; jj++)
+                        atomicAdd(reinterpret_cast<float2 *>(dq0 + (size_t)r * D + 8 * jj),
+                                  make_float2(dqp[4 * jj + 2 * i] * a.scale,
+                                              dqp[4 * jj + 2 * i + 1] * a.scale));
+            }
+        } else {
+            sa_wgmma_wait<0>();
+        }
         __syncthreads(); // buffer `buf` is refilled two chunks on
         cur = nxt;
         have = more;
@@ -387,15 +448,20 @@ static_assert(SMEM_Q <= 227 * 1024, "shared memory over the sm_90 per-block limi
 
 } // namespace
 
-int sa_bwd::launch_dkdv_wgmma(const Args &g, int ctas, cudaStream_t st)
+int sa_bwd::launch_dkdv_wgmma(const Args &g, int ctas, bool fused_dq, cudaStream_t st)
 {
     static int smem_set; // the opt-in once per process (every device of a build is sm_90)
     if (!smem_set) {
-        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)SMEM_KV));
+        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv_wgmma<false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_KV));
+        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv_wgmma<true>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_KV));
         smem_set = 1;
     }
-    bwd_dkdv_wgmma<<<ctas, WG_THREADS, SMEM_KV, st>>>(g);
+    if (fused_dq)
+        bwd_dkdv_wgmma<true><<<ctas, WG_THREADS, SMEM_KV, st>>>(g);
+    else
+        bwd_dkdv_wgmma<false><<<ctas, WG_THREADS, SMEM_KV, st>>>(g);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }
