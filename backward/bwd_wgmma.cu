@@ -135,29 +135,10 @@ template <typename T> __device__ __forceinline__ T &aligned_smem(uint8_t *raw)
 }
 
 // ------------------------------------------------------------------ dK, dV
-// FUSED_DQ stages a warpgroup's dQ part (64 rows x 64 head dims, FP32) in shared memory and adds
-// it to dq row by row with the copy engine's bulk reduction (one 256-byte cp.reduce.async.bulk a
-// row): whole-line additions in L2 instead of 2048 single atomics a warpgroup. Rows are padded to
-// 68 floats so that the accumulator's float2 stores take two wavefronts, the minimum.
-constexpr int STAGE_STRIDE = 68;
-constexpr uint32_t STAGE_ROW_BYTES = 64 * 4;
-
-__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes)
-{
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-                 "r"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// This thread's bulk reductions have read their shared-memory source (it may be rewritten).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
 struct alignas(1024) SmemKV {
     uint8_t k[TILE_BYTES], v[TILE_BYTES];
     uint8_t q[2][CHUNK_BYTES], d_o[2][CHUNK_BYTES];
     uint8_t ds[TILE * PANEL_ROW]; // FUSED_DQ: dS^T of the chunk, a row of 64 queries per key
-    float dq_stage[2][CHUNK][STAGE_STRIDE]; // FUSED_DQ: each warpgroup's 64 x 64 part of dQ
     float lse2[2][CHUNK], dsum[2][CHUNK];
 };
 
@@ -189,10 +170,8 @@ __device__ __forceinline__ void store_ds(uint8_t *ds, const uint32_t (&x)[16], i
     }
 }
 
-// Named barrier 1 over both warpgroups: both halves of dS^T are in shared memory, and the last
-// chunk's reductions have read the dQ stages (FUSED_DQ); 2 + c over warpgroup c: its dQ stage is
-// written.
-constexpr int DS_BARRIER = 1, STAGE_BARRIER = 2;
+// Named barrier 1 over both warpgroups: both halves of dS^T are in shared memory (FUSED_DQ).
+constexpr int DS_BARRIER = 1;
 
 template <bool FUSED_DQ>
 __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
@@ -285,8 +264,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
         if (FUSED_DQ) {
             // 6. dQ (this chunk's 64 rows, head dims 64 wg..64 wg+63) += scale dS K, added to
             //    dq by FP32 atomics: A = dS^T of both warpgroups, B = panel wg of K.
-            if (warp == 0)
-                bulk_wait_read(); // the lanes that issued the last chunk's reductions
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             sa_named_barrier_sync<DS_BARRIER>(WG_THREADS);
             float dqp[32];
@@ -295,30 +272,18 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
                        sa_desc_lo(sk + wg * TILE_PANEL, TILE_PANEL));
             sa_wgmma_commit();
             sa_wgmma_wait<0>();
-            float *stage = sm.dq_stage[wg][0];
+            const int valid = a.len_q - cur.q0;
+            float *dq0 = a.dq + (((size_t)b * a.heads_q + cur.head) * a.len_q + cur.q0) * D +
+                         KEYS_PER_WG * wg + 2 * (lane % 4);
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const int r = 16 * warp + lane / 4 + 8 * i;
+                if (r < valid)
 #pragma unroll
-                for (int jj = 0; jj < 8; jj++)
-                    *reinterpret_cast<float2 *>(stage + r * STAGE_STRIDE + 8 * jj + 2 * (lane % 4)) =
-                        make_float2(dqp[4 * jj + 2 * i] * a.scale, dqp[4 * jj + 2 * i + 1] * a.scale);
-            }
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            if (wg == 0)
-                sa_named_barrier_sync<STAGE_BARRIER>(128);
-            else
-                sa_named_barrier_sync<STAGE_BARRIER + 1>(128);
-            if (warp == 0) { // rows lane and lane + 32 of the chunk, this warpgroup's 64 head dims
-                const int valid = a.len_q - cur.q0;
-                float *dq0 = a.dq + (((size_t)b * a.heads_q + cur.head) * a.len_q + cur.q0) * D +
-                             KEYS_PER_WG * wg;
-#pragma unroll
-                for (int rr = lane; rr < CHUNK; rr += 32)
-                    if (rr < valid)
-                        bulk_reduce_add(dq0 + (size_t)rr * D, sa_smem_addr(stage + rr * STAGE_STRIDE),
-                                        STAGE_ROW_BYTES);
-                bulk_commit();
+                    for (int jj = 0; jj < 8; jj++)
+                        atomicAdd(reinterpret_cast<float2 *>(dq0 + (size_t)r * D + 8 * jj),
+                                  make_float2(dqp[4 * jj + 2 * i] * a.scale,
+                                              dqp[4 * jj + 2 * i + 1] * a.scale));
             }
         } else {
             sa_wgmma_wait<0>();
@@ -328,8 +293,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
         have = more;
     }
     cp_async_wait_all(); // a CTA with no chunk still has its K/V copies in flight
-    if (FUSED_DQ && warp == 0)
-        bulk_wait_all(); // the last reductions are done before the CTA's shared memory goes
 
 #pragma unroll
     for (int i = 0; i < 2; i++) {
