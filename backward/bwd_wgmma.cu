@@ -94,14 +94,16 @@ __device__ __forceinline__ void gemm_ss(float (&d)[32], uint32_t a_lo, uint32_t 
     }
 }
 
-// d (64 x 128) += X (64 x 64, A fragments) B, B = 64 rows of an MN-major operand (its
-// descriptor's lbo is the panel step); k-step kk is rows 16kk..16kk+15, two atoms on.
-__device__ __forceinline__ void gemm_rs(float (&d)[64], const uint32_t (&x)[16], uint32_t b_lo)
+// d (64 x 128) = X (64 x 64, A fragments) B (+ d when accumulate), B = 64 rows of an MN-major
+// operand (its descriptor's lbo is the panel step); k-step kk is rows 16kk..16kk+15, two atoms on.
+__device__ __forceinline__ void gemm_rs(float (&d)[64], const uint32_t (&x)[16], uint32_t b_lo,
+                                        bool accumulate = true)
 {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         const uint32_t a[4] = {x[4 * kk], x[4 * kk + 1], x[4 * kk + 2], x[4 * kk + 3]};
-        sa_wgmma_m64n128k16_rs(d, a, sa_desc_join(b_lo + ((kk * 2 * ATOM) >> 4), DESC_HI), 1);
+        sa_wgmma_m64n128k16_rs(d, a, sa_desc_join(b_lo + ((kk * 2 * ATOM) >> 4), DESC_HI),
+                               kk > 0 || accumulate);
     }
 }
 
@@ -135,11 +137,16 @@ template <typename T> __device__ __forceinline__ T &aligned_smem(uint8_t *raw)
 }
 
 // ------------------------------------------------------------------ dK, dV
+// Q/dO buffers of the dK/dV kernel: chunk n computes while chunk n + 1 has landed or is landing
+// and chunk n + 2 loads; the fourth holds chunk n - 1, whose dK GEMM runs on into chunk n. So
+// one barrier a chunk both publishes chunk n and frees chunk n - 2's buffer.
+constexpr int Q_BUFS = 4;
+
 struct alignas(1024) SmemKV {
     uint8_t k[TILE_BYTES], v[TILE_BYTES];
-    uint8_t q[2][CHUNK_BYTES], d_o[2][CHUNK_BYTES];
+    uint8_t q[Q_BUFS][CHUNK_BYTES], d_o[Q_BUFS][CHUNK_BYTES];
     uint8_t ds[TILE * PANEL_ROW]; // FUSED_DQ: dS^T of the chunk, a row of 64 queries per key
-    float lse2[2][CHUNK], dsum[2][CHUNK];
+    float lse2[Q_BUFS][CHUNK], dsum[Q_BUFS][CHUNK];
 };
 
 __device__ __forceinline__ void load_chunk(const Args &a, SmemKV &sm, int buf, int b, Chunk c)
@@ -156,8 +163,8 @@ __device__ __forceinline__ void load_chunk(const Args &a, SmemKV &sm, int buf, i
     }
 }
 
-// FUSED_DQ: this warpgroup's packed dS^T (64 keys x 64 queries) into the chunk's dS^T buffer,
-// row = key, swizzled as every other tile (the A operand of dQ, MN-major).
+// FUSED_DQ: this warpgroup's packed dS^T (64 keys x 64 queries) into a dS^T buffer, row = key,
+// swizzled as every other tile (the A operand of dQ, MN-major).
 __device__ __forceinline__ void store_ds(uint8_t *ds, const uint32_t (&x)[16], int key0, int lane)
 {
 #pragma unroll
@@ -170,8 +177,40 @@ __device__ __forceinline__ void store_ds(uint8_t *ds, const uint32_t (&x)[16], i
     }
 }
 
+// FUSED_DQ: scale times this warpgroup's dQ part (64 rows x 64 head dims from dq0) added to dq
+// with 16-byte atomics: the two lanes of a pair trade halves so that each holds 4 consecutive
+// columns of one row (the even lane row r, the odd lane row r + 8).
+__device__ __forceinline__ void add_dq(float *dq0, const float (&d)[32], int warp, int lane,
+                                       int valid, float scale)
+{
+    const bool even = (lane & 1) == 0;
+    const int r = 16 * warp + lane / 4 + (even ? 0 : 8);
+    const int col = 2 * (lane % 4) - (even ? 0 : 2);
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++) {
+        const float k0 = even ? d[4 * jj] : d[4 * jj + 2], k1 = even ? d[4 * jj + 1] : d[4 * jj + 3];
+        const float s0 = even ? d[4 * jj + 2] : d[4 * jj], s1 = even ? d[4 * jj + 3] : d[4 * jj + 1];
+        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+        const float4 v = even ? make_float4(k0 * scale, k1 * scale, r0 * scale, r1 * scale)
+                              : make_float4(r0 * scale, r1 * scale, k0 * scale, k1 * scale);
+        if (r < valid)
+            atomicAdd(reinterpret_cast<float4 *>(dq0 + (size_t)r * D + 8 * jj + col), v);
+    }
+}
+
 // Named barrier 1 over both warpgroups: both halves of dS^T are in shared memory (FUSED_DQ).
 constexpr int DS_BARRIER = 1;
+
+// Step 1 of a chunk: S^T and dP^T of this warpgroup's keys against Q/dO buffer `buf`.
+__device__ __forceinline__ void issue_scores(float (&st)[32], float (&dpt)[32], uint32_t k_lo,
+                                             uint32_t v_lo, const SmemKV &sm, int buf)
+{
+    sa_wgmma_fence();
+    gemm_ss<TILE_PANEL, CHUNK_PANEL>(st, k_lo, sa_desc_lo(sa_smem_addr(sm.q[buf]), 16));
+    sa_wgmma_commit();
+    gemm_ss<TILE_PANEL, CHUNK_PANEL>(dpt, v_lo, sa_desc_lo(sa_smem_addr(sm.d_o[buf]), 16));
+    sa_wgmma_commit();
+}
 
 template <bool FUSED_DQ>
 __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
@@ -190,61 +229,65 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
     const uint32_t k_lo = sa_desc_lo(sk + wg * KEYS_PER_WG * PANEL_ROW, 16);
     const uint32_t v_lo = sa_desc_lo(sv + wg * KEYS_PER_WG * PANEL_ROW, 16);
 
+    // dK and dV start from the first chunk's GEMMs (scale-d 0), not from zeros written by the
+    // threads: a register write by the threads into accumulators that a wgmma still holds across
+    // the loop's back edge (dK runs on into the next chunk) makes ptxas serialize every wgmma.
     float dk[64], dv[64];
-#pragma unroll
-    for (int r = 0; r < 64; r++)
-        dk[r] = dv[r] = 0.f;
 
+    // Chunks n, n + 1 and n + 2 of the walk (this CTA's heads of the group, split sp of splits).
     ChunkWalk walk = {sp * a.group / a.splits, (sp + 1) * a.group / a.splits, 0, 0, 0};
-    Chunk cur, nxt;
-    bool have = next_chunk(a, b, g, blk, walk, cur);
-    if (have)
-        load_chunk(a, sm, 0, b, cur);
-    cp_async_commit();
+    Chunk c0, c1, c2;
+    bool h0 = next_chunk(a, b, g, blk, walk, c0);
+    bool h1 = h0 && next_chunk(a, b, g, blk, walk, c1);
+    const bool any = h0;
+    if (h0)
+        load_chunk(a, sm, 0, b, c0);
+    cp_async_commit(); // K, V and chunk 0
+    if (h1)
+        load_chunk(a, sm, 1, b, c1);
+    cp_async_commit(); // chunk 1
+
     // This thread's keys: key_lo and key_lo + 8 (accumulator rows i = 0, 1).
     const int key_lo = blk * TILE + KEYS_PER_WG * wg + 16 * warp + lane / 4;
-    for (int n = 0; have; n++) {
-        const int buf = n & 1;
-        const bool more = next_chunk(a, b, g, blk, walk, nxt);
-        if (more)
-            load_chunk(a, sm, buf ^ 1, b, nxt);
-        cp_async_commit();
-        if (more)
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        else
-            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    for (int n = 0; h0; n++) {
+        const int buf = n % Q_BUFS;
+        // 1. Publish chunk n: this thread's copies of it are done (chunk n + 1's may still fly);
+        //    after the barrier everyone's are, and chunk n - 2's buffer is free for chunk n + 2
+        //    (each thread saw chunk n - 2's GEMMs complete at step 2 of chunk n - 1).
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         // cp.async writes through the generic proxy; wgmma reads through the async proxy.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-
+        const bool h2 = h1 && next_chunk(a, b, g, blk, walk, c2);
+        if (h2)
+            load_chunk(a, sm, (n + 2) % Q_BUFS, b, c2);
+        cp_async_commit();
+        float st[32], dpt[32];
+        issue_scores(st, dpt, k_lo, v_lo, sm, buf);
         const uint32_t sq = sa_smem_addr(sm.q[buf]), sdo = sa_smem_addr(sm.d_o[buf]);
         const float *lse2 = sm.lse2[buf], *dsum = sm.dsum[buf];
-        float st[32], dpt[32];
-        // 1. S^T and dP^T
-        sa_wgmma_fence();
-        gemm_ss<TILE_PANEL, CHUNK_PANEL>(st, k_lo, sa_desc_lo(sq, 16));
-        sa_wgmma_commit();
-        gemm_ss<TILE_PANEL, CHUNK_PANEL>(dpt, v_lo, sa_desc_lo(sdo, 16));
-        sa_wgmma_commit();
-        // 2. P^T
+        // 2. P^T (the wait also sees the GEMMs of chunk n - 1 complete: they run until here)
         sa_wgmma_wait<1>();
         const bool mask = keys < TILE ||
-                          (a.causal && blk * TILE + TILE - 1 > cur.q0 + a.q_off); // a hidden key
+                          (a.causal && blk * TILE + TILE - 1 > c0.q0 + a.q_off); // a hidden key
 #pragma unroll
         for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qc = 8 * jj + 2 * (lane % 4) + (e % 2);
-                float x = fast_exp2(st[4 * jj + e] * a.scale_log2 - lse2[qc]);
-                if (mask && !visible(a, key_lo + 8 * (e / 2), cur.q0 + qc))
-                    x = 0.f;
-                st[4 * jj + e] = x;
-            }
+            for (int e = 0; e < 4; e++)
+                st[4 * jj + e] = fast_exp2(st[4 * jj + e] * a.scale_log2 -
+                                           lse2[8 * jj + 2 * (lane % 4) + (e % 2)]);
+        if (mask) // one warp-uniform branch, not one per element
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (!visible(a, key_lo + 8 * (e / 2), c0.q0 + 8 * jj + 2 * (lane % 4) + (e % 2)))
+                        st[4 * jj + e] = 0.f;
         uint32_t pt[16];
         pack_a(st, pt);
         // 3. dV += P^T dO
         sa_wgmma_fence();
-        gemm_rs(dv, pt, sa_desc_lo(sdo, CHUNK_PANEL));
+        gemm_rs(dv, pt, sa_desc_lo(sdo, CHUNK_PANEL), n > 0);
         sa_wgmma_commit();
         // 4. dS^T = P^T (dP^T - D)
         sa_wgmma_wait<1>();
@@ -255,44 +298,41 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
                 dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - dsum[8 * jj + 2 * (lane % 4) + (e % 2)]);
         uint32_t dst[16];
         pack_a(dpt, dst);
-        if (FUSED_DQ)
-            store_ds(sm.ds, dst, KEYS_PER_WG * wg + 16 * warp + lane / 4, lane);
-        // 5. dK += dS^T Q
-        sa_wgmma_fence();
-        gemm_rs(dk, dst, sa_desc_lo(sq, CHUNK_PANEL));
-        sa_wgmma_commit();
+        float dqp[32];
         if (FUSED_DQ) {
-            // 6. dQ (this chunk's 64 rows, head dims 64 wg..64 wg+63) += scale dS K, added to
-            //    dq by FP32 atomics: A = dS^T of both warpgroups, B = panel wg of K.
+            // 5'. dQ (the chunk's 64 rows, head dims 64 wg..64 wg+63) = dS K: A = dS^T of both
+            //     warpgroups through shared memory, B = panel wg of K. Issued before dK so that
+            //     its wait leaves dK running.
+            store_ds(sm.ds, dst, KEYS_PER_WG * wg + 16 * warp + lane / 4, lane);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             sa_named_barrier_sync<DS_BARRIER>(WG_THREADS);
-            float dqp[32];
             sa_wgmma_fence();
             gemm_ss_mn(dqp, sa_desc_lo(sa_smem_addr(sm.ds), CHUNK_PANEL),
                        sa_desc_lo(sk + wg * TILE_PANEL, TILE_PANEL));
             sa_wgmma_commit();
-            sa_wgmma_wait<0>();
-            const int valid = a.len_q - cur.q0;
-            float *dq0 = a.dq + (((size_t)b * a.heads_q + cur.head) * a.len_q + cur.q0) * D +
-                         KEYS_PER_WG * wg + 2 * (lane % 4);
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int r = 16 * warp + lane / 4 + 8 * i;
-                if (r < valid)
-#pragma unroll
-                    for (int jj = 0; jj < 8; jj++)
-                        atomicAdd(reinterpret_cast<float2 *>(dq0 + (size_t)r * D + 8 * jj),
-                                  make_float2(dqp[4 * jj + 2 * i] * a.scale,
-                                              dqp[4 * jj + 2 * i + 1] * a.scale));
-            }
-        } else {
-            sa_wgmma_wait<0>();
         }
-        __syncthreads(); // buffer `buf` is refilled two chunks on
-        cur = nxt;
-        have = more;
+        // 5. dK += dS^T Q; it runs on into the next chunk's scores (step 2 waits for it).
+        sa_wgmma_fence();
+        gemm_rs(dk, dst, sa_desc_lo(sq, CHUNK_PANEL), n > 0);
+        sa_wgmma_commit();
+        if (FUSED_DQ) {
+            // 6. dQ is done (so is dV): add it to dq while dK runs. The next chunk's dS^T is
+            //    written after the next barrier, when every warpgroup has passed this wait.
+            sa_wgmma_wait<1>();
+            add_dq(a.dq + (((size_t)b * a.heads_q + c0.head) * a.len_q + c0.q0) * D + KEYS_PER_WG * wg,
+                   dqp, warp, lane, a.len_q - c0.q0, a.scale);
+        }
+        c0 = c1;
+        c1 = c2;
+        h0 = h1;
+        h1 = h2;
     }
+    sa_wgmma_wait<0>();
     cp_async_wait_all(); // a CTA with no chunk still has its K/V copies in flight
+    if (!any) // no query saw this block: dK = dV = 0
+#pragma unroll
+        for (int r = 0; r < 64; r++)
+            dk[r] = dv[r] = 0.f;
 
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -403,13 +443,16 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_wgmma(const Args a)
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = fast_exp2(s[4 * jj + e] * a.scale_log2 - lse2[e / 2]);
-                    const int kg = blk * TILE + KEYS_PER_WG * hf + 8 * jj + 2 * (lane % 4) + (e % 2);
-                    if (mask && !visible(a, kg, t * TILE + r0 + 8 * (e / 2)))
-                        x = 0.f;
-                    s[4 * jj + e] = x;
-                }
+                for (int e = 0; e < 4; e++)
+                    s[4 * jj + e] = fast_exp2(s[4 * jj + e] * a.scale_log2 - lse2[e / 2]);
+            if (mask)
+#pragma unroll
+                for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (!visible(a, blk * TILE + KEYS_PER_WG * hf + 8 * jj + 2 * (lane % 4) + (e % 2),
+                                     t * TILE + r0 + 8 * (e / 2)))
+                            s[4 * jj + e] = 0.f;
             // 3. dS = P (dP - D)
             sa_wgmma_wait<0>();
 #pragma unroll
