@@ -198,8 +198,37 @@ __device__ __forceinline__ void add_dq(float *dq0, const float (&d)[32], int war
     }
 }
 
-// Named barrier 1 over both warpgroups: both halves of dS^T are in shared memory (FUSED_DQ).
+// Named barrier 1 over both warpgroups: both halves of dS^T (or of the dQ stage) are in shared
+// memory (FUSED_DQ).
 constexpr int DS_BARRIER = 1;
+
+// FUSED_DQ's way into dq. 1: each chunk's 64 x 128 FP32 dQ is staged in shared memory in dq's
+// layout and added by two bulk reductions of the copy engine (cp.reduce.async.bulk .add.f32,
+// 16 KB each); 0: float4 atomics from registers (add_dq). An A/B variant.
+#ifndef SA_BWD_DQ_BULK
+#define SA_BWD_DQ_BULK 1
+#endif
+constexpr bool DQ_BULK = SA_BWD_DQ_BULK != 0;
+
+__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes)
+{
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit()
+{
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk reductions have read their shared-memory sources (they may be rewritten).
+__device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_all()
+{
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
 
 // Step 1 of a chunk: S^T and dP^T of this warpgroup's keys against Q/dO buffer `buf`.
 __device__ __forceinline__ void issue_scores(float (&st)[32], float (&dpt)[32], uint32_t k_lo,
@@ -257,6 +286,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         // cp.async writes through the generic proxy; wgmma reads through the async proxy.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        if (FUSED_DQ && DQ_BULK && threadIdx.x == 0)
+            bulk_wait_read(); // the last chunk's dQ stage, about to be refilled, has been read
         __syncthreads();
         const bool h2 = h1 && next_chunk(a, b, g, blk, walk, c2);
         if (h2)
@@ -319,8 +350,38 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
             // 6. dQ is done (so is dV): add it to dq while dK runs. The next chunk's dS^T is
             //    written after the next barrier, when every warpgroup has passed this wait.
             sa_wgmma_wait<1>();
-            add_dq(a.dq + (((size_t)b * a.heads_q + c0.head) * a.len_q + c0.q0) * D + KEYS_PER_WG * wg,
-                   dqp, warp, lane, a.len_q - c0.q0, a.scale);
+            float *dq0 = a.dq + (((size_t)b * a.heads_q + c0.head) * a.len_q + c0.q0) * D;
+            if (!DQ_BULK) {
+                add_dq(dq0 + KEYS_PER_WG * wg, dqp, warp, lane, a.len_q - c0.q0, a.scale);
+            } else {
+                // The idle Q/dO buffer (chunk n - 1's, refilled at the next barrier) holds the
+                // chunk's dQ in dq's own layout: rows 0..31 in its Q half, 32..63 in its dO half.
+                float *stage[2] = {reinterpret_cast<float *>(sm.q[(n + 3) % Q_BUFS]),
+                                   reinterpret_cast<float *>(sm.d_o[(n + 3) % Q_BUFS])};
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int r = 16 * warp + lane / 4 + 8 * i;
+                    float *row = (r < 32 ? stage[0] : stage[1]) + (r % 32) * D + KEYS_PER_WG * wg +
+                                 2 * (lane % 4);
+#pragma unroll
+                    for (int jj = 0; jj < 8; jj++)
+                        *reinterpret_cast<float2 *>(row + 8 * jj) =
+                            make_float2(dqp[4 * jj + 2 * i] * a.scale, dqp[4 * jj + 2 * i + 1] * a.scale);
+                }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                sa_named_barrier_sync<DS_BARRIER>(WG_THREADS);
+                if (threadIdx.x == 0) {
+                    const int valid = min(CHUNK, a.len_q - c0.q0);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int rows = min(32, valid - 32 * h);
+                        if (rows > 0)
+                            bulk_reduce_add(dq0 + (size_t)32 * h * D, sa_smem_addr(stage[h]),
+                                            (uint32_t)rows * D * 4);
+                    }
+                    bulk_commit();
+                }
+            }
         }
         c0 = c1;
         c1 = c2;
@@ -329,6 +390,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
     }
     sa_wgmma_wait<0>();
     cp_async_wait_all(); // a CTA with no chunk still has its K/V copies in flight
+    if (FUSED_DQ && DQ_BULK && threadIdx.x == 0)
+        bulk_wait_all(); // the reductions are done before the CTA's shared memory goes
     if (!any) // no query saw this block: dK = dV = 0
 #pragma unroll
         for (int r = 0; r < 64; r++)
