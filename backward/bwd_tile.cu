@@ -1,4 +1,5 @@
-// The GPU backward of tile-list attention (sa_gpu_tile_sparse_backward, docs/backward.md).
+// The GPU backward of tile-list attention (sa_gpu_tile_sparse_backward, docs/backward.md): the
+// entry point, its workspace, D and the splits' sum. The two GEMM kernels are in bwd_wgmma.cu.
 //
 // FOCUS
 //   Exact gradients of masked-softmax attention over 128-token tile lists, for head_dim 128, BF16
@@ -6,17 +7,18 @@
 //   order. The forward's LSE is reused, so P is recomputed without a max or a sum:
 //     P = exp(scale Q K^T - LSE),  dV = P^T dO,  dP = dO V^T,  dS = P (dP - D),
 //     dQ = scale dS K,  dK = scale dS^T Q,  D_i = rowsum(dO_i O_i).
-//   Three kernels on the caller's stream:
+//   Kernels on the caller's stream:
 //     1. bwd_dsum: D per query row (one warp a row).
-//     2. bwd_dkdv: one CTA per (batch, KV head, KV block) owns that block's dK and dV in
-//        registers and walks the Q tiles that listed the block, for every head of the GQA group:
-//        the reverse of the lists, built by the KV-centric reverse index (sa_kv_build_index on a
-//        shape whose "queries" are the list rows, kvcentric/), so the sums over the group's heads
-//        and the tiles stay on chip and each dK/dV element is written once.
-//     3. bwd_dq: one CTA per (batch, query head, Q tile) walks the tile's own list in list order
-//        and owns dQ of its 128 rows. It recomputes S and dP (2 of its 3 GEMMs) instead of taking
-//        dQ from kernel 2 by atomics: that keeps the result deterministic, at 7 GEMMs per (tile,
-//        block) instead of 5 (docs/backward.md has the numbers).
+//     2. bwd_dkdv_wgmma: one CTA per (batch, KV head, KV block, split) owns that block's dK and
+//        dV in registers and walks the Q tiles that listed the block, for its heads of the GQA
+//        group: the reverse of the lists, built by the KV-centric reverse index
+//        (sa_kv_build_index on a shape whose "queries" are the list rows, kvcentric/), so the
+//        sums over the heads and the tiles stay on chip.
+//     2b. bwd_reduce (splits > 1): dK, dV = the splits' partial sums, added in split order.
+//     3. bwd_dq_wgmma: one CTA per (batch, query head, Q tile) walks the tile's own list in list
+//        order and owns dQ of its 128 rows. It recomputes S and dP (2 of its 3 GEMMs) instead of
+//        taking dQ from kernel 2 by atomics: deterministic, at 7 GEMMs per (tile, block) instead
+//        of 5; fused atomics were measured no faster (docs/backward.md).
 //
 // ASSUMPTIONS
 //   head_dim 128; any len_q and len_kv (rows past len_q and keys past len_kv are zero-filled on
@@ -26,37 +28,6 @@
 //   outside [0, kv_blocks) is skipped, in both kernels alike (the reverse index drops them too).
 //   Causal: query i sees key j when j <= i + (len_kv - len_q); a listed block wholly in a tile's
 //   future contributes nothing.
-//
-// KERNEL 2, PER CHUNK (64 query rows of one (head, tile) that listed the block; 8 warps, warp w
-// owns keys 16w..16w+15 of the block; K and V of the block stay in shared memory)
-//   1. S^T = K_w Q^T (16 keys x 64 queries, mma.sync m16n8k16, 8 k-steps over the head dim).
-//   2. P^T = exp2(S^T scale log2e - LSE log2e) in place, masked (partial block, causal) only when
-//      the chunk has a masked key; a query past len_q or without keys has LSE' = +inf: P = 0.
-//   3. dP^T = V_w dO^T (same shape).
-//   4. dS^T = P^T (dP^T - D) in place.
-//   5. dV_w += P^T dO (P^T from registers as the A operand: the C fragments of two 8-column
-//      tiles are one 16-column A fragment; dO through ldmatrix.trans).
-//   6. dK_w += dS^T Q (the same way).
-//   The next chunk's Q, dO, LSE' and D load (cp.async, second buffer) during steps 1-6.
-//   After the last chunk: dK *= scale; each warp stores its 16 rows of dK and dV.
-//
-// KERNEL 3, PER KV BLOCK of the tile's list (8 warps, warp w owns rows 16w..16w+15 of the tile;
-// Q and dO of the tile stay in shared memory), in two halves of 64 keys:
-//   1. S = Q_w K^T; 2. P = exp2(S scale log2e - LSE'), masked as above; 3. dP = dO_w V^T;
-//   4. dS = P (dP - D); 5. dQ_w += dS K (dS from registers, K through ldmatrix.trans).
-//   The next listed block's K and V load (cp.async, second buffer) meanwhile. After the last:
-//   dQ *= scale, stored.
-//
-// BARRIERS (both kernels: cp.async groups and __syncthreads, one pair per chunk or block)
-//   | barrier                      | after                             | protects
-//   | cp.async.wait_group + sync   | this thread's copies of buffer n  | buffer n (all threads' copies)
-//   | trailing __syncthreads       | every warp's reads of buffer n    | buffer n, refilled at step n+2
-//   LSE' and D are written to shared memory with plain stores in the same slot as the copies, so
-//   the same two barriers order them.
-//
-// HOPPER NOTE
-//   mma.sync (sm_80 style) rather than wgmma: the first backward is written for clarity and
-//   exactness; its rate against cuDNN's and FA4's wgmma backward is in docs/backward.md.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
@@ -67,19 +38,11 @@
 #include "bwd_internal.h"
 #include "sa_checked.h"
 #include "sa_cuda_internal.h"
-#include "sa_mbarrier.cuh" // sa_smem_addr
-#include "sa_mma_sync.cuh"
 #include "sparseattn.h"
-
-// SA_BWD_MMA_SYNC=1 builds the first, mma.sync, kernels for dK/dV and dQ (below) instead of the
-// wgmma ones (bwd_wgmma.cu): an A/B variant (docs/backward.md has both measured).
-#ifndef SA_BWD_MMA_SYNC
-#define SA_BWD_MMA_SYNC 0
-#endif
 
 namespace {
 
-constexpr int THREADS = 256; // 8 warps
+constexpr int THREADS = 256; // 8 warps (D and the splits' sum)
 constexpr size_t ALIGN = 256; // workspace arrays start on 256-byte boundaries
 
 // ------------------------------------------------------------------ kernel 1: D = rowsum(dO O)
@@ -105,171 +68,7 @@ __global__ void __launch_bounds__(THREADS) bwd_dsum(const uint16_t *__restrict__
     }
 }
 
-// ------------------------------------------------------------------ kernel 2: dK, dV
-struct Smem2 {
-    uint8_t k[TILE_BYTES], v[TILE_BYTES];
-    uint8_t q[2][CHUNK_BYTES], d_o[2][CHUNK_BYTES];
-    float lse2[2][CHUNK], dsum[2][CHUNK];
-};
-
-__device__ __forceinline__ void load_chunk(const Args &a, Smem2 &sm, int buf, int b, Chunk c)
-{
-    const size_t row0 = ((size_t)b * a.heads_q + c.head) * a.len_q + c.q0;
-    const int valid = a.len_q - c.q0;
-    cp_async_rows<CHUNK, THREADS>(sa_smem_addr(sm.q[buf]), a.q + row0 * D, valid);
-    cp_async_rows<CHUNK, THREADS>(sa_smem_addr(sm.d_o[buf]), a.d_o + row0 * D, valid);
-    if (threadIdx.x < CHUNK) {
-        const int r = threadIdx.x;
-        const bool ok = r < valid;
-        sm.lse2[buf][r] = lse2_of(a, row0 + r, ok);
-        sm.dsum[buf][r] = ok ? a.dsum[row0 + r] : 0.f;
-    }
-}
-
-// acc (16 rows x 64 columns: 8 tiles of m16n8) = A rows of `a_tile` (16 rows from a_row0) times
-// the rows [0, 64) of `b_tile` (B = b_tile^T, both K-major over the head dim).
-__device__ __forceinline__ void gemm_rows_nt(float (&acc)[8][4], uint32_t a_tile, int a_row0,
-                                             uint32_t b_tile, int b_row0, int lane)
-{
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            acc[t][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-        uint32_t af[4];
-        ldsm_x4(af, a_tile + swz(a_row0 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16));
-#pragma unroll
-        for (int np = 0; np < 4; np++) {
-            uint32_t bf[4];
-            ldsm_x4(bf, b_tile + swz(b_row0 + 16 * np + (lane % 8) + 8 * (lane / 16),
-                                     2 * kk + (lane / 8) % 2));
-            mma_bf16(acc[2 * np], af, bf[0], bf[1]);
-            mma_bf16(acc[2 * np + 1], af, bf[2], bf[3]);
-        }
-    }
-}
-
-// acc (16 rows x 128 head dims) += X (16 x 64, C fragments in registers) times rows
-// [b_row0, b_row0 + 64) of `b_tile` (row-major over the head dim: ldmatrix.trans).
-__device__ __forceinline__ void gemm_regs_nn(float (&acc)[16][4], const float (&x)[8][4],
-                                             uint32_t b_tile, int b_row0, int lane)
-{
-#pragma unroll
-    for (int ks = 0; ks < 4; ks++) {
-        const uint32_t af[4] = {pack_bf16(x[2 * ks][0], x[2 * ks][1]),
-                                pack_bf16(x[2 * ks][2], x[2 * ks][3]),
-                                pack_bf16(x[2 * ks + 1][0], x[2 * ks + 1][1]),
-                                pack_bf16(x[2 * ks + 1][2], x[2 * ks + 1][3])};
-#pragma unroll
-        for (int dp = 0; dp < 8; dp++) {
-            uint32_t bf[4];
-            ldsm_x4_t(bf, b_tile + swz(b_row0 + 16 * ks + (lane % 8) + 8 * ((lane / 8) % 2),
-                                       2 * dp + lane / 16));
-            mma_bf16(acc[2 * dp], af, bf[0], bf[1]);
-            mma_bf16(acc[2 * dp + 1], af, bf[2], bf[3]);
-        }
-    }
-}
-
-__global__ void __launch_bounds__(THREADS, 1) bwd_dkdv(const Args a)
-{
-    extern __shared__ uint8_t smem_raw[];
-    Smem2 &sm = *reinterpret_cast<Smem2 *>(smem_raw);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int blk = blockIdx.x % a.kv_blocks, sp = (blockIdx.x / a.kv_blocks) % a.splits;
-    const int bg = blockIdx.x / a.kv_blocks / a.splits, g = bg % a.heads_kv, b = bg / a.heads_kv;
-    const int keys = min(TILE, a.len_kv - blk * TILE);
-    const size_t kv_row0 = (size_t)bg * a.len_kv + (size_t)blk * TILE;
-    const uint32_t sk = sa_smem_addr(sm.k), sv = sa_smem_addr(sm.v);
-    cp_async_rows<TILE, THREADS>(sk, a.k + kv_row0 * D, keys);
-    cp_async_rows<TILE, THREADS>(sv, a.v + kv_row0 * D, keys);
-
-    float dk[16][4], dv[16][4];
-#pragma unroll
-    for (int t = 0; t < 16; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            dk[t][e] = dv[t][e] = 0.f;
-
-    // This CTA's heads of the group: split sp of splits (the partial sums are added in split
-    // order by bwd_reduce, so the result does not depend on the schedule).
-    ChunkWalk walk = {sp * a.group / a.splits, (sp + 1) * a.group / a.splits, 0, 0, 0};
-    Chunk cur, nxt;
-    bool have = next_chunk(a, b, g, blk, walk, cur);
-    if (have)
-        load_chunk(a, sm, 0, b, cur);
-    cp_async_commit();
-    const int key_lo = blk * TILE + 16 * warp + lane / 4; // this thread's keys: key_lo, key_lo + 8
-    for (int n = 0; have; n++) {
-        const int buf = n & 1;
-        const bool more = next_chunk(a, b, g, blk, walk, nxt);
-        if (more)
-            load_chunk(a, sm, buf ^ 1, b, nxt);
-        cp_async_commit();
-        if (more)
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        else
-            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        __syncthreads();
-
-        const uint32_t sq = sa_smem_addr(sm.q[buf]), sdo = sa_smem_addr(sm.d_o[buf]);
-        const float *lse2 = sm.lse2[buf], *dsum = sm.dsum[buf];
-        // 1-2. P^T = exp2(S^T scale log2e - LSE')
-        float p[8][4];
-        gemm_rows_nt(p, sk, 16 * warp, sq, 0, lane);
-        const bool mask = keys < TILE ||
-                          (a.causal && blk * TILE + TILE - 1 > cur.q0 + a.q_off); // a hidden key
-#pragma unroll
-        for (int t = 0; t < 8; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qc = 8 * t + 2 * (lane % 4) + (e % 2);
-                float x = fast_exp2(p[t][e] * a.scale_log2 - lse2[qc]);
-                if (mask && !visible(a, key_lo + 8 * (e / 2), cur.q0 + qc))
-                    x = 0.f;
-                p[t][e] = x;
-            }
-        // 3-4. dS^T = P^T (V dO^T - D)
-        float ds[8][4];
-        gemm_rows_nt(ds, sv, 16 * warp, sdo, 0, lane);
-#pragma unroll
-        for (int t = 0; t < 8; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                ds[t][e] = p[t][e] * (ds[t][e] - dsum[8 * t + 2 * (lane % 4) + (e % 2)]);
-        // 5-6. dV += P^T dO, dK += dS^T Q
-        gemm_regs_nn(dv, p, sdo, 0, lane);
-        gemm_regs_nn(dk, ds, sq, 0, lane);
-        __syncthreads(); // buffer `buf` is refilled two chunks on
-        cur = nxt;
-        have = more;
-    }
-    cp_async_wait_all(); // a CTA with no chunk still has its K/V copies in flight
-
-    // dK *= scale; rows of this warp: keys key_lo and key_lo + 8 (within the block: minus blk*128).
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int kr = 16 * warp + lane / 4 + 8 * half;
-        if (kr >= keys)
-            continue;
-        // With splits, this split's rows of the partial sums (bg * splits + sp, then the key).
-        const size_t out_row = a.splits == 1 ? kv_row0 + kr
-                                             : ((size_t)bg * a.splits + sp) * a.len_kv +
-                                                   (size_t)blk * TILE + kr;
-        float *dkr = (a.splits == 1 ? a.dk : a.dk_part) + out_row * D;
-        float *dvr = (a.splits == 1 ? a.dv : a.dv_part) + out_row * D;
-#pragma unroll
-        for (int t = 0; t < 16; t++) {
-            const int col = 8 * t + 2 * (lane % 4);
-            *reinterpret_cast<float2 *>(dkr + col) =
-                make_float2(dk[t][2 * half] * a.scale, dk[t][2 * half + 1] * a.scale);
-            *reinterpret_cast<float2 *>(dvr + col) = make_float2(dv[t][2 * half], dv[t][2 * half + 1]);
-        }
-    }
-}
-
+// ------------------------------------------------------------------ kernel 2b: the splits' sum
 // Kernel 2b (splits > 1 only): dK, dV = the sum of the splits' partial sums, in split order.
 // part is (B * Hkv, splits, len_kv, D), out (B * Hkv, len_kv, D).
 __global__ void __launch_bounds__(THREADS) bwd_reduce(const float4 *__restrict__ dk_part,
@@ -290,118 +89,6 @@ __global__ void __launch_bounds__(THREADS) bwd_reduce(const float4 *__restrict__
         }
         dk[i] = x;
         dv[i] = y;
-    }
-}
-
-// ------------------------------------------------------------------ kernel 3: dQ
-struct Smem3 {
-    uint8_t q[TILE_BYTES], d_o[TILE_BYTES];
-    uint8_t k[2][TILE_BYTES], v[2][TILE_BYTES];
-};
-
-__device__ __forceinline__ void load_kv_block(const Args &a, Smem3 &sm, int buf, size_t kv_bh,
-                                              int blk)
-{
-    const size_t row0 = kv_bh * a.len_kv + (size_t)blk * TILE;
-    const int keys = min(TILE, a.len_kv - blk * TILE);
-    cp_async_rows<TILE, THREADS>(sa_smem_addr(sm.k[buf]), a.k + row0 * D, keys);
-    cp_async_rows<TILE, THREADS>(sa_smem_addr(sm.v[buf]), a.v + row0 * D, keys);
-}
-
-__global__ void __launch_bounds__(THREADS, 1) bwd_dq(const Args a)
-{
-    extern __shared__ uint8_t smem_raw[];
-    Smem3 &sm = *reinterpret_cast<Smem3 *>(smem_raw);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int t = blockIdx.x % a.q_tiles, bh = blockIdx.x / a.q_tiles; // bh = b * Hq + head
-    const int b = bh / a.heads_q, h = bh % a.heads_q;
-    const size_t kv_bh = (size_t)b * a.heads_kv + h / a.group;
-    const size_t q_row0 = (size_t)bh * a.len_q + (size_t)t * TILE;
-    const int rows = min(TILE, a.len_q - t * TILE);
-    const uint32_t sq = sa_smem_addr(sm.q), sdo = sa_smem_addr(sm.d_o);
-    cp_async_rows<TILE, THREADS>(sq, a.q + q_row0 * D, rows);
-    cp_async_rows<TILE, THREADS>(sdo, a.d_o + q_row0 * D, rows);
-
-    const int list_row = (b * a.list_heads + h / a.list_div) * a.q_tiles + t;
-    const int32_t *row = a.indices + (size_t)list_row * a.max_blocks;
-    const int raw = a.counts ? a.counts[list_row] : a.max_blocks;
-    const int count = raw < 0 || raw > a.max_blocks ? 0 : raw; // as the reverse index has it
-    const int last_blk = a.causal ? (last_key_of(a, t * TILE + TILE - 1) < 0
-                                         ? -1
-                                         : last_key_of(a, t * TILE + TILE - 1) / TILE)
-                                  : a.kv_blocks - 1;
-
-    // This thread's rows: r0 = 16 warp + lane / 4 and r0 + 8 of the tile.
-    const int r0 = 16 * warp + lane / 4;
-    float lse2[2], dsum[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const bool ok = r0 + 8 * i < rows;
-        lse2[i] = lse2_of(a, q_row0 + r0 + 8 * i, ok);
-        dsum[i] = ok ? a.dsum[q_row0 + r0 + 8 * i] : 0.f;
-    }
-    float dq[16][4];
-#pragma unroll
-    for (int i = 0; i < 16; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            dq[i][e] = 0.f;
-
-    int j = next_block(a, row, count, 0, last_blk);
-    if (j < count)
-        load_kv_block(a, sm, 0, kv_bh, row[j]);
-    cp_async_commit();
-    for (int n = 0; j < count; n++) {
-        const int buf = n & 1, blk = row[j];
-        const int jn = next_block(a, row, count, j + 1, last_blk);
-        if (jn < count)
-            load_kv_block(a, sm, buf ^ 1, kv_bh, row[jn]);
-        cp_async_commit();
-        if (jn < count)
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        else
-            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        __syncthreads();
-
-        const uint32_t sk = sa_smem_addr(sm.k[buf]), sv = sa_smem_addr(sm.v[buf]);
-        const bool mask = blk * TILE + TILE > a.len_kv ||
-                          (a.causal && blk * TILE + TILE - 1 > t * TILE + a.q_off);
-#pragma unroll 1
-        for (int hf = 0; hf < 2; hf++) { // keys 64 hf .. 64 hf + 63 of the block
-            float p[8][4], ds[8][4];
-            gemm_rows_nt(p, sq, 16 * warp, sk, 64 * hf, lane);
-#pragma unroll
-            for (int c = 0; c < 8; c++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = fast_exp2(p[c][e] * a.scale_log2 - lse2[e / 2]);
-                    const int kg = blk * TILE + 64 * hf + 8 * c + 2 * (lane % 4) + (e % 2);
-                    if (mask && !visible(a, kg, t * TILE + r0 + 8 * (e / 2)))
-                        x = 0.f;
-                    p[c][e] = x;
-                }
-            gemm_rows_nt(ds, sdo, 16 * warp, sv, 64 * hf, lane);
-#pragma unroll
-            for (int c = 0; c < 8; c++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    ds[c][e] = p[c][e] * (ds[c][e] - dsum[e / 2]);
-            gemm_regs_nn(dq, ds, sk, 64 * hf, lane);
-        }
-        __syncthreads(); // buffer `buf` is refilled two blocks on
-        j = jn;
-    }
-    cp_async_wait_all(); // a row with no block still has its Q/dO copies in flight
-
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (r0 + 8 * i >= rows)
-            continue;
-        float *dst = a.dq + (q_row0 + r0 + 8 * i) * D;
-#pragma unroll
-        for (int c = 0; c < 16; c++)
-            *reinterpret_cast<float2 *>(dst + 8 * c + 2 * (lane % 4)) =
-                make_float2(dq[c][2 * i] * a.scale, dq[c][2 * i + 1] * a.scale);
     }
 }
 
@@ -550,24 +237,8 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
 
     const int kv_ctas = s->batch * s->heads_kv * g.kv_blocks * l.splits;
     const int q_ctas = s->batch * s->heads_q * g.q_tiles;
-#if !SA_BWD_MMA_SYNC
-    const bool fused_dq = !a->deterministic;
-    if (fused_dq && cudaMemsetAsync(a->dq, 0, sa_q_elems(s) * sizeof(float), st) != cudaSuccess)
-        return SA_ERR_CUDA;
-    if ((err = sa_bwd::launch_dkdv_wgmma(g, kv_ctas, fused_dq, st)))
+    if ((err = sa_bwd::launch_dkdv_wgmma(g, kv_ctas, st)))
         return err;
-#else
-    static int smem_set; // the opt-in once per process (every device of a build is sm_90)
-    if (!smem_set) {
-        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)sizeof(Smem2)));
-        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dq, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)sizeof(Smem3)));
-        smem_set = 1;
-    }
-    bwd_dkdv<<<kv_ctas, THREADS, sizeof(Smem2), st>>>(g);
-    SA_CUDA_TRY(cudaGetLastError());
-#endif
     if (l.splits > 1) {
         const long long per_split = (long long)s->len_kv * D / 4, n = s->batch * s->heads_kv * per_split;
         bwd_reduce<<<(int)min((n + THREADS - 1) / THREADS, (long long)sms * 8), THREADS, 0, st>>>(
@@ -576,13 +247,8 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
             per_split);
         SA_CUDA_TRY(cudaGetLastError());
     }
-#if !SA_BWD_MMA_SYNC
-    if (!fused_dq && (err = sa_bwd::launch_dq_wgmma(g, q_ctas, st)))
+    if ((err = sa_bwd::launch_dq_wgmma(g, q_ctas, st)))
         return err;
-#else
-    bwd_dq<<<q_ctas, THREADS, sizeof(Smem3), st>>>(g);
-    SA_CUDA_TRY(cudaGetLastError());
-#endif
     return SA_OK;
 }
 

@@ -1,48 +1,53 @@
-// The wgmma kernels of the GPU backward (docs/backward.md): dK/dV and dQ with the tensor core
-// reading its operands from shared memory itself. Diff them against bwd_dkdv and bwd_dq of
-// bwd_tile.cu (mma.sync): the walks, the visibility rules and the order of every sum are the
-// same; what changes is who feeds the tensor core.
+// The wgmma kernels of the GPU backward (docs/backward.md): dK/dV and dQ, the tensor core reading
+// its operands from shared memory itself. bwd_tile.cu holds the entry point, D and the splits' sum.
 //
 // FOCUS
-//   mma.sync needs every B operand (and every A operand of a shared-memory GEMM) moved through
-//   ldmatrix into registers before each MMA; at this shape that operand traffic, not the tensor
-//   core, bounds the mma.sync kernels (docs/backward.md). wgmma takes shared-memory operands by
-//   descriptor and a register A operand straight from the accumulators of the GEMM before, the
-//   way stage 17's PV takes P: P^T and dS^T never touch shared memory.
+//   The first backward used mma.sync, which needs every B operand (and every A operand of a
+//   shared-memory GEMM) moved through ldmatrix into registers before each MMA: at this shape that
+//   operand traffic bounded it near 45% of the tensor core (docs/backward.md). wgmma takes
+//   shared-memory operands by descriptor and a register A operand straight from the accumulators
+//   of the GEMM before, the way stage 17's PV takes P: P^T and dS^T never touch shared memory.
 //
 // SHAPE (both kernels: 256 threads = two warpgroups, no producer warpgroup; every thread issues
-// its share of the cp.async copies, double-buffered as in bwd_tile.cu)
+// its share of the cp.async copies)
 //   dK/dV: a CTA owns one KV block; warpgroup c owns keys 64c..64c+63, dK and dV of its 64 keys
 //     in registers (2 x 64 fp32 a thread). A step is a chunk of 64 query rows: score tiles are
 //     64 keys x 64 queries (m64n64, 32 registers each), so S^T, dP^T, dK and dV fit together.
 //   dQ: a CTA owns one 128-row Q tile; warpgroup c owns rows 64c..64c+63 and their dQ (64 fp32 a
 //     thread). A listed block is taken in two halves of 64 keys (m64n64 score tiles again).
 //
-// DATAFLOW, dK/dV per chunk (warpgroup c, keys K_c, V_c; chunk Q, dO of 64 rows)
-//   1. S^T = K_c Q^T, dP^T = V_c dO^T: 8 + 8 wgmma (SS, both K-major over the head dim), two
-//      commit groups.
-//   2. wait for S^T (wait_group 1); P^T = exp2(S^T scale log2e - LSE log2e), masked (partial
-//      block, causal) as in bwd_tile.cu; packed to BF16 A fragments.
+// DATAFLOW, dK/dV per chunk n (warpgroup c, keys K_c, V_c; the chunk's Q, dO in buffer n % 4)
+//   1. wait for this thread's copies of chunk n; barrier (every thread's copies, and chunk n-2's
+//      buffer free); issue the copies of chunk n+2 into that buffer.
+//      S^T = K_c Q^T, dP^T = V_c dO^T: 8 + 8 wgmma (SS, both K-major over the head dim), two
+//      commit groups. dV and dK of chunk n-1 may still run ahead of them.
+//   2. wait_group 1: S^T done (and everything of chunk n-1); P^T = exp2(S^T scale log2e - LSE
+//      log2e), masked (partial block, causal) in one warp-uniform branch; packed to BF16.
 //   3. dV += P^T dO: 4 wgmma (RS, dO MN-major), committed; it runs during step 4.
-//   4. wait for dP^T (wait_group 1); dS^T = P^T (dP^T - D), packed.
-//   5. dK += dS^T Q: 4 wgmma (RS); wait_group 0 before the chunk's buffers are given back.
-//   After the last chunk: dK *= scale, stores as bwd_tile.cu (or the split's partial sums).
+//   4. wait_group 1: dP^T done; dS^T = P^T (dP^T - D), packed.
+//   5. dK += dS^T Q: 4 wgmma (RS); not waited for: it runs into the next chunk's step 1.
+//   dK and dV start from the first chunk's GEMMs with scale-d 0. Zeros written by the threads
+//   into accumulators that a wgmma holds across the loop's back edge make ptxas serialize every
+//   wgmma of the kernel (warning C7515; the SASS then has a WARPGROUP.DEPBAR after each HGMMA).
+//   After the last chunk: wait_group 0; dK *= scale; stores (or the split's partial sums).
 // DATAFLOW, dQ per block half hf (warpgroup c, rows Q_c, dO_c; keys K_hf, V_hf of the block)
 //   1. S = Q_c K_hf^T, dP = dO_c V_hf^T: 8 + 8 wgmma (SS), two groups.
-//   2. wait for S (wait_group 1: the previous half's dQ GEMM is done too); P = exp2(S scale log2e
-//      - LSE log2e), masked.
-//   3. wait for dP (wait_group 0); dS = P (dP - D), packed.
+//   2. wait_group 1 (the previous half's dQ GEMM is done too); P = exp2(S scale log2e - LSE
+//      log2e), masked.
+//   3. wait_group 0: dP done; dS = P (dP - D), packed.
 //   4. dQ += dS K_hf: 4 wgmma (RS, K MN-major); for hf = 0 it runs during the next half's steps
 //      1-2. wait_group 0 after hf = 1, before the block's buffers are given back.
 //
+// BARRIERS
+//   | barrier                               | kernel | protects
+//   | cp.async.wait_group + fence.proxy.async + __syncthreads | both | a buffer's copies, by every thread, visible to wgmma (async proxy)
+//   | the same barrier, one chunk later     | dK/dV  | chunk n-2's buffer: each thread saw its GEMMs complete at step 2 of chunk n-1
+//   | wait_group 0 + trailing __syncthreads | dQ     | a K/V buffer, refilled two blocks on (a wgmma reads shared memory until it completes)
+//
 // SHARED MEMORY (the 128-byte swizzle TMA writes: 64-column panels of 128-byte rows, 16-byte
 // chunk c of row r at c ^ (r % 8), so one descriptor layout serves K-major and MN-major reads)
-//   dK/dV: K, V 32 KB each; Q, dO 2 x 16 KB each; LSE', D 2 x 64 floats each: 129 KB.
+//   dK/dV: K, V 32 KB each; Q, dO 4 x 16 KB each; LSE', D 4 x 64 floats each: 194 KB.
 //   dQ: Q, dO 32 KB each; K, V 2 x 32 KB each: 192 KB.
-//
-// BARRIERS: as bwd_tile.cu (cp.async.wait_group + __syncthreads before a buffer is read, a
-//   trailing __syncthreads before it is refilled), plus wgmma.wait_group 0 before the trailing
-//   barrier: a wgmma reads shared memory until it completes, not until it is issued.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
@@ -107,19 +112,6 @@ __device__ __forceinline__ void gemm_rs(float (&d)[64], const uint32_t (&x)[16],
     }
 }
 
-// d (64 x 64) = A B with both operands MN-major (A: 128 rows of K, 64 of M contiguous in each;
-// B: 128 rows of K, 64 of N): 8 k-steps of 16 rows, two atoms each.
-__device__ __forceinline__ void gemm_ss_mn(float (&d)[32], uint32_t a_lo, uint32_t b_lo)
-{
-    sa_wgmma_m64n64k16_ss_zero<1, 1>(d, sa_desc_join(a_lo, DESC_HI), sa_desc_join(b_lo, DESC_HI));
-#pragma unroll
-    for (int kk = 1; kk < 8; kk++) {
-        const uint32_t off = (kk * 2 * ATOM) >> 4;
-        sa_wgmma_m64n64k16_ss<1, 1>(d, sa_desc_join(a_lo + off, DESC_HI),
-                                    sa_desc_join(b_lo + off, DESC_HI));
-    }
-}
-
 // A 64 x 64 accumulator as the A fragments of the next GEMM (columns 16kk.. = k-step kk).
 __device__ __forceinline__ void pack_a(const float (&s)[32], uint32_t (&x)[16])
 {
@@ -136,6 +128,83 @@ template <typename T> __device__ __forceinline__ T &aligned_smem(uint8_t *raw)
     return *reinterpret_cast<T *>(raw + ((1024 - (sa_smem_addr(raw) & 1023)) & 1023));
 }
 
+// ------------------------------------------------------------------ the walks
+// LSE in log2 units, +inf where the row has no key or lies past len_q (so P = exp2(-inf) = 0),
+// and D (0 there, so 0 * (dP - D) stays 0).
+__device__ __forceinline__ float lse2_of(const Args &a, size_t row, bool valid)
+{
+    if (!valid)
+        return CUDART_INF_F;
+    const float l = a.lse[row];
+    return l == -CUDART_INF_F ? CUDART_INF_F : l * LOG2E;
+}
+
+// Does key column kg (global key index) enter the softmax of query qg?
+__device__ __forceinline__ bool visible(const Args &a, int kg, int qg)
+{
+    return kg < a.len_kv && (!a.causal || kg <= qg + a.q_off);
+}
+
+// The causal last visible key of query rows [q0, q0 + 64 or 128) (their last valid row).
+__device__ __forceinline__ int last_key_of(const Args &a, int q_last)
+{
+    return min(q_last, a.len_q - 1) + a.q_off;
+}
+
+// The chunks a kernel-2 CTA walks: for each head h of the group, the entries of the bucket
+// (batch, list head of h, block) in order, and each listed tile's 64-row halves (one for a
+// partial last tile of up to 64 rows). Halves that cannot see the block (causal) are skipped.
+struct Chunk {
+    int head; // query head
+    int q0;   // first query row of the chunk
+};
+struct ChunkWalk {
+    int h, h_end, i, end, half; // heads [h, h_end) of the group still to walk
+};
+
+__device__ bool next_chunk(const Args &a, int b, int g, int blk, ChunkWalk &w, Chunk &out)
+{
+    for (;;) {
+        if (w.i < w.end) {
+            const int e = a.entries[w.i];
+            const int t = (e / a.max_blocks) % a.q_tiles;
+            const int rows = min(TILE, a.len_q - t * TILE);
+            const int halves = (rows + CHUNK - 1) / CHUNK;
+            const int half = w.half;
+            if (++w.half == halves) {
+                w.half = 0;
+                w.i++;
+            }
+            const int q0 = t * TILE + half * CHUNK;
+            if (a.causal && blk * TILE > last_key_of(a, q0 + CHUNK - 1))
+                continue; // no row of the half sees any key of the block
+            out = {g * a.group + w.h - 1, q0};
+            return true;
+        }
+        if (w.h == w.h_end)
+            return false;
+        const int lh = (g * a.group + w.h) / a.list_div;
+        const int bucket = (b * a.list_heads + lh) * a.kv_blocks + blk;
+        w.i = a.offsets[bucket];
+        w.end = a.offsets[bucket + 1];
+        w.half = 0;
+        w.h++;
+    }
+}
+
+// The next listed block of the row at or after position j that can contribute: in range and,
+// causally, not wholly after the tile's last visible key. count when there is none.
+__device__ __forceinline__ int next_block(const Args &a, const int32_t *row, int count, int j,
+                                          int last_blk)
+{
+    for (; j < count; j++) {
+        const int blk = row[j];
+        if (blk >= 0 && blk < a.kv_blocks && blk <= last_blk)
+            return j;
+    }
+    return count;
+}
+
 // ------------------------------------------------------------------ dK, dV
 // Q/dO buffers of the dK/dV kernel: chunk n computes while chunk n + 1 has landed or is landing
 // and chunk n + 2 loads; the fourth holds chunk n - 1, whose dK GEMM runs on into chunk n. So
@@ -145,7 +214,6 @@ constexpr int Q_BUFS = 4;
 struct alignas(1024) SmemKV {
     uint8_t k[TILE_BYTES], v[TILE_BYTES];
     uint8_t q[Q_BUFS][CHUNK_BYTES], d_o[Q_BUFS][CHUNK_BYTES];
-    uint8_t ds[TILE * PANEL_ROW]; // FUSED_DQ: dS^T of the chunk, a row of 64 queries per key
     float lse2[Q_BUFS][CHUNK], dsum[Q_BUFS][CHUNK];
 };
 
@@ -163,73 +231,6 @@ __device__ __forceinline__ void load_chunk(const Args &a, SmemKV &sm, int buf, i
     }
 }
 
-// FUSED_DQ: this warpgroup's packed dS^T (64 keys x 64 queries) into a dS^T buffer, row = key,
-// swizzled as every other tile (the A operand of dQ, MN-major).
-__device__ __forceinline__ void store_ds(uint8_t *ds, const uint32_t (&x)[16], int key0, int lane)
-{
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int key = key0 + 8 * i;
-#pragma unroll
-        for (int jj = 0; jj < 8; jj++) // queries 8 jj + 2 (lane % 4) + {0, 1}: 16-byte chunk jj
-            *reinterpret_cast<uint32_t *>(ds + key * PANEL_ROW + ((jj ^ (key & 7)) << 4) +
-                                          4 * (lane % 4)) = x[(jj / 2) * 4 + (jj % 2) * 2 + i];
-    }
-}
-
-// FUSED_DQ: scale times this warpgroup's dQ part (64 rows x 64 head dims from dq0) added to dq
-// with 16-byte atomics: the two lanes of a pair trade halves so that each holds 4 consecutive
-// columns of one row (the even lane row r, the odd lane row r + 8).
-__device__ __forceinline__ void add_dq(float *dq0, const float (&d)[32], int warp, int lane,
-                                       int valid, float scale)
-{
-    const bool even = (lane & 1) == 0;
-    const int r = 16 * warp + lane / 4 + (even ? 0 : 8);
-    const int col = 2 * (lane % 4) - (even ? 0 : 2);
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) {
-        const float k0 = even ? d[4 * jj] : d[4 * jj + 2], k1 = even ? d[4 * jj + 1] : d[4 * jj + 3];
-        const float s0 = even ? d[4 * jj + 2] : d[4 * jj], s1 = even ? d[4 * jj + 3] : d[4 * jj + 1];
-        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-        const float4 v = even ? make_float4(k0 * scale, k1 * scale, r0 * scale, r1 * scale)
-                              : make_float4(r0 * scale, r1 * scale, k0 * scale, k1 * scale);
-        if (r < valid)
-            atomicAdd(reinterpret_cast<float4 *>(dq0 + (size_t)r * D + 8 * jj + col), v);
-    }
-}
-
-// Named barrier 1 over both warpgroups: both halves of dS^T (or of the dQ stage) are in shared
-// memory (FUSED_DQ).
-constexpr int DS_BARRIER = 1;
-
-// FUSED_DQ's way into dq. 1: each chunk's 64 x 128 FP32 dQ is staged in shared memory in dq's
-// layout and added by two bulk reductions of the copy engine (cp.reduce.async.bulk .add.f32,
-// 16 KB each); 0: float4 atomics from registers (add_dq). An A/B variant.
-#ifndef SA_BWD_DQ_BULK
-#define SA_BWD_DQ_BULK 1
-#endif
-constexpr bool DQ_BULK = SA_BWD_DQ_BULK != 0;
-
-__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes)
-{
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                 ::"l"(dst), "r"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit()
-{
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// This thread's bulk reductions have read their shared-memory sources (they may be rewritten).
-__device__ __forceinline__ void bulk_wait_read()
-{
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void bulk_wait_all()
-{
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-
 // Step 1 of a chunk: S^T and dP^T of this warpgroup's keys against Q/dO buffer `buf`.
 __device__ __forceinline__ void issue_scores(float (&st)[32], float (&dpt)[32], uint32_t k_lo,
                                              uint32_t v_lo, const SmemKV &sm, int buf)
@@ -241,7 +242,6 @@ __device__ __forceinline__ void issue_scores(float (&st)[32], float (&dpt)[32], 
     sa_wgmma_commit();
 }
 
-template <bool FUSED_DQ>
 __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
 {
     extern __shared__ uint8_t smem_raw[];
@@ -286,8 +286,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         // cp.async writes through the generic proxy; wgmma reads through the async proxy.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        if (FUSED_DQ && DQ_BULK && threadIdx.x == 0)
-            bulk_wait_read(); // the last chunk's dQ stage, about to be refilled, has been read
         __syncthreads();
         const bool h2 = h1 && next_chunk(a, b, g, blk, walk, c2);
         if (h2)
@@ -329,60 +327,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
                 dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - dsum[8 * jj + 2 * (lane % 4) + (e % 2)]);
         uint32_t dst[16];
         pack_a(dpt, dst);
-        float dqp[32];
-        if (FUSED_DQ) {
-            // 5'. dQ (the chunk's 64 rows, head dims 64 wg..64 wg+63) = dS K: A = dS^T of both
-            //     warpgroups through shared memory, B = panel wg of K. Issued before dK so that
-            //     its wait leaves dK running.
-            store_ds(sm.ds, dst, KEYS_PER_WG * wg + 16 * warp + lane / 4, lane);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            sa_named_barrier_sync<DS_BARRIER>(WG_THREADS);
-            sa_wgmma_fence();
-            gemm_ss_mn(dqp, sa_desc_lo(sa_smem_addr(sm.ds), CHUNK_PANEL),
-                       sa_desc_lo(sk + wg * TILE_PANEL, TILE_PANEL));
-            sa_wgmma_commit();
-        }
         // 5. dK += dS^T Q; it runs on into the next chunk's scores (step 2 waits for it).
         sa_wgmma_fence();
         gemm_rs(dk, dst, sa_desc_lo(sq, CHUNK_PANEL), n > 0);
         sa_wgmma_commit();
-        if (FUSED_DQ) {
-            // 6. dQ is done (so is dV): add it to dq while dK runs. The next chunk's dS^T is
-            //    written after the next barrier, when every warpgroup has passed this wait.
-            sa_wgmma_wait<1>();
-            float *dq0 = a.dq + (((size_t)b * a.heads_q + c0.head) * a.len_q + c0.q0) * D;
-            if (!DQ_BULK) {
-                add_dq(dq0 + KEYS_PER_WG * wg, dqp, warp, lane, a.len_q - c0.q0, a.scale);
-            } else {
-                // The idle Q/dO buffer (chunk n - 1's, refilled at the next barrier) holds the
-                // chunk's dQ in dq's own layout: rows 0..31 in its Q half, 32..63 in its dO half.
-                float *stage[2] = {reinterpret_cast<float *>(sm.q[(n + 3) % Q_BUFS]),
-                                   reinterpret_cast<float *>(sm.d_o[(n + 3) % Q_BUFS])};
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int r = 16 * warp + lane / 4 + 8 * i;
-                    float *row = (r < 32 ? stage[0] : stage[1]) + (r % 32) * D + KEYS_PER_WG * wg +
-                                 2 * (lane % 4);
-#pragma unroll
-                    for (int jj = 0; jj < 8; jj++)
-                        *reinterpret_cast<float2 *>(row + 8 * jj) =
-                            make_float2(dqp[4 * jj + 2 * i] * a.scale, dqp[4 * jj + 2 * i + 1] * a.scale);
-                }
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                sa_named_barrier_sync<DS_BARRIER>(WG_THREADS);
-                if (threadIdx.x == 0) {
-                    const int valid = min(CHUNK, a.len_q - c0.q0);
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int rows = min(32, valid - 32 * h);
-                        if (rows > 0)
-                            bulk_reduce_add(dq0 + (size_t)32 * h * D, sa_smem_addr(stage[h]),
-                                            (uint32_t)rows * D * 4);
-                    }
-                    bulk_commit();
-                }
-            }
-        }
         c0 = c1;
         c1 = c2;
         h0 = h1;
@@ -390,8 +338,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
     }
     sa_wgmma_wait<0>();
     cp_async_wait_all(); // a CTA with no chunk still has its K/V copies in flight
-    if (FUSED_DQ && DQ_BULK && threadIdx.x == 0)
-        bulk_wait_all(); // the reductions are done before the CTA's shared memory goes
     if (!any) // no query saw this block: dK = dV = 0
 #pragma unroll
         for (int r = 0; r < 64; r++)
@@ -554,20 +500,15 @@ static_assert(SMEM_Q <= 227 * 1024, "shared memory over the sm_90 per-block limi
 
 } // namespace
 
-int sa_bwd::launch_dkdv_wgmma(const Args &g, int ctas, bool fused_dq, cudaStream_t st)
+int sa_bwd::launch_dkdv_wgmma(const Args &g, int ctas, cudaStream_t st)
 {
     static int smem_set; // the opt-in once per process (every device of a build is sm_90)
     if (!smem_set) {
-        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv_wgmma<false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_KV));
-        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv_wgmma<true>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_KV));
+        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)SMEM_KV));
         smem_set = 1;
     }
-    if (fused_dq)
-        bwd_dkdv_wgmma<true><<<ctas, WG_THREADS, SMEM_KV, st>>>(g);
-    else
-        bwd_dkdv_wgmma<false><<<ctas, WG_THREADS, SMEM_KV, st>>>(g);
+    bwd_dkdv_wgmma<<<ctas, WG_THREADS, SMEM_KV, st>>>(g);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }

@@ -9,7 +9,6 @@ D 128, len_q 4096, 16 independent blocks of 128 per Q tile) at each len_kv:
 Contenders, each only when importable, each from the same Q, K, V, dO and lists, each fed the
 O and LSE of its own forward:
   ours     validation off (its GPU time), and the host time of a validated call beside it;
-  ours_det the same with deterministic = 1 (dQ by its own pass, the same bits every run);
   fa4      FlashAttention-4's CuTe backward with block-sparse tensors (the lists transposed
            to the KV-major form its backward takes, every block full);
   bsa      cuDNN BSA backward (SM90: MHA only, so it runs only where Hkv = Hq);
@@ -44,9 +43,8 @@ def random_lists(torch, B, LH, T, nb, K, seed):
     return torch.stack(rows).to(torch.int32).reshape(B, LH, T, K).cuda()
 
 
-def ours_calls(torch, sa, q, k, v, o, lse, do, lists, deterministic=0):
-    """(call validated, call unvalidated) of our backward into preallocated gradients;
-    deterministic = 1: dQ by its separate pass (sa_gpu_attn_bwd.deterministic)."""
+def ours_calls(torch, sa, q, k, v, o, lse, do, lists):
+    """(call validated, call unvalidated) of our backward into preallocated gradients."""
     from sparseattn import _backward_gpu as bg
     bg._bind()
     lib = sa._core.lib
@@ -63,7 +61,6 @@ def ours_calls(torch, sa, q, k, v, o, lse, do, lists, deterministic=0):
         a.lists = sa._capi.SaTileLists(lists.data_ptr(), None, lists.shape[1], lists.shape[3])
         a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         a.validate = validate
-        a.deterministic = deterministic
         a.stream = torch.cuda.current_stream().cuda_stream
         size = ctypes.c_size_t()
         rc = lib.sa_gpu_backward_workspace_size(ctypes.byref(a), ctypes.byref(size))
@@ -128,23 +125,19 @@ def run_shape(torch, sa, args, hkv, skv, summary):
     ours_val, ours = ours_calls(torch, sa, q, k, v, o, lse, do, lists)
     dq, dk, dv = (x.clone() for x in ours())
     ours_val()
-    _, ours_det = ours_calls(torch, sa, q, k, v, o, lse, do, lists, deterministic=1)
-    r = ours_det()
     torch.cuda.synchronize()
-    timers = {"ours": [ours], "ours_det": [ours_det]}
-    notes = {"ours_det": "deterministic (dQ by its own pass); dQ %.1e dK %.1e dV %.1e vs ours" % (
-        rel(torch, r[0], dq), rel(torch, r[1], dk), rel(torch, r[2], dv))}
+    timers = {"ours": [ours]}
     if args.profile:  # where our time goes, kernel by kernel (torch's profiler, CUPTI)
         from torch.profiler import ProfilerActivity, profile
-        for name in ("ours", "ours_det"):
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(3):
-                    timers[name][0]()
-                torch.cuda.synchronize()
-            for ev in prof.key_averages():
-                us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-                if us > 0:
-                    log("  profile %s: %-40s %8.3f ms per call" % (name, ev.key[:40], us / 3e3))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                ours()
+            torch.cuda.synchronize()
+        for ev in prof.key_averages():
+            us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if us > 0:
+                log("  profile: %-40s %8.3f ms per call" % (ev.key[:40], us / 3e3))
+    notes = {}
     # FA4
     if "fa4" in args.peers:
         try:
@@ -226,7 +219,7 @@ def run_shape(torch, sa, args, hkv, skv, summary):
         row["results"][name] = {"ms": ms, "tflops": tf, "spread": spread,
                                 "host_us": info.get(name, {}).get("host_us"),
                                 "note": notes.get(name, "")}
-        log("  %-8s %8.3f ms %7.1f useful TFLOP/s (spread %.1f%%, host %.0f us/call) %s" % (
+        log("  %-6s %8.3f ms %7.1f useful TFLOP/s (spread %.1f%%, host %.0f us/call) %s" % (
             name, ms, tf, 100 * spread, info.get(name, {}).get("host_us") or 0,
             notes.get(name, "")))
     log("  ours validated: host %.0f us per call (lists checked on the host)" % host_val)
@@ -235,7 +228,7 @@ def run_shape(torch, sa, args, hkv, skv, summary):
         if name not in times:
             log("  %-6s %s" % (name, n))
             row["results"][name] = {"note": n}
-    best = max((r["tflops"] for n, r in row["results"].items() if not n.startswith("ours") and "tflops" in r),
+    best = max((r["tflops"] for n, r in row["results"].items() if n != "ours" and "tflops" in r),
                default=None)
     if best:
         log("  ours / best peer: %.2f" % (row["results"]["ours"]["tflops"] / best))

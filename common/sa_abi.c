@@ -51,8 +51,7 @@ static const abi_field table[] = {
     F(sa_gpu_attn_bwd, d_o), F(sa_gpu_attn_bwd, lists), F(sa_gpu_attn_bwd, dq),
     F(sa_gpu_attn_bwd, dk), F(sa_gpu_attn_bwd, dv), F(sa_gpu_attn_bwd, validate),
     F(sa_gpu_attn_bwd, allow_empty_rows), F(sa_gpu_attn_bwd, causal),
-    F(sa_gpu_attn_bwd, allow_future_blocks), F(sa_gpu_attn_bwd, deterministic),
-    F(sa_gpu_attn_bwd, workspace),
+    F(sa_gpu_attn_bwd, allow_future_blocks), F(sa_gpu_attn_bwd, workspace),
     F(sa_gpu_attn_bwd, workspace_bytes), F(sa_gpu_attn_bwd, stream),
 
     S(sa_stage),

@@ -114,11 +114,9 @@ __device__ __forceinline__ void sa_wgmma_m64n128k16_rs(float (&d)[64], const uin
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
-// m64n64k16 with both operands in shared memory (introduced by the wgmma backward,
-// backward/bwd_wgmma.cu, whose score tiles are 64 x 64): d (64 x 64, fp32) = A (64 x 16) * B
-// (16 x 64); A is K-major for TRANS_A = 0 and MN-major for 1, B likewise; register layout as
-// above with j < 8.
-template <int TRANS_A = 0, int TRANS_B = 0>
+// m64n64k16 with both operands K-major in shared memory (introduced by the wgmma backward,
+// backward/bwd_wgmma.cu, whose score tiles are 64 x 64): d (64 x 64, fp32) = A (64 x 16) * B^T
+// where B is 64 rows (N) of 16 (K); register layout as above with j < 8.
 __device__ __forceinline__ void sa_wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a,
                                                       uint64_t desc_b)
 {
@@ -128,16 +126,15 @@ __device__ __forceinline__ void sa_wgmma_m64n64k16_ss(float (&d)[32], uint64_t d
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, %35, %36;\n"
+        "%32, %33, p, 1, 1, 0, 0;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TRANS_A), "n"(TRANS_B));
+        : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 // The same, ignoring d's old value (the first k-step).
-template <int TRANS_A = 0, int TRANS_B = 0>
 __device__ __forceinline__ void sa_wgmma_m64n64k16_ss_zero(float (&d)[32], uint64_t desc_a,
                                                            uint64_t desc_b)
 {
@@ -147,11 +144,11 @@ __device__ __forceinline__ void sa_wgmma_m64n64k16_ss_zero(float (&d)[32], uint6
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, %35, %36;\n"
+        "%32, %33, p, 1, 1, 0, 0;\n"
         "}\n"
         : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
           "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
           "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
           "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(0), "n"(TRANS_A), "n"(TRANS_B));
+        : "l"(desc_a), "l"(desc_b), "r"(0));
 }

@@ -372,11 +372,6 @@ typedef struct sa_gpu_attn_bwd {
     int allow_empty_rows;    /* as sa_attn_opts (default 1) */
     int causal;              /* as sa_attn_opts (default 0) */
     int allow_future_blocks; /* as sa_attn_opts (default 0) */
-    /* 0 (default): dQ is added up inside the dK/dV kernel with FP32 atomics (5 GEMMs per tile and
-     * block; the order of the additions, so the last bits of dQ, may differ between runs).
-     * 1: dQ by a separate pass over each tile's list, every sum in a fixed order (7 GEMMs): the
-     * same inputs give the same bits. dK and dV are deterministic either way. */
-    int deterministic;
     void *workspace;         /* device, sa_gpu_backward_workspace_size bytes; NULL: per call */
     size_t workspace_bytes;
     void *stream;            /* cudaStream_t; NULL is the default stream */
@@ -385,7 +380,7 @@ SA_API void sa_gpu_attn_bwd_default(sa_gpu_attn_bwd *a);
 /* Device workspace of a call: D (B * Hq * Sq floats) and the reverse index of the lists. */
 SA_API int sa_gpu_backward_workspace_size(const sa_gpu_attn_bwd *a, size_t *bytes);
 /* Checks the arguments (and the lists when a->validate), then queues its kernels (the reverse
- * index of the lists, D, dK/dV with dQ, or dK/dV then dQ when deterministic) on a->stream. SA_ERR_NOT_BUILT without CUDA, SA_ERR_NO_DEVICE without an sm_90 GPU. */
+ * index of the lists, D, dK/dV, dQ) on a->stream. SA_ERR_NOT_BUILT without CUDA, SA_ERR_NO_DEVICE without an sm_90 GPU. */
 SA_API int sa_gpu_tile_sparse_backward(const sa_gpu_attn_bwd *a);
 
 /* ---------------------------------------------------------------- ABI check */

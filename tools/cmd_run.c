@@ -69,8 +69,8 @@ static void run_usage(FILE *f)
             "                    the recall, and the oracle and random rows\n"
             "  --causal          causal attention, bottom-right aligned (query i sees key j when\n"
             "                    j <= i + len_kv - len_q): the selectors, the recall's exact mass\n"
-            "                    and every attention row; runs on the CPU (this command's GPU\n"
-            "                    path has no causal mode yet)\n"
+            "                    and every attention row (on the GPU: the default tile stage,\n"
+            "                    and for the dense row that stage over every visible block)\n"
             "  --json            one machine-readable line instead of the table\n"
             "selectors:",
             RUN_TOPK, RUN_SELECTOR, RUN_WORKLOAD, RUN_STRENGTH, RUN_WORKLOAD);
@@ -98,15 +98,10 @@ static double double_arg(int argc, char **argv, int *i)
 static void resolve_device(run_cfg *c)
 {
     const sa_selector *sel = sa_selector_by_name(c->selector);
-    if (c->causal && !strcmp(c->device, "cuda"))
-        cli_usage_error("run: --causal runs on the CPU (this command's GPU path has no causal "
-                        "mode yet): use --device cpu or auto");
     if (!strcmp(c->device, "cuda"))
         c->cuda = 1;
     else if (!strcmp(c->device, "auto")) {
-        if (c->causal)
-            c->why_cpu = "--causal: this command's GPU path has no causal mode yet";
-        else if (!sa_gpu_available())
+        if (!sa_gpu_available())
             c->why_cpu = "no GPU found";
         else if (sel->per_query)
             c->why_cpu = "the selector writes per-query lists, which the GPU stages do not read";
@@ -344,7 +339,7 @@ typedef struct run_gpu {
 } run_gpu;
 
 static void gpu_open(run_gpu *G, const run_cfg *c, const uint16_t *q, const uint16_t *k,
-                     const uint16_t *v, const int32_t *idx)
+                     const uint16_t *v, const run_row *r)
 {
     const sa_shape *s = &c->s;
     int err;
@@ -353,8 +348,9 @@ static void gpu_open(run_gpu *G, const run_cfg *c, const uint16_t *q, const uint
     if ((err = bh_upload((void *)G->set.a.q, q, sa_q_elems(s) * 2)) ||
         (err = bh_upload((void *)G->set.a.k, k, sa_kv_elems(s) * 2)) ||
         (err = bh_upload((void *)G->set.a.v, v, sa_kv_elems(s) * 2)) ||
-        (err = bh_set_lists(&G->set, idx, NULL, s->heads_kv, c->topk)))
+        (err = bh_set_lists(&G->set, r->idx, r->cnt, s->heads_kv, c->topk)))
         die_gpu("upload", err);
+    G->set.a.causal = c->causal; /* before the stage is chosen: not every stage is causal */
     /* --stage, else the registry's default tile-list stage where its check accepts the shape,
      * else the first sparse stage whose check does (cli_tile_stage). */
     G->st = c->stage ? sa_stage_by_id(c->stage) : cli_tile_stage(&G->set.a);
@@ -372,11 +368,36 @@ static void gpu_open(run_gpu *G, const run_cfg *c, const uint16_t *q, const uint
 static void attend_gpu(run_gpu *G, const run_cfg *c, run_row *r, uint16_t *o, float *of,
                        float *lse)
 {
-    int err = bh_set_lists(&G->set, r->idx, NULL, c->s.heads_kv, c->topk);
+    int err = bh_set_lists(&G->set, r->idx, r->cnt, c->s.heads_kv, c->topk);
     if (err)
         die_gpu("upload", err);
     r->attn_s = gpu_attend(G->g, G->st, &G->set, o, lse);
     sa_bf16_to_f32_array(of, o, sa_q_elems(&c->s));
+}
+
+/* Causal dense attention on the GPU: the dense stage is non-causal, so the tile stage runs over
+ * every block each Q tile can see (its count; the rest of the row is padding). */
+static double dense_causal_gpu(run_gpu *G, const run_cfg *c, uint16_t *o, float *lse)
+{
+    const sa_shape *s = &c->s;
+    const int tiles = sa_q_tiles(s), nb = sa_kv_blocks(s);
+    const size_t rows = (size_t)s->batch * s->heads_kv * tiles;
+    int32_t *idx = xmalloc(rows * nb * sizeof(int32_t)), *cnt = xmalloc(rows * sizeof(int32_t));
+    for (size_t r = 0; r < rows; r++) {
+        const int t = (int)(r % (size_t)tiles);
+        const int last_row = t * SA_TILE + SA_TILE - 1 < s->len_q ? t * SA_TILE + SA_TILE - 1
+                                                                  : s->len_q - 1;
+        const int key = sa_causal_last_key(s, last_row);
+        cnt[r] = key < 0 ? 0 : key / SA_TILE + 1;
+        for (int j = 0; j < nb; j++)
+            idx[r * nb + j] = j < cnt[r] ? j : 0;
+    }
+    int err = bh_set_lists(&G->set, idx, cnt, s->heads_kv, nb);
+    free(idx);
+    free(cnt);
+    if (err)
+        die_gpu("upload", err);
+    return gpu_attend(G->g, G->st, &G->set, o, lse);
 }
 #endif
 
@@ -577,11 +598,13 @@ int cmd_run(int argc, char **argv)
     if (c.cuda && sel->cuda) {
         /* The first call also loads the module: time the second. */
         main_row->per_query = 0;
-        main_row->idx = xmalloc(sa_selector_list_len(sel, s, c.topk) * sizeof(int32_t));
+        const size_t len = sa_selector_list_len(sel, s, c.topk);
+        main_row->idx = xmalloc(len * sizeof(int32_t));
+        main_row->cnt = c.causal ? xmalloc(len / (size_t)c.topk * sizeof(int32_t)) : NULL;
         double ms = 0;
-        err = sel_cuda_run_host(sel, s, q, k, &p, main_row->idx, NULL, &ms);
+        err = sel_cuda_run_host(sel, s, q, k, &p, main_row->idx, main_row->cnt, &ms);
         if (!err)
-            err = sel_cuda_run_host(sel, s, q, k, &p, main_row->idx, NULL, &ms);
+            err = sel_cuda_run_host(sel, s, q, k, &p, main_row->idx, main_row->cnt, &ms);
         if (err)
             die_status("block selection", err);
         main_row->select_s = ms * 1e-3;
@@ -655,7 +678,7 @@ int cmd_run(int argc, char **argv)
     else {
         run_gpu G;
         cli_progress("run: GPU setup");
-        gpu_open(&G, &c, q, k, v, main_row->idx);
+        gpu_open(&G, &c, q, k, v, main_row);
         stage_name = G.st->name;
         static char on[128];
         snprintf(on, sizeof on, "the GPU (stage %d, %s)", G.st->id, G.st->name);
@@ -663,7 +686,11 @@ int cmd_run(int argc, char **argv)
         snprintf(device_line, sizeof device_line, "device cuda: %s; selector %s on the %s",
                  G.dev.name, c.selector, strcmp(main_row->select_on, "cuda") ? "CPU" : "GPU");
         const sa_stage *dense = sa_stage_with(SA_ROLE_DEFAULT_DENSE);
-        if (have_dense && dense && dense->check(&G.set.a) == SA_OK) {
+        if (have_dense && c.causal) {
+            cli_progress("run: causal dense attention on the GPU (every visible block)");
+            dense_row.attn_s = dense_causal_gpu(&G, &c, o, lse);
+            sa_bf16_to_f32_array(dense_f, o, nq);
+        } else if (have_dense && dense && dense->check(&G.set.a) == SA_OK) {
             cli_progress("run: dense attention on the GPU");
             dense_row.attn_s = gpu_attend(G.g, dense, &G.set, o, lse);
             sa_bf16_to_f32_array(dense_f, o, nq);
@@ -687,9 +714,9 @@ int cmd_run(int argc, char **argv)
                 cli_progress("run: CPU reference on the same lists");
                 uint16_t *ro = xmalloc(nq * 2);
                 float *rof = xmalloc(nq * sizeof(float));
-                sa_tile_lists l = {rows[i].idx, NULL, s->heads_kv, c.topk};
+                sa_tile_lists l = {rows[i].idx, rows[i].cnt, s->heads_kv, c.topk};
                 sa_outputs rout = {ro, rof, NULL};
-                if ((err = sa_ref_tile_sparse(s, q, k, v, &l, NULL, &rout)))
+                if ((err = sa_ref_tile_sparse(s, q, k, v, &l, &opts, &rout)))
                     die_status("CPU reference", err);
                 err_ref = sa_rel_l2(of, rof, nq);
                 free(ro);

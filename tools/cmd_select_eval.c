@@ -210,7 +210,7 @@ typedef struct buffers {
     uint16_t *q, *k, *v, *o;
     float *o_dense, *mass;
     int32_t *idx, *idx_cpu, *oracle;
-    int32_t *cnt, *oracle_cnt; /* the rows' counts (k each unless causal) */
+    int32_t *cnt, *cnt_cpu, *oracle_cnt; /* the rows' counts (k each unless causal) */
 } buffers;
 
 static void *xmalloc(size_t n)
@@ -330,7 +330,7 @@ int cmd_select_eval(int argc, char **argv)
         .q = xmalloc(nq * 2), .k = xmalloc(nkv * 2), .v = xmalloc(nkv * 2), .o = xmalloc(nq * 2),
         .o_dense = xmalloc(nq * 4), .mass = xmalloc(queries * n * sizeof(float)),
         .idx = xmalloc(max_list * 4), .idx_cpu = xmalloc(max_list * 4), .oracle = xmalloc(sa_selector_list_len(oracle, s, c.topk) * 4),
-        .cnt = xmalloc(max_list / c.topk * 4),
+        .cnt = xmalloc(max_list / c.topk * 4), .cnt_cpu = xmalloc(max_list / c.topk * 4),
         .oracle_cnt = xmalloc(sa_selector_list_len(oracle, s, c.topk) / c.topk * 4),
     };
     /* Causal options of the reference calls; the lists must hold visible blocks only. */
@@ -349,7 +349,7 @@ int cmd_select_eval(int argc, char **argv)
 #ifdef SA_HAVE_CUDA
     bh_gpu *g = NULL;
     uint16_t *dq = NULL, *dk = NULL;
-    int32_t *didx = NULL;
+    int32_t *didx = NULL, *dcnt = NULL; /* dcnt: the GPU selectors' counts (causal) */
     if (cuda) {
         int err = bh_open(&g, NULL);
         if (!err)
@@ -358,6 +358,8 @@ int cmd_select_eval(int argc, char **argv)
             err = bh_alloc((void **)&dk, nkv * 2);
         if (!err)
             err = bh_alloc((void **)&didx, max_list * 4);
+        if (!err && c.causal)
+            err = bh_alloc((void **)&dcnt, max_list / c.topk * 4);
         if (err) {
             fprintf(stderr, "sparseattn: select-eval: GPU: %s (%s)\n", sa_strerror(err),
                     bh_last_error());
@@ -380,15 +382,12 @@ int cmd_select_eval(int argc, char **argv)
                "overlap", "select_ms", cuda ? "  dev cpu_match" : "");
     }
     int warned = 0;
-    if (cuda && c.causal)
-        fprintf(stderr, "sparseattn: select-eval: --causal: this command's GPU comparison does "
-                        "not pass counts yet: every selector runs on the CPU\n");
     /* The GPU functions take neither index heads nor a local block off the diagonal. */
     const int local_off_diag = c.keep_local && s->len_q != s->len_kv;
     int any_index = 0;
     for (int j = 0; j < c.choices; j++)
         any_index |= c.choice[j].method != NULL;
-    if (cuda && !c.causal && (local_off_diag || any_index))
+    if (cuda && (local_off_diag || any_index))
         fprintf(stderr, "sparseattn: select-eval: the GPU selectors do not take %s yet "
                         "(SA_ERR_UNSUPPORTED): %s on the CPU\n",
                 local_off_diag ? "--keep-local with len-q < len-kv" : "index heads",
@@ -465,19 +464,23 @@ int cmd_select_eval(int argc, char **argv)
                 if (err)
                     die(sel->name, err);
 #ifdef SA_HAVE_CUDA
-                if (cuda && sel->cuda && !c.causal && !local_off_diag && !ps.index_heads) {
+                if (cuda && sel->cuda && !local_off_diag && !ps.index_heads) {
                     /* One warm-up call, then one timed call; the time includes the list download
-                     * (it synchronizes). The CPU lists stay for the comparison. */
-                    size_t len = sa_selector_list_len(sel, s, c.topk);
+                     * (it synchronizes). The CPU lists stay for the comparison. Causal rows come
+                     * with counts, downloaded too. */
+                    size_t len = sa_selector_list_len(sel, s, c.topk), rows = len / c.topk;
                     memcpy(b.idx_cpu, b.idx, len * 4);
+                    memcpy(b.cnt_cpu, b.cnt, rows * 4);
                     sa_select_params pg = ps;
                     pg.stream = bh_stream(g);
-                    err = sel->cuda(s, dq, dk, &pg, didx, NULL);
+                    err = sel->cuda(s, dq, dk, &pg, didx, dcnt);
                     double t0 = cli_now();
                     if (!err)
-                        err = sel->cuda(s, dq, dk, &pg, didx, NULL);
+                        err = sel->cuda(s, dq, dk, &pg, didx, dcnt);
                     if (!err)
                         err = bh_download(b.idx, didx, len * 4);
+                    if (!err && dcnt)
+                        err = bh_download(b.cnt, dcnt, rows * 4);
                     if (err) {
                         cli_progress_done();
                         fprintf(stderr, "sparseattn: select-eval: %s on the GPU: %s (%s)\n",
@@ -486,16 +489,20 @@ int cmd_select_eval(int argc, char **argv)
                     }
                     ms = (cli_now() - t0) * 1e3;
                     dev = "cuda";
-                    size_t same = 0, rows = len / c.topk;
-                    for (size_t r = 0; r < rows; r++)
-                        same += !memcmp(b.idx + r * c.topk, b.idx_cpu + r * c.topk, c.topk * 4);
+                    /* A row matches when its count and its first count entries do. */
+                    size_t same = 0;
+                    for (size_t r = 0; r < rows; r++) {
+                        const int n = dcnt ? b.cnt[r] : c.topk;
+                        same += (!dcnt || b.cnt[r] == b.cnt_cpu[r]) && n >= 0 && n <= c.topk &&
+                                !memcmp(b.idx + r * c.topk, b.idx_cpu + r * c.topk, (size_t)n * 4);
+                    }
                     match = (double)same / rows;
                 }
 #endif
-                /* Also rejects out-of-range indices (GPU lists). The GPU lists come with no
-                 * counts: every row holds topk (never causal there). Causal: the queries that
-                 * see nothing (recall 0 of 0) are left out of the statistics. */
-                const int32_t *cnt = !strcmp(dev, "cuda") ? NULL : b.cnt;
+                /* Also rejects out-of-range indices (GPU lists). Non-causal GPU lists come with
+                 * no counts: every row holds topk. Causal: the queries that see nothing (recall 0
+                 * of 0) are left out of the statistics. */
+                const int32_t *cnt = !strcmp(dev, "cuda") && !c.causal ? NULL : b.cnt;
                 double rmean, rp5;
                 if ((err = sa_lists_recall_stats(s, b.mass, sel->per_query, b.idx, cnt, c.topk, &ao,
                                                  RECALL_PERCENTILE, &rmean, &rp5, NULL)))
@@ -522,6 +529,7 @@ int cmd_select_eval(int argc, char **argv)
     bh_free(dq);
     bh_free(dk);
     bh_free(didx);
+    bh_free(dcnt);
     if (g)
         bh_close(g);
 #endif
@@ -539,6 +547,7 @@ int cmd_select_eval(int argc, char **argv)
     free(b.idx_cpu);
     free(b.oracle);
     free(b.cnt);
+    free(b.cnt_cpu);
     free(b.oracle_cnt);
     return 0;
 }

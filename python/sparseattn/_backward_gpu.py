@@ -5,9 +5,8 @@
 
 q, k, v, o, d_o: torch.bfloat16 CUDA tensors in `layout` ("bhsd" or "bshd"); lse float32
 (B, Hq, Sq) as the forward returned it; indices/counts the forward's tile lists. dq, dk, dv are
-float32 tensors in the same layout (dk, dv summed over each GQA group), exact (docs/backward.md);
-on torch's current stream. dQ is added up with FP32 atomics, so its last bits may differ between
-runs, unless deterministic=True or torch.use_deterministic_algorithms(True) is in force. validate=True checks the lists on the host
+float32 tensors in the same layout (dk, dv summed over each GQA group). Exact and deterministic
+(docs/backward.md); on torch's current stream. validate=True checks the lists on the host
 (one synchronization)."""
 import ctypes
 from ctypes import c_int, c_size_t, c_void_p
@@ -23,7 +22,7 @@ class SaGpuAttnBwd(ctypes.Structure):
                 ("o", c_void_p), ("lse", c_void_p), ("d_o", c_void_p), ("lists", SaTileLists),
                 ("dq", c_void_p), ("dk", c_void_p), ("dv", c_void_p), ("validate", c_int),
                 ("allow_empty_rows", c_int), ("causal", c_int), ("allow_future_blocks", c_int),
-                ("deterministic", c_int), ("workspace", c_void_p), ("workspace_bytes", c_size_t), ("stream", c_void_p)]
+                ("workspace", c_void_p), ("workspace_bytes", c_size_t), ("stream", c_void_p)]
 
 
 _checked = False
@@ -63,11 +62,8 @@ def _lse(name, x, s, device):
 
 def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, *,
                                     layout="bhsd", validate=True, allow_empty_rows=True,
-                                    causal=False, allow_future_blocks=False,
-                                    deterministic=None):
-    """Gradients (dq, dk, dv) of block_sparse_attention on CUDA tensors; see the module.
-    deterministic: True gives the same bits every run (dQ by its own pass); None (default)
-    follows torch.are_deterministic_algorithms_enabled()."""
+                                    causal=False, allow_future_blocks=False):
+    """Gradients (dq, dk, dv) of block_sparse_attention on CUDA tensors; see the module."""
     t = torch_mod()
     from ._gpu import require_gpu, stream_ptr, tile_lists
     require_gpu()
@@ -98,9 +94,6 @@ def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, 
         a.allow_empty_rows = flag("allow_empty_rows", allow_empty_rows)
         a.causal = flag("causal", causal)
         a.allow_future_blocks = flag("allow_future_blocks", allow_future_blocks)
-        if deterministic is None:
-            deterministic = t.are_deterministic_algorithms_enabled()
-        a.deterministic = flag("deterministic", deterministic)
         a.stream = stream_ptr()
         check(lib.sa_gpu_tile_sparse_backward(ctypes.byref(a)), "sa_gpu_tile_sparse_backward")
     if layout == "bshd":
