@@ -500,28 +500,29 @@ static_assert(SMEM_Q <= 227 * 1024, "shared memory over the sm_90 per-block limi
 
 } // namespace
 
-int sa_bwd::launch_dkdv_wgmma(const Args &g, int ctas, cudaStream_t st)
+// A kernel of this file on `ctas` CTAs of WG_THREADS threads with `smem` bytes of dynamic shared
+// memory, opted in once per kernel and process (every device of a build is sm_90).
+template <typename Kernel>
+static int launch(Kernel kernel, int &opted_in, size_t smem, const Args &g, int ctas, cudaStream_t st)
 {
-    static int smem_set; // the opt-in once per process (every device of a build is sm_90)
-    if (!smem_set) {
-        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dkdv_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)SMEM_KV));
-        smem_set = 1;
+    if (!opted_in) {
+        SA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem));
+        opted_in = 1;
     }
-    bwd_dkdv_wgmma<<<ctas, WG_THREADS, SMEM_KV, st>>>(g);
+    kernel<<<ctas, WG_THREADS, smem, st>>>(g);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }
 
+int sa_bwd::launch_dkdv_wgmma(const Args &g, int ctas, cudaStream_t st)
+{
+    static int opted_in;
+    return launch(bwd_dkdv_wgmma, opted_in, SMEM_KV, g, ctas, st);
+}
+
 int sa_bwd::launch_dq_wgmma(const Args &g, int ctas, cudaStream_t st)
 {
-    static int smem_set;
-    if (!smem_set) {
-        SA_CUDA_TRY(cudaFuncSetAttribute(bwd_dq_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)SMEM_Q));
-        smem_set = 1;
-    }
-    bwd_dq_wgmma<<<ctas, WG_THREADS, SMEM_Q, st>>>(g);
-    SA_CUDA_TRY(cudaGetLastError());
-    return SA_OK;
+    static int opted_in;
+    return launch(bwd_dq_wgmma, opted_in, SMEM_Q, g, ctas, st);
 }
