@@ -148,11 +148,6 @@
 #ifndef SA_STAGE17_CEILING
 #define SA_STAGE17_CEILING 0
 #endif
-// How many of each thread's 16 column groups of a score tile take their exponentials on the FMA
-// pipe (exp2_fma) instead of the MUFU unit (ex2.approx): 0..16. A/B variant.
-#ifndef SA_STAGE17_POLY_EXP
-#define SA_STAGE17_POLY_EXP 0
-#endif
 
 namespace {
 
@@ -315,22 +310,6 @@ __device__ __forceinline__ int check_row(const Params &p, const int32_t *row, in
     return __any_sync(0xffffffffu, bad_index) ? SA_ERR_INDEX : SA_OK;
 }
 
-// 2^x with FMA-pipe instructions only, so that part of the softmax's exponentials run beside the
-// MUFU unit's ex2 rather than queue for it (FlashAttention-4's idea, there for Blackwell):
-// x = j + f with j = rint(x) and f in [-0.5, 0.5]; 2^f by a degree-3 polynomial (minimax for
-// relative error: below 7.5e-5, far inside the 2^-9 of the BF16 P it feeds); 2^j added to the
-// exponent field. x below -125 (a masked score is -inf) gives 0, as ex2.approx.ftz does there.
-__device__ __forceinline__ float exp2_fma(float x)
-{
-    const float xc = fmaxf(x, -125.f);
-    const float t = xc + 12582912.f; // 1.5 * 2^23: rint(xc) lands in the low mantissa bits
-    const float f = xc - (t - 12582912.f);
-    const float p = fmaf(fmaf(fmaf(0.0551716416f, f, 0.242611166f), f, 0.693260994f), f,
-                         0.999928071f);
-    const float y = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-    return x < -125.f ? 0.f : y;
-}
-
 // Step 4 of the dataflow: row max and the lazy rescaling decision (softmax_row_max), then
 // P = exp2(S * scale * log2e - max) in place of S, with O's rescale deferred: O is still being
 // accumulated by the PV in flight. Returns whether any row of this warp adopted a new max (a
@@ -355,11 +334,8 @@ __device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_ma
         for (int i = 0; i < 2; i++) {
             // A row that has seen no key yet (causal) keeps max -inf: its P must be 0, not NaN.
             const float neg_max = row_max[i] == -CUDART_INF_F ? 0.f : -row_max[i];
-            const float x0 = fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max);
-            const float x1 = fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max);
-            const bool fma_pipe = jj < SA_STAGE17_POLY_EXP; // a compile-time choice per group
-            const float p0 = fma_pipe ? exp2_fma(x0) : fast_exp2(x0);
-            const float p1 = fma_pipe ? exp2_fma(x1) : fast_exp2(x1);
+            const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
+            const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
             part[i] += p0 + p1;
             sc[4 * jj + 2 * i] = p0;
             sc[4 * jj + 2 * i + 1] = p1;
