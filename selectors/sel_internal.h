@@ -94,9 +94,11 @@ void sel_row_pick(sel_row *w, int k, int diag, int sink, int32_t *out);
  * Returns the row's count. */
 int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *out);
 
-/* Representative scoring shared by r1 and r4: group means of `span` tokens (128 or 32), a
- * block's score the max over (query group, key group) pairs and over the GQA group's heads. */
+/* Representative scoring shared by r1, r4 and gauss: group means of `span` tokens (128 or 32),
+ * a block's score the max over (query group, key group) pairs and over the GQA group's heads;
+ * gauss = 1 scores with the key groups' per-channel variances too (sel_reps.c, gauss_score). */
 int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
-                   const sa_select_params *p, int span, int32_t *indices, int32_t *counts);
+                   const sa_select_params *p, int span, int gauss, int32_t *indices,
+                   int32_t *counts);
 
 #endif

@@ -6,7 +6,7 @@
 static int r1_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                   const sa_select_params *p, int32_t *indices, int32_t *counts)
 {
-    return sel_rep_select(s, q, k, p, SA_TILE, indices, counts);
+    return sel_rep_select(s, q, k, p, SA_TILE, 0, indices, counts);
 }
 
 const sa_selector sa_selector_r1 = {

@@ -10,7 +10,7 @@
 static int r4_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                   const sa_select_params *p, int32_t *indices, int32_t *counts)
 {
-    return sel_rep_select(s, q, k, p, R4_SPAN, indices, counts);
+    return sel_rep_select(s, q, k, p, R4_SPAN, 0, indices, counts);
 }
 
 const sa_selector sa_selector_r4 = {

@@ -1,5 +1,6 @@
-/* Representative scoring, shared by r1 (one mean per 128 tokens) and r4 (one per 32).
- * Means are taken once per (batch, head, group of `span` tokens), never per (tile, block) pair. */
+/* Representative scoring, shared by r1 (one mean per 128 tokens), r4 (one per 32) and gauss (r1
+ * plus each block's per-channel key variance). Means and variances are taken once per (batch,
+ * head, group of `span` tokens), never per (tile, block) pair. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -8,8 +9,10 @@
 #include "sel_internal.h"
 
 /* x is (heads, len, dim) BF16; out is (heads, ceil(len / span), dim): the mean of each group's
- * valid tokens (a final partial group averages only the tokens it has). */
-static void group_means(const uint16_t *x, int heads, int len, int dim, int span, float *out)
+ * valid tokens (a final partial group averages only the tokens it has); var, when not NULL, the
+ * same shape: each channel's variance over those tokens (population, two-pass). */
+static void group_means(const uint16_t *x, int heads, int len, int dim, int span, float *out,
+                        float *var)
 {
     int groups = (len + span - 1) / span;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -25,7 +28,33 @@ static void group_means(const uint16_t *x, int heads, int len, int dim, int span
                     dst[d] += sa_bf16_to_f32(src[(size_t)i * dim + d]);
             for (int d = 0; d < dim; d++)
                 dst[d] /= (float)n;
+            if (!var)
+                continue;
+            float *vd = var + ((size_t)h * groups + g) * dim;
+            for (int d = 0; d < dim; d++)
+                vd[d] = 0.0f;
+            for (int i = 0; i < n; i++)
+                for (int d = 0; d < dim; d++) {
+                    const float e = sa_bf16_to_f32(src[(size_t)i * dim + d]) - dst[d];
+                    vd[d] += e * e;
+                }
+            for (int d = 0; d < dim; d++)
+                vd[d] /= (float)n;
         }
+}
+
+/* gauss's block score in dot-product units: the log of a block's softmax mass for query mean q
+ * if its keys were Gaussian with mean m and per-channel variance v, divided by the softmax scale
+ * sc: log sum_i exp(sc q.k_i) ~ sc q.m + sc^2 sum_d q_d^2 v_d / 2 + log n. */
+static float gauss_score(const float *q, const float *m, const float *v, int dim, float sc,
+                         int n)
+{
+    float mean = 0.0f, spread = 0.0f;
+    for (int d = 0; d < dim; d++) {
+        mean += q[d] * m[d];
+        spread += q[d] * q[d] * v[d];
+    }
+    return mean + 0.5f * sc * spread + logf((float)n) / sc;
 }
 
 static float dot(const float *a, const float *b, int n)
@@ -37,7 +66,8 @@ static float dot(const float *a, const float *b, int n)
 }
 
 int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
-                   const sa_select_params *p, int span, int32_t *indices, int32_t *counts)
+                   const sa_select_params *p, int span, int gauss, int32_t *indices,
+                   int32_t *counts)
 {
     sel_ctx c;
     int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
@@ -49,13 +79,16 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     /* Scored heads: the attention's (Hq, Hkv), or the index heads (Hi, Hi). */
     float *qr = sa_sz_malloc(sa_sz_mul4(s->batch, c.qh, qg, dim), sizeof *qr);
     float *kr = sa_sz_malloc(sa_sz_mul4(s->batch, c.kh, kg, dim), sizeof *kr);
-    if (!qr || !kr) {
+    float *kv = gauss ? sa_sz_malloc(sa_sz_mul4(s->batch, c.kh, kg, dim), sizeof *kv) : NULL;
+    if (!qr || !kr || (gauss && !kv)) {
         free(qr);
         free(kr);
+        free(kv);
         return SA_ERR_NOMEM;
     }
-    group_means(c.q, s->batch * c.qh, s->len_q, dim, span, qr);
-    group_means(c.k, s->batch * c.kh, s->len_kv, dim, span, kr);
+    group_means(c.q, s->batch * c.qh, s->len_q, dim, span, qr, NULL);
+    group_means(c.k, s->batch * c.kh, s->len_kv, dim, span, kr, kv);
+    const float sc = 1.0f / sqrtf((float)dim); /* the softmax scale of the scored vectors */
 
     const int rows = s->batch * s->heads_kv * c.q_tiles;
     int oom = 0;
@@ -79,11 +112,18 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                 for (int j = 0; j < nh; j++) {
                     int hq = h0 + j;
                     const float *qbase = qr + ((size_t)b * c.qh + hq) * qg * dim;
-                    const float *kbase =
-                        kr + ((size_t)b * c.kh + sel_khead_of(&c, hq)) * kg * dim;
+                    const size_t koff = ((size_t)b * c.kh + sel_khead_of(&c, hq)) * kg * dim;
+                    const float *kbase = kr + koff;
                     for (int a = t * per; a < (t + 1) * per && a < qg; a++)
                         for (int e = blk * per; e < (blk + 1) * per && e < kg; e++) {
-                            float v = dot(qbase + (size_t)a * dim, kbase + (size_t)e * dim, dim);
+                            const int keys = s->len_kv - e * span < span ? s->len_kv - e * span
+                                                                         : span;
+                            float v = gauss ? gauss_score(qbase + (size_t)a * dim,
+                                                          kbase + (size_t)e * dim,
+                                                          kv + koff + (size_t)e * dim, dim, sc,
+                                                          keys)
+                                            : dot(qbase + (size_t)a * dim, kbase + (size_t)e * dim,
+                                                  dim);
                             if (v > best || isnan(v))
                                 best = isnan(best) ? best : v;
                         }
@@ -98,5 +138,6 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     }
     free(qr);
     free(kr);
+    free(kv);
     return oom ? SA_ERR_NOMEM : SA_OK;
 }

@@ -166,6 +166,28 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
                             *dst = v > *dst ? v : *dst;
                         }
                     }
+            } else if (!strcmp(name, "gauss")) {
+                /* The tile's query mean; the block's key mean c and per-channel variance:
+                 * a.c + (scale / 2) sum a_d^2 var_d + log(n) / scale. */
+                const double sc = 1.0 / sqrt((double)dim);
+                for (int t = 0; t < tiles; t++) {
+                    mean_rows(qh, t * 128, imin((t + 1) * 128, s->len_q), dim, a);
+                    for (int blk = 0; blk < n; blk++) {
+                        const int k0 = blk * 128, k1 = imin(k0 + 128, s->len_kv);
+                        mean_rows(kh, k0, k1, dim, c);
+                        double v = dotd(a, c, dim) + log((double)(k1 - k0)) / sc;
+                        for (int d = 0; d < dim; d++) {
+                            double var = 0;
+                            for (int i = k0; i < k1; i++) {
+                                const double e = kh[(size_t)i * dim + d] - c[d];
+                                var += e * e;
+                            }
+                            v += 0.5 * sc * a[d] * a[d] * var / (k1 - k0);
+                        }
+                        double *dst = &o[(size_t)t * n + blk];
+                        *dst = v > *dst ? v : *dst;
+                    }
+                }
             } else if (nv) {
                 for (int i = 0; i < s->len_q; i++)
                     for (int j = 0; j < s->len_kv && (!causal || j <= i + s->len_kv - s->len_q);
