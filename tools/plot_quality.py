@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Plots of the model's own verdict (issue #19, docs/quality.md): the next-token loss with
+block-sparse attention minus dense (nats/token) against the budget (blocks of 128 keys per query
+tile), one line per selector (with or without the sink block), one panel per length, one PNG
+per model. Input: the JSON files that tools/sparse_loss.py --json writes (several runs of one
+model and length are merged: each result carries its own delta from dense).
+
+    pip install matplotlib          # into the venv of docs/activations.md; nothing else needed
+    python3 tools/plot_quality.py docs/log/json/quality/*.json --out docs/img
+
+Writes OUT/quality-loss-MODEL.png and prints one line per figure. A dotted line marks 0.02;
+deltas at or below 0.001 (or negative) sit on the axis floor."""
+import argparse
+import collections
+import json
+import os
+import sys
+
+THRESHOLD = 0.02  # the issue's mark: within 0.02 nats/token of dense
+FLOOR = 1e-3      # deltas at or below it are drawn on the floor of the log axis
+STYLE = {"oracle": ("black", "o"), "r1": ("tab:blue", "s"), "r4": ("tab:green", "^"),
+         "nvfp4": ("tab:red", "D"), "nvfp4_query": ("tab:purple", "v")}
+
+
+def model_key(doc):
+    """A short, file-name-safe name of the run's model."""
+    name = doc.get("model", "model").split(" (")[0]
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+
+
+def load(paths):
+    """{model: {tokens: {label: {budget: delta}}}} and each model's display name."""
+    data = collections.defaultdict(lambda: collections.defaultdict(dict))
+    names = {}
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        if "results" not in doc or "tokens" not in doc:
+            sys.exit("plot_quality: %s is not a sparse_loss.py --json file" % path)
+        m = model_key(doc)
+        names[m] = doc.get("model", m).split(" (")[0]
+        for r in doc["results"]:
+            if r.get("budget") is None:  # dense and the controls
+                continue
+            label = r["selector"] + (" +sink" if r.get("keep_sink") else "")
+            data[m][doc["tokens"]].setdefault(label, {})[r["budget"]] = r["delta"]
+    return data, names
+
+
+def plot(model, by_len, name, out_dir, plt):
+    lengths = sorted(by_len)
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.8), sharey=True,
+                             squeeze=False)
+    for ax, n in zip(axes[0], lengths):
+        for label in sorted(by_len[n], key=lambda s: (s.split()[0] != "oracle", s)):
+            pts = sorted(by_len[n][label].items())
+            sel = label.split()[0]
+            color, marker = STYLE.get(sel, ("gray", "x"))
+            ax.plot([b for b, _ in pts], [max(d, FLOOR) for _, d in pts], marker=marker,
+                    color=color, linestyle="--" if "+sink" in label else "-", label=label)
+        ax.axhline(THRESHOLD, color="gray", linewidth=0.8, linestyle=":")
+        ax.set_yscale("log")
+        ax.set_title("%d tokens (%d blocks)" % (n, n // 128))
+        ax.set_xlabel("budget k (blocks per query tile)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("loss - dense (nats/token)")
+    handles = {}  # one legend for every panel's lines
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    order = sorted(handles, key=lambda s: (s.split()[0] != "oracle", s))
+    fig.legend([handles[k] for k in order], order, fontsize=8, loc="center right")
+    fig.suptitle("%s: loss with block-sparse attention, against dense" % name)
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    path = os.path.join(out_dir, "quality-loss-%s.png" % model)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", nargs="+", help="tools/sparse_loss.py --json files")
+    ap.add_argument("--out", default=".", help="folder for the PNGs")
+    a = ap.parse_args(argv)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("plot_quality: needs matplotlib (pip install matplotlib)")
+    data, names = load(a.json)
+    os.makedirs(a.out, exist_ok=True)
+    for m in sorted(data):
+        path = plot(m, data[m], names[m], a.out, plt)
+        print("%s: %d lengths, %d configurations -> %s" % (
+            names[m], len(data[m]), sum(len(v) for v in data[m].values()), path))
+
+
+if __name__ == "__main__":
+    main()
