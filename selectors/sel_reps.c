@@ -9,8 +9,10 @@
 #include "sel_internal.h"
 
 /* x is (heads, len, dim) BF16; out is (heads, ceil(len / span), dim): the mean of each group's
- * valid tokens (a final partial group averages only the tokens it has); var, when not NULL, the
- * same shape: each channel's variance over those tokens (population, two-pass). */
+ * valid tokens (a final partial group averages only the tokens it has); var, when not NULL, is
+ * (heads, groups, 2 dim): per channel the upper and then the lower semivariance over those
+ * tokens, each doubled (2 mean((x - m)+^2), 2 mean((x - m)-^2): for a symmetric spread both equal
+ * the variance). */
 static void group_means(const uint16_t *x, int heads, int len, int dim, int span, float *out,
                         float *var)
 {
@@ -30,29 +32,36 @@ static void group_means(const uint16_t *x, int heads, int len, int dim, int span
                 dst[d] /= (float)n;
             if (!var)
                 continue;
-            float *vd = var + ((size_t)h * groups + g) * dim;
+            float *up = var + ((size_t)h * groups + g) * 2 * dim, *dn = up + dim;
             for (int d = 0; d < dim; d++)
-                vd[d] = 0.0f;
+                up[d] = dn[d] = 0.0f;
             for (int i = 0; i < n; i++)
                 for (int d = 0; d < dim; d++) {
                     const float e = sa_bf16_to_f32(src[(size_t)i * dim + d]) - dst[d];
-                    vd[d] += e * e;
+                    if (e > 0.0f)
+                        up[d] += e * e;
+                    else
+                        dn[d] += e * e;
                 }
-            for (int d = 0; d < dim; d++)
-                vd[d] /= (float)n;
+            for (int d = 0; d < dim; d++) {
+                up[d] *= 2.0f / (float)n;
+                dn[d] *= 2.0f / (float)n;
+            }
         }
 }
 
-/* gauss's block score in dot-product units: the log of a block's softmax mass for query mean q
- * if its keys were Gaussian with mean m and per-channel variance v, divided by the softmax scale
- * sc: log sum_i exp(sc q.k_i) ~ sc q.m + sc^2 sum_d q_d^2 v_d / 2 + log n. */
+/* gauss's block score in dot-product units: the log of a block's softmax mass for query mean q,
+ * divided by the softmax scale sc, if each channel of its keys spread around the mean m as a
+ * split normal (the upper semivariance v[d] above the mean, the lower v[dim + d] below):
+ * log sum_i exp(sc q.k_i) ~ sc q.m + sc^2 sum_d q_d^2 v_side / 2 + log n, v_side the half on q_d's
+ * side. Only the spread toward q counts: a key far out on the other side lowers the score. */
 static float gauss_score(const float *q, const float *m, const float *v, int dim, float sc,
                          int n)
 {
     float mean = 0.0f, spread = 0.0f;
     for (int d = 0; d < dim; d++) {
         mean += q[d] * m[d];
-        spread += q[d] * q[d] * v[d];
+        spread += q[d] * q[d] * (q[d] > 0.0f ? v[d] : v[dim + d]);
     }
     return mean + 0.5f * sc * spread + logf((float)n) / sc;
 }
@@ -79,7 +88,8 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     /* Scored heads: the attention's (Hq, Hkv), or the index heads (Hi, Hi). */
     float *qr = sa_sz_malloc(sa_sz_mul4(s->batch, c.qh, qg, dim), sizeof *qr);
     float *kr = sa_sz_malloc(sa_sz_mul4(s->batch, c.kh, kg, dim), sizeof *kr);
-    float *kv = gauss ? sa_sz_malloc(sa_sz_mul4(s->batch, c.kh, kg, dim), sizeof *kv) : NULL;
+    float *kv = gauss ? sa_sz_malloc(sa_sz_mul4(s->batch, c.kh, kg, 2 * (size_t)dim), sizeof *kv)
+                      : NULL;
     if (!qr || !kr || (gauss && !kv)) {
         free(qr);
         free(kr);
@@ -120,7 +130,7 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                                                                          : span;
                             float v = gauss ? gauss_score(qbase + (size_t)a * dim,
                                                           kbase + (size_t)e * dim,
-                                                          kv + koff + (size_t)e * dim, dim, sc,
+                                                          kv + 2 * (koff + (size_t)e * dim), dim, sc,
                                                           keys)
                                             : dot(qbase + (size_t)a * dim, kbase + (size_t)e * dim,
                                                   dim);

@@ -167,8 +167,8 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
                         }
                     }
             } else if (!strcmp(name, "gauss")) {
-                /* The tile's query mean; the block's key mean c and per-channel variance:
-                 * a.c + (scale / 2) sum a_d^2 var_d + log(n) / scale. */
+                /* The tile's query mean; the block's key mean c and per-channel doubled
+                 * semivariance on a_d's side: a.c + (scale / 2) sum a_d^2 var_d + log(n) / scale. */
                 const double sc = 1.0 / sqrt((double)dim);
                 for (int t = 0; t < tiles; t++) {
                     mean_rows(qh, t * 128, imin((t + 1) * 128, s->len_q), dim, a);
@@ -180,9 +180,10 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
                             double var = 0;
                             for (int i = k0; i < k1; i++) {
                                 const double e = kh[(size_t)i * dim + d] - c[d];
-                                var += e * e;
+                                if (a[d] > 0 ? e > 0 : e <= 0)
+                                    var += e * e;
                             }
-                            v += 0.5 * sc * a[d] * a[d] * var / (k1 - k0);
+                            v += 0.5 * sc * a[d] * a[d] * 2 * var / (k1 - k0);
                         }
                         double *dst = &o[(size_t)t * n + blk];
                         *dst = v > *dst ? v : *dst;
