@@ -19,7 +19,8 @@ import sys
 THRESHOLD = 0.02  # the mark: within 0.02 nats/token of dense
 FLOOR = 1e-3      # deltas at or below it are drawn on the floor of the log axis
 STYLE = {"oracle": ("black", "o"), "r1": ("tab:blue", "s"), "r4": ("tab:green", "^"),
-         "nvfp4": ("tab:red", "D"), "nvfp4_query": ("tab:purple", "v")}
+         "nvfp4": ("tab:red", "D"), "nvfp4_query": ("tab:purple", "v"),
+         "gauss": ("tab:orange", "P")}
 
 
 def model_key(doc):
