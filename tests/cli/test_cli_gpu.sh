@@ -7,14 +7,15 @@
 cli=$1
 fail=0
 shape=(--len-q 1024 --len-kv 2048 --heads-q 16 --heads-kv 1)
-if ! out=$("$cli" run --device cuda --causal "${shape[@]}" --topk 4 --json 2>/tmp/sa_cli_gpu.$$); then
-    err=$(cat /tmp/sa_cli_gpu.$$)
-    rm -f /tmp/sa_cli_gpu.$$
-    case "$err" in *"no usable CUDA device"*|*"not built"*) echo "skip: $err"; exit 77 ;; esac
+errf=$(mktemp)
+if ! out=$("$cli" run --device cuda --causal "${shape[@]}" --topk 4 --json 2>"$errf"); then
+    err=$(cat "$errf")
+    rm -f "$errf"
+    case "$err" in *"no usable CUDA device"*|*"built without CUDA"*) echo "skip: $err"; exit 77 ;; esac
     echo "FAIL: run --device cuda --causal: $err"
     exit 1
 fi
-rm -f /tmp/sa_cli_gpu.$$
+rm -f "$errf"
 all=$("$cli" run --device cuda --causal "${shape[@]}" --selector oracle --topk 16 --json) ||
     { echo "FAIL: run --device cuda --causal --selector oracle --topk 16"; fail=1; }
 python3 - "$out" "$all" <<'PY' || fail=1
