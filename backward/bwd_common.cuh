@@ -1,5 +1,5 @@
 // What the backward's host side (bwd_tile.cu) and its GEMM kernels (bwd_wgmma.cu) share: the
-// kernels' arguments, their launchers and the tile geometry. Not public.
+// kernels' arguments, their launchers, the head dim and the tile. Not public.
 #pragma once
 #include <cuda_runtime.h>
 #include <math_constants.h>
@@ -37,10 +37,6 @@ using sa_bwd::Args;
 
 constexpr int D = BWD_HEAD_DIM;
 constexpr int TILE = SA_TILE;
-constexpr int CHUNK = 64;    // query rows per step of the dK/dV kernel
-constexpr int ROW_BYTES = D * 2;
-constexpr int TILE_BYTES = TILE * ROW_BYTES;   // 32 KB
-constexpr int CHUNK_BYTES = CHUNK * ROW_BYTES; // 16 KB
 constexpr float LOG2E = 1.4426950408889634f;
 
 } // namespace

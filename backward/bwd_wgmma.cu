@@ -57,11 +57,14 @@
 #include "sa_cuda_internal.h"
 #include "sa_mbarrier.cuh" // sa_smem_addr
 #include "sa_mma_sync.cuh" // cp_async16, cp_async_commit, cp_async_wait_all, fast_exp2, pack_bf16
-#include "sa_warpgroup.cuh" // sa_named_barrier_sync
 #include "sa_wgmma.cuh"
 
 namespace {
 
+constexpr int CHUNK = 64; // query rows per step of the dK/dV kernel
+constexpr int ROW_BYTES = D * 2;
+constexpr int TILE_BYTES = TILE * ROW_BYTES;   // 32 KB
+constexpr int CHUNK_BYTES = CHUNK * ROW_BYTES; // 16 KB
 constexpr int WG_THREADS = 256;                // two warpgroups
 constexpr int KEYS_PER_WG = 64;                // dK/dV: keys per warpgroup; dQ: keys per half
 constexpr uint32_t PANEL_ROW = 128;            // bytes of one row of a 64-column panel
@@ -190,6 +193,14 @@ __device__ bool next_chunk(const Args &a, int b, int g, int blk, ChunkWalk &w, C
         w.half = 0;
         w.h++;
     }
+}
+
+// The last block Q tile t can see (causal): that of its last valid row's last visible key, -1
+// when that row sees none.
+__device__ __forceinline__ int last_block_of(const Args &a, int t)
+{
+    const int key = last_key_of(a, t * TILE + TILE - 1);
+    return key < 0 ? -1 : key / TILE;
 }
 
 // The next listed block of the row at or after position j that can contribute: in range and,
@@ -398,10 +409,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_wgmma(const Args a)
     const int32_t *row = a.indices + (size_t)list_row * a.max_blocks;
     const int raw = a.counts ? a.counts[list_row] : a.max_blocks;
     const int count = raw < 0 || raw > a.max_blocks ? 0 : raw; // as the reverse index has it
-    const int last_blk = a.causal ? (last_key_of(a, t * TILE + TILE - 1) < 0
-                                         ? -1
-                                         : last_key_of(a, t * TILE + TILE - 1) / TILE)
-                                  : a.kv_blocks - 1;
+    const int last_blk = a.causal ? last_block_of(a, t) : a.kv_blocks - 1;
 
     // This thread's rows: r0 = 64 wg + 16 warp + lane / 4 and r0 + 8 of the tile.
     const int r0 = 64 * wg + 16 * warp + lane / 4;

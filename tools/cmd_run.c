@@ -384,11 +384,7 @@ static double dense_causal_gpu(run_gpu *G, const run_cfg *c, uint16_t *o, float 
     const size_t rows = (size_t)s->batch * s->heads_kv * tiles;
     int32_t *idx = xmalloc(rows * nb * sizeof(int32_t)), *cnt = xmalloc(rows * sizeof(int32_t));
     for (size_t r = 0; r < rows; r++) {
-        const int t = (int)(r % (size_t)tiles);
-        const int last_row = t * SA_TILE + SA_TILE - 1 < s->len_q ? t * SA_TILE + SA_TILE - 1
-                                                                  : s->len_q - 1;
-        const int key = sa_causal_last_key(s, last_row);
-        cnt[r] = key < 0 ? 0 : key / SA_TILE + 1;
+        cnt[r] = sa_causal_tile_blocks(s, (int)(r % (size_t)tiles));
         for (int j = 0; j < nb; j++)
             idx[r * nb + j] = j < cnt[r] ? j : 0;
     }
