@@ -1,6 +1,7 @@
 // Device-side pieces shared by the GPU selectors (C++ only, not installed): the score -> key
 // encoding every scorer writes and the top-k reads, stream-ordered scratch memory, launch checks.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -208,6 +209,17 @@ __host__ __device__ __forceinline__ SelRow sel_row_of(const SelRowRule &r, int x
     o.diag = o.n - 1; // -1 when the row sees nothing
     return o;
 }
+
+// The NVFP4 scorer (sel_nvfp4_score.cu): block-score rows of the nvfp4 selectors from the
+// dequantized BF16 index vectors qd (batch, qh, len_q, dim) and kd (batch, kh, len_kv, dim) and
+// the two tensor scales ts (device). Scored head h pairs with key head h * kh / qh and feeds list
+// group h * groups / qh; keys holds batch * groups rows per tile (or, per_query, per query) of
+// kv_blocks sel_score_key values, zeroed by the caller, combined by atomicMax. Queues work only.
+struct SelScoreShape {
+    int batch, qh, kh, groups, len_q, len_kv, dim, q_tiles, kv_blocks, per_query, causal;
+};
+int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
+                    const SelScoreShape &sh, unsigned *keys, cudaStream_t st);
 
 // Top-k of every row of keys (rows x rule.n, as written by a scorer): forced blocks (diagonal,
 // sink) first, then the largest keys, ties to the lower block index, over the blocks the row's

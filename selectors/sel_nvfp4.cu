@@ -8,21 +8,15 @@
 //      the tensor scale, E2M1(code) * E4M3(scale), as BF16: that product is exact in BF16 (an
 //      E2M1 magnitude has at most 2 significant bits, an E4M3 value at most 4, so the product has
 //      at most 6 <= 8; its range 2^-10 .. 2688 is far inside BF16's).
-//   3. score_kernel: one CTA per (batch, query head, Q tile), 8 warps x 16 queries; K blocks of
-//      128 keys stream through a double-buffered shared-memory ring (cp.async), and each warp
-//      computes its 16 x 128 dot products with mma.sync m16n8k16 (BF16 in, FP32 accumulate).
-//      The products are exact, only the FP32 accumulation order differs from the CPU's GEMM.
-//      The two tensor scales are applied after accumulation (score = acc * (ts_q * ts_k), a
-//      monotone map, so it commutes with the max). Max over each block's valid keys, then over
-//      the tile's valid queries (nvfp4) or per query (nvfp4_query), combined over the GQA
-//      group's heads with atomicMax on order-preserving keys (sel_score_key).
-//      With causal each query's maximum runs over the keys it sees only (j <= i + len_kv -
-//      len_q, as the CPU's block_max_scores), and a CTA scores only the blocks its tile can see.
+//   3. sel_nvfp4_score (sel_nvfp4_score.cu): wgmma over the dequantized BF16 values, FP32
+//      accumulation, the tensor scales applied after it; the max over each block's keys, then
+//      over the tile's queries (nvfp4) or per query (nvfp4_query), and over the heads whose scores
+//      a list takes (the GQA group, or the index heads its query heads map to) with atomicMax on
+//      order-preserving keys (sel_score_key). With causal each query's maximum runs over the keys
+//      it sees only, and a tile's work stops at its last visible block.
 //   4. sel_cuda_topk (causal: over each row's visible prefix, its last block forced).
-// Barrier protocol of score_kernel (one __syncthreads per K block):
-//   | barrier                 | who waits         | for                                        |
-//   | top of iteration kb     | all 256 threads   | K block kb landed (cp.async.wait_all) and  |
-//   |                         |                   | every warp done reading buffer (kb+1) & 1  |
+//   5. With index heads shared by several KV heads (index_heads < heads_kv), the lists of the
+//      first KV head of each share are copied to the others (replicate_kernel).
 #include <cuda_bf16.h>
 
 #include "sel_cuda.cuh"
@@ -214,178 +208,24 @@ int quantize_async(const uint16_t *x, size_t n, unsigned *amax, int *bad, uint8_
     return SA_OK;
 }
 
-// ---------------------------------------------------------------- scorer
-constexpr int kScoreWarps = 8;
-constexpr int kScoreThreads = kScoreWarps * 32;
-constexpr int kRows = kScoreWarps * 16; // queries per CTA = SA_TILE
-static_assert(kRows == SA_TILE, "one CTA covers one query tile");
-constexpr int kSmemPad = 8; // BF16 per row: 16 bytes, so 8 ldmatrix rows hit distinct banks
-
-struct NvArgs {
-    int heads_q, heads_kv, group, len_q, len_kv, dim, q_tiles, kv_blocks;
-    int per_query;
-    int causal; // query i's maxima run over the keys j <= i + (len_kv - len_q) only
-};
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
+// Out row (b, hkv, x) <- scored row (b, hkv * groups / heads_kv, x): the KV heads that share an
+// index head get its list.
+__global__ void replicate_kernel(const int32_t *__restrict__ src_idx, const int32_t *__restrict__ src_cnt,
+                                 int32_t *__restrict__ idx, int32_t *__restrict__ cnt, size_t rows,
+                                 int per_bh, int heads_kv, int groups, int k)
 {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy, zero-filled when `valid` is false.
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)),
-                 "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// rows x dim BF16 from global (row r at src + r * dim, valid if r < valid_rows) into shared
-// memory with row stride dim + kSmemPad.
-__device__ __forceinline__ void load_rows(__nv_bfloat16 *dst, const __nv_bfloat16 *src,
-                                          int valid_rows, int dim)
-{
-    const int chunks = dim / 8, stride = dim + kSmemPad;
-    for (int i = threadIdx.x; i < kRows * chunks; i += kScoreThreads) {
-        const int r = i / chunks, c = i % chunks;
-        const bool ok = r < valid_rows;
-        cp_async16(dst + r * stride + c * 8, src + (size_t)(ok ? r : 0) * dim + c * 8, ok);
-    }
-}
-
-__global__ void __launch_bounds__(kScoreThreads)
-    score_kernel(const __nv_bfloat16 *__restrict__ qd, const __nv_bfloat16 *__restrict__ kd,
-                 const float *__restrict__ ts /* [q, k] */, NvArgs a, unsigned *__restrict__ keys)
-{
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int stride = a.dim + kSmemPad;
-    __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(smem_raw);
-    __nv_bfloat16 *const kbuf0 = qs + kRows * stride, *const kbuf1 = kbuf0 + kRows * stride;
-
-    const int t = blockIdx.x % a.q_tiles, bhq = blockIdx.x / a.q_tiles; // bhq = b * Hq + hq
-    const int b = bhq / a.heads_q, hq = bhq % a.heads_q, hkv = hq / a.group;
-    const int bkv = b * a.heads_kv + hkv;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int q0 = t * SA_TILE;
-    const float scale = __fmul_rn(ts[0], ts[1]);
-    // The blocks [0, kb_end) the tile can see (all without causal; with causal those of its last
-    // valid query row, sel_row_of). A block past them scores for no query of the tile, and a
-    // tile that sees no key (len_q > len_kv) has nothing to score. Uniform over the CTA.
-    const SelRowRule tile_rule = {a.kv_blocks, a.q_tiles, 0, 1, 0, 0, a.causal, a.len_q,
-                                  a.len_kv};
-    const int kb_end = sel_row_of(tile_rule, t).n;
-    if (kb_end == 0)
+    const size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (e >= rows * (size_t)(k + 1))
         return;
-
-    load_rows(qs, qd + ((size_t)bhq * a.len_q + q0) * a.dim, a.len_q - q0, a.dim);
-    const __nv_bfloat16 *kbase = kd + (size_t)bkv * a.len_kv * a.dim;
-    load_rows(kbuf0, kbase, a.len_kv, a.dim);
-    cp_async_commit();
-
-    // This lane's two accumulator rows (C fragment: rows lane/4 and lane/4 + 8 of the warp's 16).
-    const int r_lo = warp * 16 + lane / 4, r_hi = r_lo + 8;
-    const bool v_lo = q0 + r_lo < a.len_q, v_hi = q0 + r_hi < a.len_q;
-    // ldmatrix addressing: A (row-major 16 x 16): lanes 0-15 rows 0-15 at k 0, 16-31 at k 8.
-    const __nv_bfloat16 *a_ptr = qs + (warp * 16 + lane % 16) * stride + (lane / 16) * 8;
-    // B (K rows = n, k contiguous): matrices (n 0-7, k 0), (n 0-7, k 8), (n 8-15, k 0),
-    // (n 8-15, k 8).
-    const int b_off = ((lane % 8) + (lane / 16) * 8) * stride + ((lane / 8) % 2) * 8;
-
-    for (int kb = 0; kb < kb_end; kb++) {
-        cp_async_wait_all();
-        __syncthreads();
-        if (kb + 1 < kb_end) {
-            const int k0 = (kb + 1) * SA_TILE;
-            load_rows((kb + 1) & 1 ? kbuf1 : kbuf0, kbase + (size_t)k0 * a.dim, a.len_kv - k0,
-                      a.dim);
-            cp_async_commit();
-        }
-        const __nv_bfloat16 *ks = kb & 1 ? kbuf1 : kbuf0;
-        float acc[16][4];
-#pragma unroll
-        for (int n = 0; n < 16; n++)
-            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-        for (int k16 = 0; k16 < a.dim; k16 += 16) {
-            uint32_t af[4];
-            ldmatrix_x4(af, a_ptr + k16);
-#pragma unroll
-            for (int np = 0; np < 8; np++) {
-                uint32_t bf[4];
-                ldmatrix_x4(bf, ks + np * 16 * stride + b_off + k16);
-                mma_bf16(acc[2 * np], af, bf[0], bf[1]);
-                mma_bf16(acc[2 * np + 1], af, bf[2], bf[3]);
-            }
-        }
-        // Max over this block's valid keys, per accumulator row; with causal over the keys
-        // [0, vis) of the block that the row's query sees (none: -inf, no key of the block is
-        // visible to it), as the CPU's block_max_scores.
-        const int valid_keys = min(SA_TILE, a.len_kv - kb * SA_TILE);
-        int vis_lo = valid_keys, vis_hi = valid_keys;
-        if (a.causal) {
-            // Query i sees the keys j <= i + len_kv - len_q: of this block, the first
-            // i + len_kv - len_q - 128 kb + 1 (clamped to [0, valid_keys]).
-            const long long v0 =
-                (long long)q0 + r_lo + a.len_kv - a.len_q - (long long)kb * SA_TILE + 1;
-            const long long v1 = v0 + 8; // r_hi = r_lo + 8
-            vis_lo = (int)max(0LL, min((long long)valid_keys, v0));
-            vis_hi = (int)max(0LL, min((long long)valid_keys, v1));
-        }
-        float m_lo = -INFINITY, m_hi = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < 16; n++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int key = n * 8 + 2 * (lane % 4) + j;
-                if (key < vis_lo)
-                    m_lo = fmaxf(m_lo, acc[n][j]);
-                if (key < vis_hi)
-                    m_hi = fmaxf(m_hi, acc[n][2 + j]);
-            }
-        m_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, 1));
-        m_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, 2));
-        m_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, 1));
-        m_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, 2));
-        if (a.per_query) {
-            // A block wholly after the query's last visible key (causal; m -inf) is past the
-            // query's competing blocks: its key stays 0 and is never read.
-            if (lane % 4 == 0) {
-                const size_t row0 = (size_t)bkv * a.len_q + q0;
-                if (v_lo && m_lo > -INFINITY)
-                    atomicMax(keys + (row0 + r_lo) * a.kv_blocks + kb,
-                              sel_score_key(__fmul_rn(m_lo, scale)));
-                if (v_hi && m_hi > -INFINITY)
-                    atomicMax(keys + (row0 + r_hi) * a.kv_blocks + kb,
-                              sel_score_key(__fmul_rn(m_hi, scale)));
-            }
-        } else {
-            float m = fmaxf(v_lo ? m_lo : -INFINITY, v_hi ? m_hi : -INFINITY);
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-            if (lane == 0 && m > -INFINITY)
-                atomicMax(keys + ((size_t)bkv * a.q_tiles + t) * a.kv_blocks + kb,
-                          sel_score_key(__fmul_rn(m, scale)));
-        }
-    }
+    const size_t r = e / (k + 1);
+    const int j = (int)(e % (k + 1));
+    const size_t bh = r / per_bh, x = r % per_bh, b = bh / heads_kv, hkv = bh % heads_kv;
+    const size_t src = (b * groups + hkv * groups / heads_kv) * per_bh + x;
+    if (j < k)
+        idx[r * k + j] = src_idx[src * k + j];
+    else if (cnt)
+        cnt[r] = src_cnt[src];
 }
-
-size_t score_smem(int dim) { return (size_t)3 * kRows * (dim + kSmemPad) * 2; }
 
 int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                       const sa_select_params *p, int per_query, int32_t *indices, int32_t *counts)
@@ -395,30 +235,34 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
     if (err)
         return err;
-    // Index heads (q_index with Hi heads, not Hq) and, without causal, a local block off the
-    // diagonal (len_q < len_kv): the CPU function has them, the kernels not yet. Under causal
-    // the local block is the diagonal block causal keeps anyway (sel_row_choose).
-    if (c.index_heads || (c.keep_local && !c.causal))
+    // Without causal, a local block off the diagonal (len_q < len_kv): the CPU function has it,
+    // the top-k not yet. Under causal it is the diagonal block causal keeps (sel_row_choose).
+    if (c.keep_local && !c.causal)
         return SA_ERR_UNSUPPORTED;
     if (c.dim > SEL_CUDA_NVFP4_MAX_DIM || c.kv_blocks > SEL_CUDA_MAX_BLOCKS ||
         !sel_aligned16(c.q) || !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;
     cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
-    const size_t nq = (size_t)s->batch * s->heads_q * s->len_q * c.dim;
-    const size_t nk = (size_t)s->batch * s->heads_kv * s->len_kv * c.dim;
+    // Scored heads c.qh (query or index heads) pair with key heads c.kh; list group g of a batch
+    // takes the max over the scored heads that map to it (sel_list_qheads): heads_kv groups, or
+    // qh where fewer index heads than KV heads are shared.
+    const int groups = c.qh < s->heads_kv ? c.qh : s->heads_kv;
+    const size_t nq = (size_t)s->batch * c.qh * s->len_q * c.dim;
+    const size_t nk = (size_t)s->batch * c.kh * s->len_kv * c.dim;
     const int per_bh = per_query ? s->len_q : c.q_tiles;
     const size_t rows = (size_t)s->batch * s->heads_kv * per_bh;
+    const size_t scored_rows = (size_t)s->batch * groups * per_bh;
     if (rows > 0x7fffffffu)
         return SA_ERR_UNSUPPORTED;
-    const size_t smem = score_smem(c.dim);
-    SA_CUDA_TRY(cudaFuncSetAttribute(score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem));
+    const bool replicate = groups < s->heads_kv;
 
     SelScratch scr(st);
     const size_t o_qd = scr.add(nq * 2), o_kd = scr.add(nk * 2);
-    const size_t o_keys = scr.add(rows * c.kv_blocks * sizeof(unsigned));
+    const size_t o_keys = scr.add(scored_rows * c.kv_blocks * sizeof(unsigned));
     const size_t o_amax = scr.add(2 * sizeof(unsigned)), o_ts = scr.add(2 * sizeof(float));
     const size_t o_bad = scr.add(sizeof(int));
+    const size_t o_idx = replicate ? scr.add(scored_rows * c.k_sel * sizeof(int32_t)) : 0;
+    const size_t o_cnt = replicate ? scr.add(scored_rows * sizeof(int32_t)) : 0;
     if ((err = scr.commit()))
         return err;
     __nv_bfloat16 *qd = scr.at<__nv_bfloat16>(o_qd), *kd = scr.at<__nv_bfloat16>(o_kd);
@@ -427,21 +271,28 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     int *bad = scr.at<int>(o_bad);
     // Every block a row ranks (all, or with causal the row's visible prefix) gets at least one
     // atomicMax with a finite score; 0 is below any key written.
-    SA_CUDA_TRY(cudaMemsetAsync(keys, 0, rows * c.kv_blocks * sizeof(unsigned), st));
+    SA_CUDA_TRY(cudaMemsetAsync(keys, 0, scored_rows * c.kv_blocks * sizeof(unsigned), st));
     SA_CUDA_TRY(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), st));
     SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
     if ((err = quantize_async(c.q, nq, amax, bad, nullptr, nullptr, qd, ts, st)) ||
         (err = quantize_async(c.k, nk, amax + 1, bad, nullptr, nullptr, kd, ts + 1, st)))
         return err;
-    NvArgs na = {s->heads_q, s->heads_kv, c.group, s->len_q, s->len_kv, c.dim, c.q_tiles,
-                 c.kv_blocks, per_query, c.causal};
-    score_kernel<<<(unsigned)((size_t)s->batch * s->heads_q * c.q_tiles), kScoreThreads, smem,
-                   st>>>(qd, kd, ts, na, keys);
-    SA_CUDA_TRY(cudaGetLastError());
+    const SelScoreShape sh = {s->batch, c.qh, c.kh, groups, s->len_q, s->len_kv, c.dim,
+                              c.q_tiles, c.kv_blocks, per_query, c.causal};
+    if ((err = sel_nvfp4_score(qd, kd, ts, sh, keys, st)))
+        return err;
     const SelRowRule rule = {c.kv_blocks, per_bh, per_query, c.k_sel, c.keep_diagonal,
                              c.keep_sink, c.causal, s->len_q, s->len_kv};
-    if ((err = sel_cuda_topk(keys, (int)rows, rule, indices, counts, st)))
+    int32_t *t_idx = replicate ? scr.at<int32_t>(o_idx) : indices;
+    int32_t *t_cnt = replicate ? scr.at<int32_t>(o_cnt) : counts;
+    if ((err = sel_cuda_topk(keys, (int)scored_rows, rule, t_idx, t_cnt, st)))
         return err;
+    if (replicate) {
+        const size_t n = rows * (size_t)(c.k_sel + 1);
+        replicate_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(
+            t_idx, t_cnt, indices, counts, rows, per_bh, s->heads_kv, groups, c.k_sel);
+        SA_CUDA_TRY(cudaGetLastError());
+    }
     int h_bad = 0;
     SA_CUDA_TRY(cudaMemcpyAsync(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost, st));
     SA_CUDA_TRY(cudaStreamSynchronize(st));

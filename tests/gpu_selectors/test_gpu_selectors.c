@@ -98,9 +98,15 @@ static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q
         free(km);
         return S;
     }
-    /* nvfp4: the CPU quantizer's dequantized values, max dot over a block's valid keys. */
-    const size_t nq = (size_t)s->batch * s->heads_q * s->len_q * dim;
-    const size_t nk = (size_t)s->batch * s->heads_kv * s->len_kv * dim;
+    /* nvfp4: the CPU quantizer's dequantized values, max dot over a block's valid keys. With
+     * index heads (sa_select_params.index_heads, the rule written there): qh = kh = Hi scored
+     * heads, list hkv takes the heads [hkv qh / Hkv, + max(1, qh / Hkv)), head h pairs with key
+     * head h kh / qh. */
+    const int qh = p->index_heads ? p->index_heads : s->heads_q;
+    const int kh = p->index_heads ? p->index_heads : s->heads_kv;
+    const int nheads = qh >= s->heads_kv ? qh / s->heads_kv : 1;
+    const size_t nq = (size_t)s->batch * qh * s->len_q * dim;
+    const size_t nk = (size_t)s->batch * kh * s->len_kv * dim;
     float *qd = malloc(nq * 4), *kd = malloc(nk * 4);
     sa_nvfp4 zq = {malloc(nq / 2), malloc(nq / 16), 0, 0};
     sa_nvfp4 zk = {malloc(nk / 2), malloc(nk / 16), 0, 0};
@@ -121,13 +127,14 @@ static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q
         const int i0 = per_query ? (int)x : (int)x * 128;
         const int i1 = per_query ? i0 + 1 : (i0 + 128 < s->len_q ? i0 + 128 : s->len_q);
         double *row = S + r * n;
-        for (int j = 0; j < group; j++)
+        for (int j = 0; j < nheads; j++)
             for (int i = i0; i < i1; i++) {
-                const float *xq = qd + (((b * s->heads_q + hkv * group + j) * s->len_q) + i) * dim;
+                const size_t h = hkv * qh / s->heads_kv + j, hk = h * kh / qh;
+                const float *xq = qd + (((b * qh + h) * s->len_q) + i) * dim;
                 const long long lim = p->causal ? (long long)i + s->len_kv - s->len_q + 1
                                                 : (long long)s->len_kv; /* keys [0, lim) */
                 for (int key = 0; key < lim; key++) {
-                    const float *y = kd + (bhkv * s->len_kv + key) * dim;
+                    const float *y = kd + ((b * kh + hk) * s->len_kv + key) * dim;
                     double acc = 0;
                     for (int d = 0; d < dim; d++)
                         acc += (double)xq[d] * y[d];
@@ -195,6 +202,7 @@ typedef struct sel_case {
     int k, keep_diagonal, keep_sink, index_dim;
     int nan_block; /* >= 0: poison one key of this block with NaN (r1/r4 only) */
     int causal, keep_local;
+    int index_heads; /* > 0: index vectors with this many heads (needs index_dim) */
 } sel_case;
 
 /* Blocks row x (a tile, or with per_query a query) competes for: all, or with causal the visible
@@ -233,8 +241,11 @@ static void check_case(const char *name, const sel_case *c)
     p.keep_local = c->keep_local;
     uint16_t *qi = NULL, *ki = NULL;
     if (c->index_dim) {
-        size_t nq = (size_t)s->batch * s->heads_q * s->len_q * c->index_dim;
-        size_t nk = (size_t)s->batch * s->heads_kv * s->len_kv * c->index_dim;
+        const int qh = c->index_heads ? c->index_heads : s->heads_q;
+        const int kh = c->index_heads ? c->index_heads : s->heads_kv;
+        size_t nq = (size_t)s->batch * qh * s->len_q * c->index_dim;
+        size_t nk = (size_t)s->batch * kh * s->len_kv * c->index_dim;
+        p.index_heads = c->index_heads;
         qi = malloc(nq * 2), ki = malloc(nk * 2);
         ck_assert(qi && ki);
         sa_rng_fill_bf16(&rng, qi, nq, 0.5f);
@@ -254,6 +265,11 @@ static void check_case(const char *name, const sel_case *c)
     ck_assert(ic && cc && ig && cg);
     ck_assert_int_eq(sel->cpu(s, q, k, &p, ic, cc), SA_OK);
     int rc = run_gpu_selector(sel, s, q, k, &p, ig, cg);
+    if (c->index_heads && is_reps(name)) { /* CPU-only there (test_index_heads_reps) */
+        ck_assert_int_eq(rc, SA_ERR_UNSUPPORTED);
+        free(q), free(k), free(qi), free(ki), free(ic), free(cc), free(ig), free(cg);
+        return;
+    }
     ck_assert_msg(rc == SA_OK, "%s%s GPU: %s (seed %llu)", name, c->causal ? " causal" : "",
                   sa_strerror(rc), (unsigned long long)sa_test_seed());
     for (size_t r = 0; r < rows; r++) {
@@ -323,23 +339,29 @@ static void check_case(const char *name, const sel_case *c)
 /* Shapes: the first is the smallest (SA_SMALL). */
 static const sel_case cases[] = {
     /* GQA 4, partial final block (1000 = 7 * 128 + 104) and partial tile (200) */
-    {{1, 4, 1, 200, 1000, 64}, 3, 0, 0, 0, -1, 0, 0},
+    {{1, 4, 1, 200, 1000, 64}, 3, 0, 0, 0, -1, 0, 0, 0},
     /* GQA 1 */
-    {{2, 2, 2, 256, 700, 128}, 3, 0, 0, 0, -1, 0, 0},
+    {{2, 2, 2, 256, 700, 128}, 3, 0, 0, 0, -1, 0, 0, 0},
     /* GQA 16, more blocks */
-    {{1, 16, 1, 384, 2100, 128}, 8, 0, 0, 0, -1, 0, 0},
+    {{1, 16, 1, 384, 2100, 128}, 8, 0, 0, 0, -1, 0, 0, 0},
     /* options: diagonal and sink (len_q == len_kv), GQA 2 */
-    {{1, 4, 2, 640, 640, 64}, 3, 1, 1, 0, -1, 0, 0},
-    {{2, 4, 4, 300, 300, 64}, 2, 1, 0, 0, -1, 0, 0},
-    {{1, 8, 2, 256, 900, 64}, 4, 0, 1, 0, -1, 0, 0},
+    {{1, 4, 2, 640, 640, 64}, 3, 1, 1, 0, -1, 0, 0, 0},
+    {{2, 4, 4, 300, 300, 64}, 2, 1, 0, 0, -1, 0, 0, 0},
+    {{1, 8, 2, 256, 900, 64}, 4, 0, 1, 0, -1, 0, 0, 0},
     /* k == kv_blocks: every block */
-    {{1, 4, 1, 128, 500, 64}, 4, 0, 0, 0, -1, 0, 0},
+    {{1, 4, 1, 128, 500, 64}, 4, 0, 0, 0, -1, 0, 0, 0},
     /* separate index vectors (index_dim 48) */
-    {{1, 4, 2, 256, 1100, 64}, 5, 0, 0, 48, -1, 0, 0},
+    {{1, 4, 2, 256, 1100, 64}, 5, 0, 0, 48, -1, 0, 0, 0},
     /* 196 blocks: the top-k's second row size (8 keys per lane) */
-    {{1, 4, 1, 128, 25000, 64}, 16, 0, 0, 0, -1, 0, 0},
+    {{1, 4, 1, 128, 25000, 64}, 16, 0, 0, 0, -1, 0, 0, 0},
     /* index_dim 256: two 128-dim slices per mean tile */
-    {{1, 4, 2, 300, 1500, 64}, 4, 0, 1, 256, -1, 0, 0},
+    {{1, 4, 2, 300, 1500, 64}, 4, 0, 1, 256, -1, 0, 0, 0},
+    /* index_dim 192: three panels of the nvfp4 scorer */
+    {{1, 4, 2, 300, 1000, 64}, 4, 0, 0, 192, -1, 0, 0, 0},
+    /* index heads: one per KV group (MSA), fewer than the KV heads (shared lists), more */
+    {{2, 8, 2, 300, 1000, 64}, 4, 0, 0, 64, -1, 0, 0, 2},
+    {{1, 8, 4, 256, 900, 64}, 3, 0, 1, 128, -1, 0, 0, 2},
+    {{1, 8, 2, 200, 700, 64}, 3, 0, 0, 48, -1, 0, 0, 4},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -358,37 +380,39 @@ static const sel_case causal_cases[] = {
     /* a chunk after 200 cached keys (len_q < len_kv; 200 is not a multiple of 128), partial
      * final block (900 = 7 * 128 + 4) and tile (700 = 5 * 128 + 60): tile 0 and the first
      * queries see fewer than k blocks (counts below k, -1 after them), GQA 4 */
-    {{1, 4, 1, 700, 900, 64}, 4, 0, 0, 0, -1, 1, 0},
+    {{1, 4, 1, 700, 900, 64}, 4, 0, 0, 0, -1, 1, 0, 0},
     /* len_q > len_kv: the first 400 queries see no key (count 0: tiles 0-2, and per query) */
-    {{1, 4, 2, 700, 300, 64}, 2, 0, 0, 0, -1, 1, 0},
+    {{1, 4, 2, 700, 300, 64}, 2, 0, 0, 0, -1, 1, 0, 0},
     /* a chunk after 700 cached keys (len_q < len_kv; 700 is not a multiple of 128, so the block
      * before a tile's diagonal block is partly visible to its first queries), partial final
      * block (1000 = 7 * 128 + 104) and partial tile (300), GQA 4 */
-    {{1, 4, 1, 300, 1000, 64}, 3, 0, 0, 0, -1, 1, 0},
+    {{1, 4, 1, 300, 1000, 64}, 3, 0, 0, 0, -1, 1, 0, 0},
     /* prefill (len_q == len_kv) with a partial final block, GQA 1: the early tiles keep every
      * block they see */
-    {{2, 2, 2, 500, 500, 128}, 3, 0, 0, 0, -1, 1, 0},
+    {{2, 2, 2, 500, 500, 128}, 3, 0, 0, 0, -1, 1, 0, 0},
     /* GQA 16, a chunk */
-    {{1, 16, 1, 384, 2100, 128}, 8, 0, 0, 0, -1, 1, 0},
+    {{1, 16, 1, 384, 2100, 128}, 8, 0, 0, 0, -1, 1, 0, 0},
     /* GQA 16, prefill, more tiles than k */
-    {{1, 16, 1, 1000, 1000, 64}, 4, 0, 0, 0, -1, 1, 0},
+    {{1, 16, 1, 1000, 1000, 64}, 4, 0, 0, 0, -1, 1, 0, 0},
     /* sink and the diagonal forced, one block chosen, GQA 4 */
-    {{1, 8, 2, 640, 1500, 64}, 3, 0, 1, 0, -1, 1, 0},
+    {{1, 8, 2, 640, 1500, 64}, 3, 0, 1, 0, -1, 1, 0, 0},
     /* keep_diagonal and sink on a prefill (causal's diagonal is keep_diagonal's block) */
-    {{1, 4, 2, 640, 640, 64}, 3, 1, 1, 0, -1, 1, 0},
+    {{1, 4, 2, 640, 640, 64}, 3, 1, 1, 0, -1, 1, 0, 0},
     /* keep_local off the diagonal: under causal it is the block causal keeps anyway */
-    {{1, 4, 1, 256, 900, 64}, 3, 0, 0, 0, -1, 1, 1},
+    {{1, 4, 1, 256, 900, 64}, 3, 0, 0, 0, -1, 1, 1, 0},
     /* k == kv_blocks: every visible block */
-    {{1, 4, 1, 256, 500, 64}, 4, 0, 0, 0, -1, 1, 0},
+    {{1, 4, 1, 256, 500, 64}, 4, 0, 0, 0, -1, 1, 0, 0},
     /* separate index vectors (index_dim 48) */
-    {{1, 4, 2, 256, 1100, 64}, 5, 0, 0, 48, -1, 1, 0},
+    {{1, 4, 2, 256, 1100, 64}, 5, 0, 0, 48, -1, 1, 0, 0},
+    /* index heads shared by two KV heads, a chunk after 300 cached keys */
+    {{1, 8, 4, 500, 800, 64}, 3, 0, 0, 64, -1, 1, 0, 2},
     /* 196 blocks: the warp top-k's 8 keys per lane; sink */
-    {{1, 4, 1, 128, 25000, 64}, 16, 0, 1, 0, -1, 1, 0},
+    {{1, 4, 1, 128, 25000, 64}, 16, 0, 1, 0, -1, 1, 0, 0},
     /* 133 blocks, 8 tiles that see 126 to 133 of them: the fused r1/r4 top-k over several
      * score chunks (r1: 128 blocks each, so the early tiles leave the second one unscored) */
-    {{1, 1, 1, 1024, 17000, 64}, 16, 0, 0, 0, -1, 1, 0},
+    {{1, 1, 1, 1024, 17000, 64}, 16, 0, 0, 0, -1, 1, 0, 0},
     /* 1025 blocks: the top-k's one CTA per row; tile 0 sees 1024 of them, tile 1 all */
-    {{1, 1, 1, 256, 131200, 64}, 20, 0, 1, 0, -1, 1, 0},
+    {{1, 1, 1, 256, 131200, 64}, 20, 0, 1, 0, -1, 1, 0, 0},
 };
 #define NCAUSAL (int)(sizeof causal_cases / sizeof causal_cases[0])
 
@@ -408,23 +432,23 @@ START_TEST(test_many_blocks)
         return;
     const sel_case big[] = {
         /* 1024 blocks: 32 keys per lane */
-        {{1, 16, 1, 256, 131072, 64}, 16, 0, 0, 0, -1, 0, 0},
+        {{1, 16, 1, 256, 131072, 64}, 16, 0, 0, 0, -1, 0, 0, 0},
         /* k close to kv_blocks */
-        {{1, 4, 1, 256, 131000, 128}, 1000, 0, 1, 0, -1, 0, 0},
+        {{1, 4, 1, 256, 131000, 128}, 1000, 0, 1, 0, -1, 0, 0, 0},
         /* 469 blocks: 16 keys per lane */
-        {{1, 4, 2, 128, 60000, 64}, 16, 0, 0, 0, -1, 0, 0},
+        {{1, 4, 2, 128, 60000, 64}, 16, 0, 0, 0, -1, 0, 0, 0},
         /* 1094 blocks: one CTA per row */
-        {{1, 4, 1, 128, 140000, 64}, 20, 0, 1, 0, -1, 0, 0},
+        {{1, 4, 1, 128, 140000, 64}, 20, 0, 1, 0, -1, 0, 0, 0},
         /* a NaN block, never chosen */
-        {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7, 0, 0},
+        {{2, 4, 2, 512, 5000, 64}, 6, 0, 0, 0, 7, 0, 0, 0},
         /* the benchmark's shape */
-        {{2, 16, 1, 4096, 8192, 128}, 16, 0, 1, 0, -1, 0, 0},
+        {{2, 16, 1, 4096, 8192, 128}, 16, 0, 1, 0, -1, 0, 0, 0},
         /* r4's wide score tile (> 1 wave) */
-        {{2, 4, 1, 4096, 16384, 128}, 16, 0, 1, 0, -1, 0, 0},
+        {{2, 4, 1, 4096, 16384, 128}, 16, 0, 1, 0, -1, 0, 0, 0},
         /* group 20: r1's 16-deep tile, 2 passes */
-        {{1, 20, 1, 256, 3000, 64}, 4, 0, 0, 0, -1, 0, 0},
+        {{1, 20, 1, 256, 3000, 64}, 4, 0, 0, 0, -1, 0, 0, 0},
         /* index_dim 320: slices of 128, 128, 64 */
-        {{1, 4, 1, 256, 3000, 64}, 4, 0, 1, 320, -1, 0, 0},
+        {{1, 4, 1, 256, 3000, 64}, 4, 0, 1, 320, -1, 0, 0, 0},
     };
     /* Every registered GPU selector whose scores this test can recompute with the
      * representatives' reference (means(); the NVFP4 scorers have their own cases above). */
@@ -813,11 +837,12 @@ START_TEST(test_host_wrapper)
 }
 END_TEST
 
-/* Index heads (sa_select_params.index_heads > 0) and keep_local off the diagonal are CPU-only:
- * the GPU functions answer SA_ERR_UNSUPPORTED after the CPU's checks (bad values keep the CPU's
- * code), directly on device buffers of the index heads' layout and through sel_cuda_run_host
- * (which sizes its copies by that layout). keep_local with len_q == len_kv is keep_diagonal's
- * block: the GPU gives keep_diagonal's lists. */
+/* Index heads (sa_select_params.index_heads > 0) are CPU-only for r1 and r4, and keep_local off
+ * the diagonal for every GPU selector: the GPU functions answer SA_ERR_UNSUPPORTED after the
+ * CPU's checks (bad values keep the CPU's code), directly on device buffers of the index heads'
+ * layout and through sel_cuda_run_host (which sizes its copies by that layout); the nvfp4
+ * scorers run them (their lists are checked against the CPU's in test_vs_cpu). keep_local with
+ * len_q == len_kv is keep_diagonal's block: the GPU gives keep_diagonal's lists. */
 START_TEST(test_index_heads_unsupported)
 {
     const sa_shape s = {1, 8, 4, 256, 640, 64}, sq = {1, 8, 4, 384, 384, 64};
@@ -849,10 +874,19 @@ START_TEST(test_index_heads_unsupported)
         dp = hp;
         dp.q_index = dqi, dp.k_index = dki;
         ck_assert_int_eq(sel->cpu(&s, hq, hk, &hp, hidx, NULL), SA_OK);
-        ck_assert_int_eq(sel->cuda(&s, dq, dk, &dp, didx, NULL), SA_ERR_UNSUPPORTED);
+        const int want = is_nvfp4(sel->name) ? SA_OK : SA_ERR_UNSUPPORTED;
+        ck_assert_int_eq(sel->cuda(&s, dq, dk, &dp, didx, NULL), want);
         CK_CUDA(cudaDeviceSynchronize());
-        ck_assert_int_eq(sel_cuda_run_host(sel, &s, hq, hk, &hp, hidx, NULL, NULL),
-                         SA_ERR_UNSUPPORTED);
+        ck_assert_int_eq(sel_cuda_run_host(sel, &s, hq, hk, &hp, a, NULL, NULL), want);
+        if (want == SA_OK) { /* the same lists by both paths */
+            int32_t *g = malloc(sel_rows(sel, &s) * 3 * 4);
+            ck_assert(g);
+            CK_CUDA(cudaMemcpy(g, didx, sel_rows(sel, &s) * 3 * 4, cudaMemcpyDeviceToHost));
+            ck_assert_msg(!memcmp(g, a, sel_rows(sel, &s) * 3 * 4),
+                          "%s: index-head lists differ between device and host buffers (seed "
+                          "%llu)", sel->name, (unsigned long long)sa_test_seed());
+            free(g);
+        }
         hp.index_heads = dp.index_heads = 3; /* not a layout of 8 / 4 heads */
         same_error(sel, &s, hq, hk, dq, dk, &hp, &dp, hidx, didx, SA_ERR_ARG, "index_heads 3");
         sa_select_params_default(&hp);

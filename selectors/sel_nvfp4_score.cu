@@ -1,0 +1,407 @@
+// The NVFP4 selectors' scorer on Hopper's tensor cores (wgmma), issue #18.
+//
+// Hopper has no FP4 MMA. The quantizer (sel_nvfp4.cu) writes every element dequantized without
+// the tensor scale, E2M1(code) * E4M3(scale), as BF16, which is exact (docs/selectors.md, "NVFP4
+// on a chip without FP4 tensor cores"); this kernel multiplies those BF16 values with wgmma and
+// FP32 accumulation, so the only rounding is the accumulation order. The two FP32 tensor scales
+// are applied after it (score = acc * ts_q * ts_k, monotone, so it commutes with every max).
+//
+// WORK UNIT: (batch, scored head, Q tile of 128 queries, chunk of `chunk` KV blocks). The grid
+// is persistent (one CTA per SM, units round-robin); the chunk is chosen on the host so that the
+// units fill the SMs evenly (choose_chunk). Under causal a tile's units stop at its last visible
+// block, and a unit past it is skipped by both roles.
+//
+// ROLES (384 threads): warpgroups 0 and 1 consume, 64 query rows each (rows 64 wg .. 64 wg + 63
+// of the tile), with 232 registers each (setmaxnreg: two accumulators of 64 and the max-pool's
+// copies); warpgroup 2 produces, one lane issuing TMA copies, with 40.
+//
+// PER KV BLOCK (consumer warpgroup):
+//   1. wait for the block's K on its ring slot (k_full);
+//   2. issue S = Q_half K^T, 64 x 128, as 4 * panels wgmma m64n128k16 (both operands K-major in
+//      shared memory), into the accumulator the previous block is not using;
+//   3. wait for the previous block's wgmma group (wait_group 1), release its slot (k_empty);
+//   4. max-pool the previous block: over its 128 keys per query row (nvfp4_query: one atomicMax
+//      per query into the block-score rows, which also takes the max over the group's heads), or
+//      over the whole 64 x 128 half (nvfp4: a shared-memory atomicMax per warp, flushed to global
+//      memory once per unit). Keys past len_kv, rows past len_q and, under causal, keys after a
+//      query's last visible one (j > i + len_kv - len_q) are masked; blocks that need no mask take
+//      a branch-free tree.
+//   So the max-pool of block n overlaps the tensor cores' work on block n + 1.
+//
+// BARRIERS
+//   | barrier        | count               | completes when
+//   | q_full[b]      | 1 + TMA bytes       | the producer's copy of a unit's Q tile has landed
+//   | q_empty[b]     | 8 (consumer warps)  | every consumer warp's last wgmma of the unit is done
+//   | k_full[s]      | 1 + TMA bytes       | a K block has landed in ring slot s
+//   | k_empty[s]     | 8 (consumer warps)  | every consumer warp saw its wgmma on slot s complete
+//   | named 1 (256)  | consumer threads    | nvfp4: the unit's block maxima are all in shared
+//   |                |                     | memory (flush), and flushed (before the next unit)
+//
+// SHARED MEMORY: Q buffers and K ring slots of 128 rows x `P` panels of 64 BF16 (16 KB per panel,
+// the 128-byte swizzle TMA writes); the depths per panel count fill about 192 KB (Geo).
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include "sa_mbarrier.cuh"
+#include "sa_tma.cuh"
+#include "sa_warpgroup.cuh"
+#include "sa_wgmma.cuh"
+#include "sel_cuda.cuh"
+
+namespace {
+
+constexpr int kConsumerThreads = 256;
+constexpr int kThreads = kConsumerThreads + 128; // a whole producer warpgroup, for setmaxnreg
+constexpr int kProducerRegs = 40, kConsumerRegs = 232; // 128 * 40 + 256 * 232 <= 64 K
+constexpr int kConsumerWarps = kConsumerThreads / 32;
+constexpr int kPanelCols = 64;                           // BF16 per 128-byte swizzled row
+constexpr uint32_t kPanelBytes = SA_TILE * 128;          // 16 KB: one panel of 128 rows
+constexpr uint32_t kDescHi = sa_desc_hi_sw128(8 * 128);  // 1024-byte atoms of 8 rows
+constexpr int kMaxChunk = 256;                           // blocks per unit (shared maxima)
+constexpr double kUnitOverhead = 0.5; // blocks' worth of time a unit costs beyond its blocks
+
+// Buffer depths for P panels (dim up to 64 P): two Q buffers where they fit, so the next unit's
+// Q lands while this one runs, and as many K slots as fill ~192 KB.
+template <int P> struct Geo {
+    static constexpr int QB = P <= 2 ? 2 : 1;
+    static constexpr int S = P == 1 ? 8 : P == 2 ? 4 : P == 3 ? 3 : 2;
+    static constexpr uint32_t TILE_BYTES = P * kPanelBytes;
+    static constexpr size_t SMEM = 1024 + (size_t)(QB + S) * TILE_BYTES +
+                                   (size_t)2 * (QB + S) * sizeof(uint64_t) + kMaxChunk * 4;
+};
+
+struct ScoreArgs {
+    int qh, kh, groups;        // scored query heads, key heads, list groups per batch
+    int len_q, len_kv, q_tiles, kv_blocks;
+    int per_query, causal;
+    int chunk, nchunks;        // blocks per unit, units per tile
+    long long units;           // batch * qh * q_tiles * nchunks
+    const float *ts;           // tensor scales of Q and K (device)
+    unsigned *keys;            // block-score rows (sel_score_key order), zeroed
+};
+
+struct Unit {
+    int bh, t, k0, k1; // blocks [k0, k1); empty when k0 >= k1
+};
+
+__device__ __forceinline__ Unit unit_of(const ScoreArgs &a, long long u)
+{
+    Unit w;
+    const int c = (int)(u % a.nchunks);
+    const long long r = u / a.nchunks;
+    w.t = (int)(r % a.q_tiles);
+    w.bh = (int)(r / a.q_tiles);
+    int end = a.kv_blocks;
+    if (a.causal) {
+        const SelRowRule tile_rule = {a.kv_blocks, a.q_tiles, 0, 1, 0, 0, 1, a.len_q, a.len_kv};
+        end = sel_row_of(tile_rule, w.t).n;
+    }
+    w.k0 = c * a.chunk;
+    w.k1 = min(w.k0 + a.chunk, end);
+    return w;
+}
+
+// d = Q_half (64 x 64P) K_block^T (64P x 128); q_lo, k_lo: descriptor low words of panel 0.
+template <int P> __device__ __forceinline__ void issue(float (&d)[64], uint32_t q_lo, uint32_t k_lo)
+{
+    sa_wgmma_fence();
+    sa_wgmma_m64n128k16_ss_zero(d, sa_desc_join(q_lo, kDescHi), sa_desc_join(k_lo, kDescHi));
+#pragma unroll
+    for (int kk = 1; kk < 4 * P; kk++) {
+        const uint32_t off = ((kk / 4) * kPanelBytes + (kk % 4) * 32) >> 4;
+        sa_wgmma_m64n128k16_ss(d, sa_desc_join(q_lo + off, kDescHi),
+                               sa_desc_join(k_lo + off, kDescHi), 1);
+    }
+    sa_wgmma_commit();
+}
+
+// In-place tree max of x[0..N) (N a power of two) into x[0]: log2 N dependent steps, not N. The
+// halving is a template recursion so that every index is a constant (a runtime-bounded loop would
+// put the accumulator in local memory).
+template <int N> __device__ __forceinline__ float tree_max(float *x)
+{
+    if constexpr (N == 1) {
+        return x[0];
+    } else {
+#pragma unroll
+        for (int i = 0; i < N / 2; i++)
+            x[i] = fmaxf(x[i], x[i + N / 2]);
+        return tree_max<N / 2>(x);
+    }
+}
+
+// Per consumer thread: its two rows of the tile and what they may see.
+struct Rows {
+    int q0, r0;          // tile's first query; this thread's rows r0, r0 + 8 of the tile
+    bool ok[2];          // row < len_q
+    long long lim[2];    // keys [0, lim) visible to the row (len_kv without causal)
+    long long first_lim; // the same for the tile's first query: blocks below it need no mask
+    bool tile_full;      // all 128 rows valid
+};
+
+// The max-pool of block kb (step 4). d is only read: an instruction other than a wgmma that
+// writes an accumulator register makes ptxas serialize the wgmma pipeline (C7515).
+__device__ __forceinline__ void pool(const ScoreArgs &a, const Rows &rw, const float (&d)[64],
+                                     int kb, int lane, float scale, unsigned *slot,
+                                     size_t key_row0)
+{
+    const long long kbase = (long long)kb * SA_TILE;
+    const bool fast = rw.tile_full && kbase + SA_TILE <= rw.first_lim;
+    // Branch-free masking: keys [0, vis) of the block are visible to each row.
+    int vis[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        vis[i] = fast ? SA_TILE
+                 : !rw.ok[i] ? 0
+                             : (int)max(0LL, min((long long)SA_TILE, rw.lim[i] - kbase));
+    auto v = [&](int j, int e) {
+        return 8 * j + 2 * (lane % 4) + (e % 2) < vis[e / 2] ? d[4 * j + e] : -INFINITY;
+    };
+    if (a.per_query) {
+        float m[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float x[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                x[j] = fmaxf(v(j, 2 * i), v(j, 2 * i + 1));
+            m[i] = tree_max<16>(x);
+            m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 1));
+            m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 2));
+        }
+        if (lane % 4 == 0)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                // -inf: no key of the block is visible to the query; its key stays 0 and the
+                // top-k never reads it (the block lies past the query's competing prefix).
+                if (rw.ok[i] && m[i] > -INFINITY)
+                    atomicMax(a.keys + (key_row0 + rw.r0 + 8 * i) * a.kv_blocks + kb,
+                              sel_score_key(__fmul_rn(m[i], scale)));
+    } else {
+        float x[32];
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            x[2 * j] = fmaxf(v(j, 0), v(j, 2)), x[2 * j + 1] = fmaxf(v(j, 1), v(j, 3));
+        float m = tree_max<32>(x);
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0 && m > -INFINITY)
+            atomicMax(slot, sel_score_key(__fmul_rn(m, scale)));
+    }
+}
+
+template <int P>
+__global__ void __launch_bounds__(kThreads, 1)
+    score_wgmma(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
+                const ScoreArgs a)
+{
+    using G = Geo<P>;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *const base = smem_raw + ((1024 - (sa_smem_addr(smem_raw) & 1023)) & 1023);
+    uint8_t *const sq = base;
+    uint8_t *const sk = base + G::QB * G::TILE_BYTES;
+    uint64_t *const q_full = reinterpret_cast<uint64_t *>(sk + G::S * G::TILE_BYTES);
+    uint64_t *const q_empty = q_full + G::QB, *const k_full = q_empty + G::QB;
+    uint64_t *const k_empty = k_full + G::S;
+    unsigned *const slot = reinterpret_cast<unsigned *>(k_empty + G::S);
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int i = 0; i < G::QB; i++)
+            sa_mbar_init(&q_full[i], 1), sa_mbar_init(&q_empty[i], kConsumerWarps);
+        for (int i = 0; i < G::S; i++)
+            sa_mbar_init(&k_full[i], 1), sa_mbar_init(&k_empty[i], kConsumerWarps);
+        sa_mbar_fence_init();
+    }
+    for (int i = tid; i < kMaxChunk; i += kThreads)
+        slot[i] = 0;
+    __syncthreads();
+
+    if (tid >= kConsumerThreads) { // ---------------------------------------------- producer
+        sa_setmaxnreg_dec<kProducerRegs>();
+        if (tid != kConsumerThreads)
+            return;
+        sa_tma_prefetch_map(&qmap);
+        sa_tma_prefetch_map(&kmap);
+        unsigned nu = 0, kc = 0;
+        for (long long u = blockIdx.x; u < a.units; u += gridDim.x) {
+            const Unit w = unit_of(a, u);
+            if (w.k0 >= w.k1)
+                continue;
+            const int b = w.bh / a.qh, h = w.bh % a.qh;
+            const unsigned qb = nu % G::QB;
+            sa_mbar_wait(&q_empty[qb], ((nu / G::QB) & 1) ^ 1);
+            sa_mbar_arrive_expect_tx(&q_full[qb], G::TILE_BYTES);
+            const int q_row = w.bh * a.len_q + w.t * SA_TILE;
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                sa_tma_load_2d(sq + qb * G::TILE_BYTES + p * kPanelBytes, &qmap, &q_full[qb],
+                               p * kPanelCols, q_row);
+            const int k_row0 = (b * a.kh + (int)((long long)h * a.kh / a.qh)) * a.len_kv;
+            for (int kb = w.k0; kb < w.k1; kb++, kc++) {
+                const unsigned s = kc % G::S;
+                sa_mbar_wait(&k_empty[s], ((kc / G::S) & 1) ^ 1);
+                sa_mbar_arrive_expect_tx(&k_full[s], G::TILE_BYTES);
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    sa_tma_load_2d(sk + s * G::TILE_BYTES + p * kPanelBytes, &kmap, &k_full[s],
+                                   p * kPanelCols, k_row0 + kb * SA_TILE);
+            }
+            nu++;
+        }
+        return;
+    }
+
+    // ----------------------------------------------------------------------------- consumers
+    sa_setmaxnreg_inc<kConsumerRegs>();
+    const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    const float scale = __fmul_rn(a.ts[0], a.ts[1]);
+    const uint32_t sk_addr = sa_smem_addr(sk);
+    unsigned nu = 0, kc = 0;
+    float acc0[64], acc1[64];
+    for (long long u = blockIdx.x; u < a.units; u += gridDim.x) {
+        const Unit w = unit_of(a, u);
+        if (w.k0 >= w.k1)
+            continue;
+        const int b = w.bh / a.qh, h = w.bh % a.qh;
+        const int g = (int)((long long)h * a.groups / a.qh); // the list group h scores for
+        Rows rw;
+        rw.q0 = w.t * SA_TILE;
+        rw.r0 = 64 * wg + 16 * warp + lane / 4;
+        const long long off = (long long)a.len_kv - a.len_q;
+        for (int i = 0; i < 2; i++) {
+            const long long qi = rw.q0 + rw.r0 + 8 * i;
+            rw.ok[i] = qi < a.len_q;
+            rw.lim[i] = a.causal ? min((long long)a.len_kv, qi + off + 1) : a.len_kv;
+        }
+        rw.first_lim = a.causal ? min((long long)a.len_kv, rw.q0 + off + 1) : a.len_kv;
+        rw.tile_full = rw.q0 + SA_TILE <= a.len_q;
+        const size_t key_row0 = a.per_query ? ((size_t)b * a.groups + g) * a.len_q + rw.q0 : 0;
+
+        const unsigned qb = nu % G::QB;
+        sa_mbar_wait(&q_full[qb], (nu / G::QB) & 1);
+        const uint32_t q_lo = sa_desc_lo(sa_smem_addr(sq + qb * G::TILE_BYTES) + wg * 64 * 128, 16);
+        auto k_lo = [&](unsigned c) { return sa_desc_lo(sk_addr + (c % G::S) * G::TILE_BYTES, 16); };
+        auto wait_full = [&](unsigned c) { sa_mbar_wait(&k_full[c % G::S], (c / G::S) & 1); };
+        auto release = [&](unsigned c) {
+            if (lane == 0)
+                sa_mbar_arrive(&k_empty[c % G::S]);
+        };
+
+        // Steps 1-4, unrolled by two so that each accumulator is a compile-time array, with
+        // every issue inside the loop unconditional: a wgmma issued on one arm of a branch and
+        // still in flight where the arms meet makes ptxas wait for it there (C7514).
+        const int n = w.k1 - w.k0;
+        auto step = [&](float (&next)[64], float (&cur)[64], int i) { // cur holds block i
+            wait_full(kc + 1);
+            issue<P>(next, q_lo, k_lo(kc + 1));
+            sa_wgmma_wait<1>();
+            release(kc++);
+            pool(a, rw, cur, w.k0 + i, lane, scale, slot + i, key_row0);
+        };
+        wait_full(kc);
+        issue<P>(acc0, q_lo, k_lo(kc));
+        int i = 0;
+        for (; i + 2 < n; i += 2) {
+            step(acc1, acc0, i);
+            step(acc0, acc1, i + 1);
+        }
+        if (n - i == 2) {
+            step(acc1, acc0, i);
+            sa_wgmma_wait<0>();
+            release(kc++);
+            pool(a, rw, acc1, w.k0 + i + 1, lane, scale, slot + i + 1, key_row0);
+        } else {
+            sa_wgmma_wait<0>();
+            release(kc++);
+            pool(a, rw, acc0, w.k0 + i, lane, scale, slot + i, key_row0);
+        }
+        if (lane == 0)
+            sa_mbar_arrive(&q_empty[qb]); // every wgmma of the unit has completed
+        nu++;
+        if (!a.per_query) { // flush the unit's block maxima
+            sa_named_barrier_sync<1>(kConsumerThreads);
+            unsigned *row = a.keys + (((size_t)b * a.groups + g) * a.q_tiles + w.t) * a.kv_blocks;
+            for (int i = tid; i < w.k1 - w.k0; i += kConsumerThreads) {
+                const unsigned v = slot[i];
+                if (v) {
+                    atomicMax(row + w.k0 + i, v);
+                    slot[i] = 0;
+                }
+            }
+            sa_named_barrier_sync<1>(kConsumerThreads);
+        }
+    }
+}
+
+// The chunk (blocks per unit) that minimises the modelled time: waves of units per SM times the
+// unit's cost, over every tile's visible blocks.
+int choose_chunk(const SelScoreShape &sh, int sms)
+{
+    const SelRowRule tile_rule = {sh.kv_blocks, sh.q_tiles, 0, 1, 0, 0, sh.causal, sh.len_q,
+                                  sh.len_kv};
+    const long long heads = (long long)sh.batch * sh.qh;
+    int best = 1;
+    double best_cost = INFINITY;
+    for (int c = 1; c <= kMaxChunk && c <= sh.kv_blocks; c++) {
+        long long units = 0;
+        for (int t = 0; t < sh.q_tiles; t++)
+            units += (sel_row_of(tile_rule, t).n + c - 1) / c;
+        units *= heads;
+        if (units == 0)
+            return 1;
+        const long long grid = units < sms ? units : sms;
+        const double cost = (double)((units + grid - 1) / grid) * (c + kUnitOverhead);
+        if (cost < best_cost - 1e-9)
+            best_cost = cost, best = c;
+    }
+    return best;
+}
+
+template <int P>
+int launch(const CUtensorMap &qm, const CUtensorMap &km, const ScoreArgs &a, int grid,
+           cudaStream_t st)
+{
+    int err = sel_smem_optin(reinterpret_cast<const void *>(score_wgmma<P>), Geo<P>::SMEM);
+    if (err)
+        return err;
+    score_wgmma<P><<<grid, kThreads, Geo<P>::SMEM, st>>>(qm, km, a);
+    SA_CUDA_TRY(cudaGetLastError());
+    return SA_OK;
+}
+
+} // namespace
+
+int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
+                    const SelScoreShape &sh, unsigned *keys, cudaStream_t st)
+{
+    if (sh.dim <= 0 || sh.dim > 4 * kPanelCols || sh.dim % 8)
+        return SA_ERR_UNSUPPORTED;
+    const unsigned long long q_rows = (unsigned long long)sh.batch * sh.qh * sh.len_q;
+    const unsigned long long k_rows = (unsigned long long)sh.batch * sh.kh * sh.len_kv;
+    if (q_rows >= (1ull << 31) || k_rows >= (1ull << 31)) // TMA row coordinates are int
+        return SA_ERR_UNSUPPORTED;
+    int sms = 0, major = 0;
+    int err = sa_cuda_device_info(&sms, &major);
+    if (err)
+        return err;
+    CUtensorMap qm, km;
+    if ((err = sa_tensor_map_bf16_2d(&qm, qd, q_rows, sh.dim, SA_TILE, kPanelCols)) ||
+        (err = sa_tensor_map_bf16_2d(&km, kd, k_rows, sh.dim, SA_TILE, kPanelCols)))
+        return err;
+    ScoreArgs a;
+    a.qh = sh.qh, a.kh = sh.kh, a.groups = sh.groups;
+    a.len_q = sh.len_q, a.len_kv = sh.len_kv, a.q_tiles = sh.q_tiles, a.kv_blocks = sh.kv_blocks;
+    a.per_query = sh.per_query, a.causal = sh.causal;
+    a.chunk = choose_chunk(sh, sms);
+    a.nchunks = (sh.kv_blocks + a.chunk - 1) / a.chunk;
+    a.units = (long long)sh.batch * sh.qh * sh.q_tiles * a.nchunks;
+    a.ts = ts, a.keys = keys;
+    const int grid = (int)(a.units < sms ? a.units : sms);
+    switch ((sh.dim + kPanelCols - 1) / kPanelCols) {
+    case 1: return launch<1>(qm, km, a, grid, st);
+    case 2: return launch<2>(qm, km, a, grid, st);
+    case 3: return launch<3>(qm, km, a, grid, st);
+    default: return launch<4>(qm, km, a, grid, st);
+    }
+}
