@@ -69,6 +69,19 @@ SA_INTERNAL_API int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_
                                              unsigned *work, void *stream);
 #endif
 
+/* The nvfp4 scorer's kernel alone, for timing it (bench selectors): the block-score rows of
+ * nvfp4 (per_query 0) or nvfp4_query (1) from qd (batch, qh, len_q, dim) and kd (batch, kh,
+ * len_kv, dim), BF16 values taken as the dequantized NVFP4 ones, and the two tensor scales ts
+ * (device). keys (device, batch * min(qh, heads_kv) rows per tile or query, kv_blocks each) is
+ * zeroed here first. Queues a memset and one kernel; SA_ERR_UNSUPPORTED for a dim the kernel
+ * does not take (a multiple of 8 up to SEL_CUDA_NVFP4_MAX_DIM). */
+#ifdef SA_HAVE_CUDA
+SA_INTERNAL_API int sel_nvfp4_score_only(const uint16_t *qd, const uint16_t *kd, const float *ts,
+                                         int batch, int qh, int kh, int heads_kv, int len_q,
+                                         int len_kv, int dim, int per_query, int causal,
+                                         unsigned *keys, void *stream);
+#endif
+
 /* Runs sel->cuda on HOST inputs, for callers that do not link the CUDA runtime (select-eval
  * --device cuda): copies q, k and p's index vectors to the device, runs the selector on a
  * stream of its own, copies indices (and counts, if not NULL) back. *gpu_ms (may be NULL) gets

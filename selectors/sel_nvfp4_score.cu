@@ -405,3 +405,23 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
     default: return launch<4>(qm, km, a, grid, st);
     }
 }
+
+extern "C" int sel_nvfp4_score_only(const uint16_t *qd, const uint16_t *kd, const float *ts,
+                                    int batch, int qh, int kh, int heads_kv, int len_q,
+                                    int len_kv, int dim, int per_query, int causal,
+                                    unsigned *keys, void *stream)
+{
+    if (!qd || !kd || !ts || !keys)
+        return SA_ERR_NULL;
+    if (batch <= 0 || qh <= 0 || kh <= 0 || heads_kv <= 0 || len_q <= 0 || len_kv <= 0)
+        return SA_ERR_SHAPE;
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const int groups = qh < heads_kv ? qh : heads_kv;
+    const int q_tiles = (len_q + SA_TILE - 1) / SA_TILE, kv_blocks = (len_kv + SA_TILE - 1) / SA_TILE;
+    const size_t rows = (size_t)batch * groups * (per_query ? len_q : q_tiles);
+    SA_CUDA_TRY(cudaMemsetAsync(keys, 0, rows * kv_blocks * sizeof(unsigned), st));
+    const SelScoreShape sh = {batch, qh, kh, groups, len_q, len_kv, dim, q_tiles, kv_blocks,
+                              per_query, causal};
+    return sel_nvfp4_score(reinterpret_cast<const __nv_bfloat16 *>(qd),
+                           reinterpret_cast<const __nv_bfloat16 *>(kd), ts, sh, keys, st);
+}

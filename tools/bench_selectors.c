@@ -37,7 +37,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: sparseattn bench selectors [--reps N] [--warmup N] [--stage ID] [--seed S]\n"
             "                                  [--gemm-tflops T] [--validate] [--json]\n"
-            "                                  [--len-kv N] [--no-pipeline] [--index-heads N]\n\n"
+            "                                  [--len-kv N] [--len-q N] [--batch N] [--no-pipeline]\n"
+            "                                  [--index-heads N]\n\n"
             "GPU selectors alone (median time vs the memory floor), then the selector ->\n"
             "attention pipeline's useful TFLOP/s against the attention alone, at batch %d,\n"
             "%d query heads on %d KV head, D %d, %d queries, ",
@@ -48,7 +49,8 @@ static void usage(FILE *f)
                 bench_lens[i] % 1024 ? bench_lens[i] : bench_lens[i] / 1024);
     fprintf(f,
             " keys, top-%d.\n"
-            "--len-kv N runs that key length alone; --no-pipeline times the selectors only;\n"
+            "--len-kv N runs that key length alone, --len-q N and --batch N set the queries and\n"
+            "the batch; --no-pipeline times the selectors only;\n"
             "--index-heads N (default %d; 0: none) also times the nvfp4 scorers on index\n"
             "vectors with N heads of dimension D.\n",
             BENCH_K, SA_BENCH_SPARSE_HKV);
@@ -72,6 +74,8 @@ typedef struct sel_bufs {
     int32_t *idx, *cnt; /* selector-only output, sized for per-query lists */
     uint8_t *qv, *qs;   /* quantizer output */
     void *qwork;        /* quantizer scalars: tensor scale, bad flag, amax (3 words) */
+    unsigned *keys;     /* the scorer kernel's block-score rows (per query) */
+    float *ts;          /* tensor scales 1, 1 for the scorer kernel alone */
 } sel_bufs;
 
 /* The context of one timed call: an input set (Q, K; for the pipeline also V, O, LSE and the
@@ -130,6 +134,18 @@ static int call_read(void *ctx, void *stream)
     const sa_gpu_attn *a = ((const sel_call *)ctx)->a;
     return bh_read_once(a->q, sa_q_elems(&a->shape) * 2, a->k, sa_kv_elems(&a->shape) * 2,
                         stream);
+}
+
+/* The nvfp4 scorer's kernel alone on the set's Q/K (or index vectors) as dequantized values;
+ * per_query rides in the selector slot (NULL: tile rows). */
+static int call_score_only(void *ctx, void *stream)
+{
+    const sel_call *c = ctx;
+    const sa_shape *s = &c->a->shape;
+    const int qh = c->qi ? c->index_heads : s->heads_q, kh = c->qi ? c->index_heads : s->heads_kv;
+    return sel_nvfp4_score_only(c->qi ? c->qi : c->a->q, c->qi ? c->ki : c->a->k, c->buf->ts,
+                                s->batch, qh, kh, s->heads_kv, s->len_q, s->len_kv, s->head_dim,
+                                c->sel != NULL, 0, c->buf->keys, stream);
 }
 
 static int call_quantizer(void *ctx, void *stream)
@@ -285,6 +301,38 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
             fflush(stdout);
         }
     }
+    /* The scorer's kernel alone (no quantizer, top-k or host synchronisation), tile and
+     * per-query rows, with the attention's heads and with the index heads. */
+    for (int pass = 0; pass < (ix->heads ? 2 : 1); pass++)
+        for (int per_query = 0; per_query < 2; per_query++) {
+            char name[40];
+            snprintf(name, sizeof name, "%s%s", per_query ? "score_q" : "score",
+                     pass ? (ix->heads == 1 ? "/i1" : "/iN") : "");
+            bh_timing t;
+            int rc = time_call(e, f, name, call_score_only,
+                               per_query ? sa_selector_by_name("nvfp4_query") : NULL, NULL, buf,
+                               pass ? ix : NULL, sets, nsets, &t);
+            if (rc) {
+                fprintf(stderr, "sparseattn: bench selectors: %s: %s\n", name, bench_why(rc));
+                return rc;
+            }
+            const int heads = pass ? ix->heads : s->heads_q;
+            const double flops = 2.0 * s->batch * heads * (double)s->len_q * s->len_kv * s->head_dim;
+            const double flop_ms = bench_flop_ms(flops, f->gemm_tflops);
+            const double tf = bench_tflops(flops, t.median_ms);
+            if (f->json) {
+                print_timing_json("scorer_kernel", s, name, NULL, &t);
+                printf(",\"per_query\":%d,\"index_heads\":%d,\"flop_floor_ms\":%.6g,"
+                       "\"tflops\":%.6g,\"gemm_share\":%.4g}\n",
+                       per_query, pass ? ix->heads : 0, flop_ms, tf, tf / f->gemm_tflops);
+            } else {
+                printf("%-12s %8.4f %7.4f %10s %10.4f %8.2f %6s %7s  (scorer kernel alone: %.0f "
+                       "TFLOP/s, %.0f%% of the GEMM rate)\n",
+                       name, t.median_ms, t.min_ms, "-", flop_ms, t.median_ms / flop_ms, "-", "-",
+                       tf, 100.0 * tf / f->gemm_tflops);
+            }
+            fflush(stdout);
+        }
     /* The quantizer (of Q) alone: the API function, which synchronises once per call to return
      * the tensor scale, and its kernels alone (the asynchronous form). */
     const double qbytes = (double)sa_q_elems(s) * (2.0 + 0.5 + 1.0 / 16.0);
@@ -413,6 +461,7 @@ int bench_selectors(int argc, char **argv)
     bench_flags f;
     /* --validate, --len-kv and --no-pipeline are ours; the shared parser knows the rest. */
     int validate = 0, only_len = 0, no_pipeline = 0, index_heads = SA_BENCH_SPARSE_HKV;
+    int len_q = SA_BENCH_SPARSE_SQ, batch = SA_BENCH_SPARSE_B;
     for (int i = 1; i < argc; i++) {
         int used = 0;
         if (!strcmp(argv[i], "--validate"))
@@ -422,6 +471,14 @@ int bench_selectors(int argc, char **argv)
         else if (!strcmp(argv[i], "--len-kv")) {
             int j = i;
             only_len = (int)cli_int_arg(argc, argv, &j, 1, 1 << 30);
+            used = 2;
+        } else if (!strcmp(argv[i], "--len-q")) {
+            int j = i;
+            len_q = (int)cli_int_arg(argc, argv, &j, 1, 1 << 30);
+            used = 2;
+        } else if (!strcmp(argv[i], "--batch")) {
+            int j = i;
+            batch = (int)cli_int_arg(argc, argv, &j, 1, 1 << 16);
             used = 2;
         } else if (!strcmp(argv[i], "--index-heads")) {
             int j = i;
@@ -442,9 +499,8 @@ int bench_selectors(int argc, char **argv)
         return 1;
     int status = 0;
     for (int li = 0; li < (only_len ? 1 : NLENS) && !status; li++) {
-        sa_shape s = {SA_BENCH_SPARSE_B, SA_BENCH_SPARSE_HQ, SA_BENCH_SPARSE_HKV,
-                      SA_BENCH_SPARSE_SQ, only_len ? only_len : bench_lens[li],
-                      SA_BENCH_SPARSE_D};
+        sa_shape s = {batch, SA_BENCH_SPARSE_HQ, SA_BENCH_SPARSE_HKV, len_q,
+                      only_len ? only_len : bench_lens[li], SA_BENCH_SPARSE_D};
         const size_t rows_q = (size_t)s.batch * s.heads_kv * s.len_q;
         const size_t rows_t = (size_t)s.batch * s.heads_kv * sa_q_tiles(&s);
         bh_set sets[BENCH_MAX_SETS];
@@ -477,6 +533,15 @@ int bench_selectors(int argc, char **argv)
             rc = bh_alloc((void **)&buf.qs, sa_q_elems(&s) / 16);
         if (!rc)
             rc = bh_alloc(&buf.qwork, 3 * sizeof(float));
+        const size_t key_words = (size_t)s.batch * s.heads_kv * s.len_q * sa_kv_blocks(&s);
+        if (!rc)
+            rc = bh_alloc((void **)&buf.keys, key_words * sizeof(unsigned));
+        if (!rc)
+            rc = bh_alloc((void **)&buf.ts, 2 * sizeof(float));
+        if (!rc) {
+            const float one[2] = {1.0f, 1.0f};
+            rc = bh_upload(buf.ts, one, sizeof one);
+        }
         /* Gaussian index vectors for part 1 (part 2 writes its workloads' over them). */
         index_sets ix = {index_heads, {0}, {0}};
         const size_t nqi = (size_t)s.batch * index_heads * s.len_q * s.head_dim;
@@ -512,7 +577,7 @@ int bench_selectors(int argc, char **argv)
         if (!rc && attn)
             rc = pipelines(&e, &f, &s, sets, nsets, attn, &buf, &ix);
         bh_free(buf.idx), bh_free(buf.cnt), bh_free(buf.qv), bh_free(buf.qs);
-        bh_free(buf.qwork);
+        bh_free(buf.qwork), bh_free(buf.keys), bh_free(buf.ts);
         for (int i = 0; i < BENCH_MAX_SETS; i++)
             bh_free(ix.q[i]), bh_free(ix.k[i]);
         bench_sets_free(sets, nsets);
