@@ -214,7 +214,9 @@ __host__ __device__ __forceinline__ SelRow sel_row_of(const SelRowRule &r, int x
 // dequantized BF16 index vectors qd (batch, qh, len_q, dim) and kd (batch, kh, len_kv, dim) and
 // the two tensor scales ts (device). Scored head h pairs with key head h * kh / qh and feeds list
 // group h * groups / qh; keys holds batch * groups rows per tile (or, per_query, per query) of
-// kv_blocks sel_score_key values, zeroed by the caller, combined by atomicMax. Queues work only.
+// kv_blocks sel_score_key values: with several scored heads per group combined by atomicMax
+// (the caller zeroes keys first), with one stored (every key a row reads has one writer; no
+// memset needed). Queues work only.
 struct SelScoreShape {
     int batch, qh, kh, groups, len_q, len_kv, dim, q_tiles, kv_blocks, per_query, causal;
 };

@@ -73,7 +73,8 @@ SA_INTERNAL_API int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_
  * nvfp4 (per_query 0) or nvfp4_query (1) from qd (batch, qh, len_q, dim) and kd (batch, kh,
  * len_kv, dim), BF16 values taken as the dequantized NVFP4 ones, and the two tensor scales ts
  * (device). keys (device, batch * min(qh, heads_kv) rows per tile or query, kv_blocks each) is
- * zeroed here first. Queues a memset and one kernel; SA_ERR_UNSUPPORTED for a dim the kernel
+ * zeroed here first where several scored heads share a list (as the selectors do). Queues that
+ * memset and one kernel; SA_ERR_UNSUPPORTED for a dim the kernel
  * does not take (a multiple of 8 up to SEL_CUDA_NVFP4_MAX_DIM). */
 #ifdef SA_HAVE_CUDA
 SA_INTERNAL_API int sel_nvfp4_score_only(const uint16_t *qd, const uint16_t *kd, const float *ts,

@@ -82,23 +82,38 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as
 
 constexpr int kQuantThreads = 256;
 
-// amax[0] holds the bits of max |x| (non-negative floats order as their bit patterns);
-// bad[0] becomes 1 on any non-finite element.
-__global__ void __launch_bounds__(kQuantThreads)
-    amax_kernel(const uint16_t *__restrict__ x, size_t n, unsigned *amax, int *bad)
+// Up to two tensors per launch (the scorer quantizes Q and K together: one launch fewer each
+// for the amax and the quantization). The first grid0 CTAs take tensor 0, the rest tensor 1.
+struct QuantJob {
+    const uint16_t *x[2];
+    size_t n[2];          // elements, multiples of 16; n[1] = 0 for one tensor
+    unsigned *amax;       // [2]: bits of max |x| (non-negative floats order as their bits)
+    int *bad;             // becomes 1 on any non-finite element
+    uint8_t *values, *scales; // tensor 0 only (the quantizer API); may be NULL
+    __nv_bfloat16 *deq[2];    // dequantized without the tensor scale; may be NULL
+    float *ts;                // [2]: tensor scales; may be NULL
+    int grid0;                // amax CTAs of tensor 0
+};
+
+__global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
 {
+    const int which = blockIdx.x >= (unsigned)j.grid0;
+    const unsigned cta = which ? blockIdx.x - j.grid0 : blockIdx.x;
+    const unsigned ctas = which ? gridDim.x - j.grid0 : j.grid0;
+    unsigned *amax = j.amax + which;
+    int *bad = j.bad;
     float m = 0.0f;
     int nf = 0;
-    const size_t n8 = n / 8; // n is a multiple of 16
-    const uint4 *x8 = reinterpret_cast<const uint4 *>(x);
-    for (size_t i = blockIdx.x * (size_t)kQuantThreads + threadIdx.x; i < n8;
-         i += (size_t)gridDim.x * kQuantThreads) {
+    const size_t n8 = j.n[which] / 8; // n is a multiple of 16
+    const uint4 *x8 = reinterpret_cast<const uint4 *>(j.x[which]);
+    for (size_t i = cta * (size_t)kQuantThreads + threadIdx.x; i < n8;
+         i += (size_t)ctas * kQuantThreads) {
         const uint4 v = __ldg(x8 + i);
         const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float lo = fabsf(bf16_bits_to_f32(w[j] & 0xffffu));
-            const float hi = fabsf(bf16_bits_to_f32(w[j] >> 16));
+        for (int e = 0; e < 4; e++) {
+            const float lo = fabsf(bf16_bits_to_f32(w[e] & 0xffffu));
+            const float hi = fabsf(bf16_bits_to_f32(w[e] >> 16));
             nf |= !isfinite(lo) | !isfinite(hi);
             m = fmaxf(m, fmaxf(isfinite(lo) ? lo : 0.0f, isfinite(hi) ? hi : 0.0f));
         }
@@ -126,19 +141,23 @@ __global__ void __launch_bounds__(kQuantThreads)
     }
 }
 
-// One thread per block of 16. values/scales may be NULL (the scorer needs only deq), deq may be
-// NULL (the quantizer API). ts_out (may be NULL) receives the tensor scale.
-__global__ void __launch_bounds__(kQuantThreads)
-    quant_kernel(const uint16_t *__restrict__ x, size_t blocks, const unsigned *amax,
-                 uint8_t *__restrict__ values, uint8_t *__restrict__ scales,
-                 __nv_bfloat16 *__restrict__ deq, float *ts_out)
+// One thread per block of 16, over tensor 0's blocks and then tensor 1's. values/scales may be
+// NULL (the scorer needs only deq), deq may be NULL (the quantizer API).
+__global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
 {
-    const size_t blk = blockIdx.x * (size_t)kQuantThreads + threadIdx.x;
-    const float ts = __fdiv_rn(__uint_as_float(*amax), kTensorDiv);
-    if (blk == 0 && ts_out)
-        *ts_out = ts;
-    if (blk >= blocks)
+    const size_t b0 = j.n[0] / kBlock, all = b0 + j.n[1] / kBlock;
+    size_t blk = blockIdx.x * (size_t)kQuantThreads + threadIdx.x;
+    const int which = blk >= b0;
+    if (which)
+        blk -= b0;
+    const float ts = __fdiv_rn(__uint_as_float(j.amax[which]), kTensorDiv);
+    if (blk == 0 && j.ts && blockIdx.x * (size_t)kQuantThreads + threadIdx.x < all)
+        j.ts[which] = ts;
+    if (blockIdx.x * (size_t)kQuantThreads + threadIdx.x >= all)
         return;
+    const uint16_t *x = j.x[which];
+    uint8_t *values = which ? nullptr : j.values, *scales = which ? nullptr : j.scales;
+    __nv_bfloat16 *deq = j.deq[which];
     const uint4 *src = reinterpret_cast<const uint4 *>(x + blk * kBlock);
     const uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
     const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
@@ -195,17 +214,26 @@ int amax_grid(size_t n)
     return (int)(b < 1 ? 1 : b > 132 * 16 ? 132 * 16 : b);
 }
 
-// Queues the quantization of x (n BF16, n % 16 == 0): amax and bad must be zeroed already.
-int quantize_async(const uint16_t *x, size_t n, unsigned *amax, int *bad, uint8_t *values,
-                   uint8_t *scales, __nv_bfloat16 *deq, float *ts_out, cudaStream_t st)
+// Queues the quantization of j's tensors (j.amax[0..1] and j.bad zeroed already): two launches.
+int quantize_async(QuantJob j, cudaStream_t st)
 {
-    amax_kernel<<<amax_grid(n), kQuantThreads, 0, st>>>(x, n, amax, bad);
+    j.grid0 = amax_grid(j.n[0]);
+    const int grid1 = j.n[1] ? amax_grid(j.n[1]) : 0;
+    amax_kernel<<<j.grid0 + grid1, kQuantThreads, 0, st>>>(j);
     SA_CUDA_TRY(cudaGetLastError());
-    const size_t blocks = n / kBlock;
+    const size_t blocks = (j.n[0] + j.n[1]) / kBlock;
     quant_kernel<<<(unsigned)((blocks + kQuantThreads - 1) / kQuantThreads), kQuantThreads, 0,
-                   st>>>(x, blocks, amax, values, scales, deq, ts_out);
+                   st>>>(j);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
+}
+
+// One tensor x (n BF16, n % 16 == 0) into amax[0] / ts_out[0].
+int quantize_one_async(const uint16_t *x, size_t n, unsigned *amax, int *bad, uint8_t *values,
+                       uint8_t *scales, __nv_bfloat16 *deq, float *ts_out, cudaStream_t st)
+{
+    QuantJob j = {{x, nullptr}, {n, 0}, amax, bad, values, scales, {deq, nullptr}, ts_out, 0};
+    return quantize_async(j, st);
 }
 
 // Out row (b, hkv, x) <- scored row (b, hkv * groups / heads_kv, x): the KV heads that share an
@@ -271,11 +299,13 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     int *bad = scr.at<int>(o_bad);
     // Every block a row ranks (all, or with causal the row's visible prefix) gets at least one
     // atomicMax with a finite score; 0 is below any key written.
-    SA_CUDA_TRY(cudaMemsetAsync(keys, 0, scored_rows * c.kv_blocks * sizeof(unsigned), st));
-    SA_CUDA_TRY(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), st));
-    SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
-    if ((err = quantize_async(c.q, nq, amax, bad, nullptr, nullptr, qd, ts, st)) ||
-        (err = quantize_async(c.k, nk, amax + 1, bad, nullptr, nullptr, kd, ts + 1, st)))
+    // With one scored head per list group every key a row reads is written by exactly one CTA,
+    // so the scorer stores it (sel_nvfp4_score) and the memset is not needed.
+    if (c.qh / groups > 1)
+        SA_CUDA_TRY(cudaMemsetAsync(keys, 0, scored_rows * c.kv_blocks * sizeof(unsigned), st));
+    SA_CUDA_TRY(cudaMemsetAsync(amax, 0, o_bad + sizeof(int) - o_amax, st)); // amax, ts, bad
+    const QuantJob job = {{c.q, c.k}, {nq, nk}, amax, bad, nullptr, nullptr, {qd, kd}, ts, 0};
+    if ((err = quantize_async(job, st)))
         return err;
     const SelScoreShape sh = {s->batch, c.qh, c.kh, groups, s->len_q, s->len_kv, c.dim,
                               c.q_tiles, c.kv_blocks, per_query, c.causal};
@@ -334,7 +364,7 @@ extern "C" int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4
     int *bad = scr.at<int>(o_bad);
     SA_CUDA_TRY(cudaMemsetAsync(amax, 0, sizeof(unsigned), st));
     SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
-    if ((err = quantize_async(x, n, amax, bad, q->values, q->scales, nullptr, ts, st)))
+    if ((err = quantize_one_async(x, n, amax, bad, q->values, q->scales, nullptr, ts, st)))
         return err;
     int h_bad = 0;
     float h_ts = 0.0f;
@@ -361,5 +391,5 @@ extern "C" int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *va
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     SA_CUDA_TRY(cudaMemsetAsync(work, 0, sizeof(unsigned), st));
     SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
-    return quantize_async(x, n, work, bad, values, scales, nullptr, tensor_scale, st);
+    return quantize_one_async(x, n, work, bad, values, scales, nullptr, tensor_scale, st);
 }

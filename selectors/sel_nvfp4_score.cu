@@ -77,7 +77,9 @@ struct ScoreArgs {
     int chunk, nchunks;        // blocks per unit, units per tile
     long long units;           // batch * qh * q_tiles * nchunks
     const float *ts;           // tensor scales of Q and K (device)
-    unsigned *keys;            // block-score rows (sel_score_key order), zeroed
+    unsigned *keys;            // block-score rows (sel_score_key order)
+    int store;                 // 1: one scored head per list group, so each key a row reads has
+                               // one writer and is stored; 0: atomicMax into zeroed keys
 };
 
 struct Unit {
@@ -174,9 +176,14 @@ __device__ __forceinline__ void pool(const ScoreArgs &a, const Rows &rw, const f
             for (int i = 0; i < 2; i++)
                 // -inf: no key of the block is visible to the query; its key stays 0 and the
                 // top-k never reads it (the block lies past the query's competing prefix).
-                if (rw.ok[i] && m[i] > -INFINITY)
-                    atomicMax(a.keys + (key_row0 + rw.r0 + 8 * i) * a.kv_blocks + kb,
-                              sel_score_key(__fmul_rn(m[i], scale)));
+                if (rw.ok[i] && (a.store || m[i] > -INFINITY)) {
+                    unsigned *key = a.keys + (key_row0 + rw.r0 + 8 * i) * a.kv_blocks + kb;
+                    const unsigned v = sel_score_key(__fmul_rn(m[i], scale));
+                    if (a.store)
+                        *key = v;
+                    else
+                        atomicMax(key, v);
+                }
     } else {
         float x[32];
 #pragma unroll
@@ -324,10 +331,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             unsigned *row = a.keys + (((size_t)b * a.groups + g) * a.q_tiles + w.t) * a.kv_blocks;
             for (int i = tid; i < w.k1 - w.k0; i += kConsumerThreads) {
                 const unsigned v = slot[i];
-                if (v) {
+                if (a.store)
+                    row[w.k0 + i] = v;
+                else if (v)
                     atomicMax(row + w.k0 + i, v);
-                    slot[i] = 0;
-                }
+                slot[i] = 0;
             }
             sa_named_barrier_sync<1>(kConsumerThreads);
         }
@@ -397,6 +405,7 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
     a.nchunks = (sh.kv_blocks + a.chunk - 1) / a.chunk;
     a.units = (long long)sh.batch * sh.qh * sh.q_tiles * a.nchunks;
     a.ts = ts, a.keys = keys;
+    a.store = sh.qh / sh.groups == 1;
     const int grid = (int)(a.units < sms ? a.units : sms);
     switch ((sh.dim + kPanelCols - 1) / kPanelCols) {
     case 1: return launch<1>(qm, km, a, grid, st);
@@ -419,7 +428,8 @@ extern "C" int sel_nvfp4_score_only(const uint16_t *qd, const uint16_t *kd, cons
     const int groups = qh < heads_kv ? qh : heads_kv;
     const int q_tiles = (len_q + SA_TILE - 1) / SA_TILE, kv_blocks = (len_kv + SA_TILE - 1) / SA_TILE;
     const size_t rows = (size_t)batch * groups * (per_query ? len_q : q_tiles);
-    SA_CUDA_TRY(cudaMemsetAsync(keys, 0, rows * kv_blocks * sizeof(unsigned), st));
+    if (qh / groups > 1) // as the selectors: stored, not combined, with one head per group
+        SA_CUDA_TRY(cudaMemsetAsync(keys, 0, rows * kv_blocks * sizeof(unsigned), st));
     const SelScoreShape sh = {batch, qh, kh, groups, len_q, len_kv, dim, q_tiles, kv_blocks,
                               per_query, causal};
     return sel_nvfp4_score(reinterpret_cast<const __nv_bfloat16 *>(qd),
