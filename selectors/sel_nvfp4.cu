@@ -147,14 +147,14 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
 {
     const size_t b0 = j.n[0] / kBlock, all = b0 + j.n[1] / kBlock;
     size_t blk = blockIdx.x * (size_t)kQuantThreads + threadIdx.x;
+    if (blk >= all) // before any read: a one-tensor job has one amax word
+        return;
     const int which = blk >= b0;
     if (which)
         blk -= b0;
     const float ts = __fdiv_rn(__uint_as_float(j.amax[which]), kTensorDiv);
-    if (blk == 0 && j.ts && blockIdx.x * (size_t)kQuantThreads + threadIdx.x < all)
+    if (blk == 0 && j.ts)
         j.ts[which] = ts;
-    if (blockIdx.x * (size_t)kQuantThreads + threadIdx.x >= all)
-        return;
     const uint16_t *x = j.x[which];
     uint8_t *values = which ? nullptr : j.values, *scales = which ? nullptr : j.scales;
     __nv_bfloat16 *deq = j.deq[which];
