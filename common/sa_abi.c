@@ -63,6 +63,7 @@ static const abi_field table[] = {
     F(sa_select_params, q_index), F(sa_select_params, k_index), F(sa_select_params, index_dim),
     F(sa_select_params, stream), F(sa_select_params, seed), F(sa_select_params, causal),
     F(sa_select_params, index_heads), F(sa_select_params, keep_local),
+    F(sa_select_params, verdict),
 
     S(sa_selector),
     F(sa_selector, name), F(sa_selector, description), F(sa_selector, per_query),

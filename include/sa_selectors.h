@@ -48,6 +48,14 @@ typedef struct sa_select_params {
      * already keeps. Default 0. The GPU functions take it only where len_q == len_kv or under
      * causal (SA_ERR_UNSUPPORTED otherwise). */
     int keep_local;
+    /* GPU functions only (the CPU functions ignore it). NULL (default): the nvfp4 functions wait
+     * for their work, to return SA_ERR_ARG for non-finite index values. A verdict
+     * (sa_gpu_verdict_create) makes them record SA_ERR_ARG there instead and return SA_OK with
+     * no host synchronization, so the selector and the attention after it queue back to back;
+     * sa_gpu_verdict_read fetches the code later. Lists made from non-finite values are
+     * well-formed (valid, sorted, distinct blocks) but meaningless. The other GPU selectors
+     * never synchronize and never record. */
+    struct sa_gpu_verdict *verdict;
 } sa_select_params;
 SA_API void sa_select_params_default(sa_select_params *p);
 

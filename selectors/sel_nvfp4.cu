@@ -19,6 +19,7 @@
 //      first KV head of each share are copied to the others (replicate_kernel).
 #include <cuda_bf16.h>
 
+#include "sa_verdict.h"
 #include "sel_cuda.cuh"
 
 namespace {
@@ -255,6 +256,13 @@ __global__ void replicate_kernel(const int32_t *__restrict__ src_idx, const int3
         cnt[r] = src_cnt[src];
 }
 
+// A non-finite input found by the quantizer becomes SA_ERR_ARG in the caller's verdict.
+__global__ void bad_to_verdict_kernel(const int *bad, int *word)
+{
+    if (*bad)
+        atomicMin(word, SA_ERR_ARG);
+}
+
 int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                       const sa_select_params *p, int per_query, int32_t *indices, int32_t *counts)
 {
@@ -322,6 +330,11 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         replicate_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(
             t_idx, t_cnt, indices, counts, rows, per_bh, s->heads_kv, groups, c.k_sel);
         SA_CUDA_TRY(cudaGetLastError());
+    }
+    if (p && p->verdict) { // no host synchronization: the verdict takes the code
+        bad_to_verdict_kernel<<<1, 1, 0, st>>>(bad, sa_verdict_word(p->verdict));
+        SA_CUDA_TRY(cudaGetLastError());
+        return SA_OK;
     }
     int h_bad = 0;
     SA_CUDA_TRY(cudaMemcpyAsync(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost, st));

@@ -15,7 +15,9 @@
  *   2. Per workload (sa_workload_generate: gaussian and the structured ones) and tile selector:
  *      the pipeline (selector then attention, lists passed on the device) and the attention alone
  *      on the same lists; useful TFLOP/s = 4 * D * (query, selected key) pairs / time, and the
- *      pipeline's share of the attention-only rate. The nvfp4 row once more with index heads
+ *      pipeline's share of the attention-only rate. The selectors get a verdict
+ *      (sa_select_params.verdict), so the nvfp4 scorers queue the attention without a host
+ *      synchronization, as a pipeline would call them. The nvfp4 row once more with index heads
  *      ("nvfp4/iN"): sa_index_generate("qk") of the workload's Q and K.
  * Timing: the harness's (bench_harness.h) CUDA events around each call, warm-up, median, input
  * sets rotated to stay out of L2; each thing timed is a harness callback whose context is one
@@ -95,11 +97,17 @@ typedef struct index_sets {
     uint16_t *q[BENCH_MAX_SETS], *k[BENCH_MAX_SETS];
 } index_sets;
 
+/* The pipeline's selectors record bad input here instead of synchronizing (the nvfp4 scorers'
+ * sa_select_params.verdict); read after each pipeline's timing. */
+static sa_gpu_verdict *pipe_verdict;
+
 static void params_for(const sel_call *c, void *stream, sa_select_params *p)
 {
     sa_select_params_default(p);
     p->k = BENCH_K;
     p->stream = stream;
+    if (c->attn)
+        p->verdict = pipe_verdict;
     if (c->qi) {
         p->q_index = c->qi, p->k_index = c->ki;
         p->index_dim = c->a->shape.head_dim;
@@ -424,6 +432,8 @@ static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, bh_s
             if (!rc)
                 rc = time_call(e, f, name, call_pipeline, sel, attn, buf, pass ? ix : NULL, sets,
                                nsets, &tp);
+            if (!rc)
+                rc = sa_gpu_verdict_read(pipe_verdict, NULL);
             /* The attention alone, on the lists the selector just left in every set. */
             if (!rc)
                 rc = bh_time_stage(e->g, attn, sets, nsets, !f->no_validate, f->warmup, f->reps,
@@ -497,6 +507,12 @@ int bench_selectors(int argc, char **argv)
     bench_env e;
     if (bench_open("selectors", &f, &e))
         return 1;
+    int vrc = sa_gpu_verdict_create(&pipe_verdict);
+    if (vrc) {
+        fprintf(stderr, "sparseattn: bench selectors: verdict: %s\n", sa_strerror(vrc));
+        bh_close(e.g);
+        return 1;
+    }
     int status = 0;
     for (int li = 0; li < (only_len ? 1 : NLENS) && !status; li++) {
         sa_shape s = {batch, SA_BENCH_SPARSE_HQ, SA_BENCH_SPARSE_HKV, len_q,
@@ -584,6 +600,7 @@ int bench_selectors(int argc, char **argv)
         if (rc)
             status = 1;
     }
+    sa_gpu_verdict_destroy(pipe_verdict);
     bh_close(e.g);
     return status;
 }

@@ -102,7 +102,7 @@ class SaSelectParams(ctypes.Structure):
     _fields_ = [("k", c_int), ("keep_diagonal", c_int), ("keep_sink", c_int),
                 ("q_index", c_void_p), ("k_index", c_void_p), ("index_dim", c_int),
                 ("stream", c_void_p), ("seed", ctypes.c_uint64), ("causal", c_int),
-                ("index_heads", c_int), ("keep_local", c_int)]
+                ("index_heads", c_int), ("keep_local", c_int), ("verdict", c_void_p)]
 
 
 SELECT_FN = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(SaShape), c_void_p, c_void_p,

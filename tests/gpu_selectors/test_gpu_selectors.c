@@ -912,6 +912,70 @@ START_TEST(test_index_heads_unsupported)
 }
 END_TEST
 
+/* sa_select_params.verdict: the nvfp4 scorers return without a host synchronization and record
+ * a non-finite input there (SA_ERR_ARG) instead of returning it; valid inputs give the lists of
+ * the synchronous call and leave the verdict at SA_OK, and lists from a NaN input stay
+ * well-formed. The other GPU selectors ignore the field. */
+START_TEST(test_nvfp4_verdict)
+{
+    const sa_shape s = {1, 4, 1, 256, 700, 64};
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x5e7d);
+    uint16_t *hq = malloc(sa_q_elems(&s) * 2), *hk = malloc(sa_kv_elems(&s) * 2);
+    ck_assert(hq && hk);
+    sa_rng_fill_bf16(&r, hq, sa_q_elems(&s), 1.0f);
+    sa_rng_fill_bf16(&r, hk, sa_kv_elems(&s), 1.0f);
+    uint16_t *dq = dev_from_host(hq, sa_q_elems(&s) * 2), *dk = dev_from_host(hk, sa_kv_elems(&s) * 2);
+    sa_gpu_verdict *v = NULL;
+    ck_assert_int_eq(sa_gpu_verdict_create(&v), SA_OK);
+    const size_t max_rows = (size_t)s.len_q, kk = 3;
+    int32_t *d_sync, *d_async;
+    CK_CUDA(cudaMalloc((void **)&d_sync, max_rows * kk * 4));
+    CK_CUDA(cudaMalloc((void **)&d_async, max_rows * kk * 4));
+    int32_t *a = malloc(max_rows * kk * 4), *b = malloc(max_rows * kk * 4);
+    ck_assert(a && b);
+    const sa_selector *sel;
+    for (int si = 0; (sel = gpu_selector(si)); si++) {
+        const size_t n = sel_rows(sel, &s) * kk;
+        sa_select_params p;
+        sa_select_params_default(&p);
+        p.k = (int)kk;
+        ck_assert_int_eq(sel->cuda(&s, dq, dk, &p, d_sync, NULL), SA_OK);
+        p.verdict = v;
+        ck_assert_int_eq(sel->cuda(&s, dq, dk, &p, d_async, NULL), SA_OK);
+        ck_assert_int_eq(sa_gpu_verdict_read(v, NULL), SA_OK);
+        CK_CUDA(cudaMemcpy(a, d_sync, n * 4, cudaMemcpyDeviceToHost));
+        CK_CUDA(cudaMemcpy(b, d_async, n * 4, cudaMemcpyDeviceToHost));
+        ck_assert_msg(!memcmp(a, b, n * 4), "%s: lists with a verdict differ from those without "
+                      "(seed %llu)", sel->name, (unsigned long long)sa_test_seed());
+        if (!is_nvfp4(sel->name))
+            continue;
+        /* A NaN key: the synchronous call refuses it, the verdict records it. */
+        const uint16_t nan = 0x7fc0;
+        CK_CUDA(cudaMemcpy(dk + 5 * s.head_dim + 7, &nan, 2, cudaMemcpyHostToDevice));
+        p.verdict = NULL;
+        ck_assert_int_eq(sel->cuda(&s, dq, dk, &p, d_sync, NULL), SA_ERR_ARG);
+        p.verdict = v;
+        ck_assert_int_eq(sel->cuda(&s, dq, dk, &p, d_async, NULL), SA_OK);
+        ck_assert_int_eq(sa_gpu_verdict_read(v, NULL), SA_ERR_ARG);
+        ck_assert_int_eq(sa_gpu_verdict_read(v, NULL), SA_OK); /* read resets it */
+        CK_CUDA(cudaMemcpy(b, d_async, n * 4, cudaMemcpyDeviceToHost));
+        for (size_t row = 0; row < n / kk; row++)
+            for (size_t j = 0; j < kk; j++) {
+                const int32_t x = b[row * kk + j];
+                ck_assert_msg(x >= 0 && x < sa_kv_blocks(&s) && (j == 0 || x > b[row * kk + j - 1]),
+                              "%s: row %zu slot %zu holds %d after a NaN input (seed %llu)",
+                              sel->name, row, j, x, (unsigned long long)sa_test_seed());
+            }
+        CK_CUDA(cudaMemcpy(dk + 5 * s.head_dim + 7, hk + 5 * s.head_dim + 7, 2,
+                           cudaMemcpyHostToDevice));
+    }
+    sa_gpu_verdict_destroy(v);
+    cudaFree(dq), cudaFree(dk), cudaFree(d_sync), cudaFree(d_async);
+    free(hq), free(hk), free(a), free(b);
+}
+END_TEST
+
 int main(void)
 {
     sa_test_require_gpu();
@@ -931,6 +995,7 @@ int main(void)
     tcase_add_test(tc, test_many_blocks);
     tcase_add_test(tc, test_host_wrapper);
     tcase_add_test(tc, test_index_heads_unsupported);
+    tcase_add_test(tc, test_nvfp4_verdict);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
