@@ -57,7 +57,8 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr int kPanelCols = 64;                           // BF16 per 128-byte swizzled row
 constexpr uint32_t kPanelBytes = SA_TILE * 128;          // 16 KB: one panel of 128 rows
 constexpr uint32_t kDescHi = sa_desc_hi_sw128(8 * 128);  // 1024-byte atoms of 8 rows
-constexpr int kMaxChunk = 256;                           // blocks per unit (shared maxima)
+constexpr int kMaxChunk = 128;                           // blocks per unit (shared maxima)
+constexpr size_t kSmemMax = 227 * 1024;                  // Hopper's opt-in limit per CTA
 constexpr double kUnitOverhead = 0.5; // blocks' worth of time a unit costs beyond its blocks
 
 // Geometry for P panels (dim up to 64 P). M: Q tiles per unit, so each consumer warpgroup holds
@@ -74,6 +75,7 @@ template <int P> struct Geo {
     static constexpr size_t SMEM = 1024 + (size_t)QB * Q_BYTES + (size_t)S * K_BYTES +
                                    (size_t)2 * (QB + S) * sizeof(uint64_t) +
                                    (size_t)M * kMaxChunk * 4;
+    static_assert(SMEM <= kSmemMax, "shared memory beyond the opt-in limit");
 };
 
 struct ScoreArgs {
