@@ -57,34 +57,25 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr int kPanelCols = 64;                           // BF16 per 128-byte swizzled row
 constexpr uint32_t kPanelBytes = SA_TILE * 128;          // 16 KB: one panel of 128 rows
 constexpr uint32_t kDescHi = sa_desc_hi_sw128(8 * 128);  // 1024-byte atoms of 8 rows
-constexpr int kMaxChunk = 128;                           // blocks per unit (shared maxima)
-constexpr size_t kSmemMax = 227 * 1024;                  // Hopper's opt-in limit per CTA
+constexpr int kMaxChunk = 256;                           // blocks per unit (shared maxima)
 constexpr double kUnitOverhead = 0.5; // blocks' worth of time a unit costs beyond its blocks
 
-// Geometry for P panels (dim up to 64 P). M: Q tiles per unit, so each consumer warpgroup holds
-// M accumulators of 64 rows and each K block serves 128 M query rows: two tiles halve the K
-// traffic from L2 (at one tile per CTA, 128 FLOP per byte of K, the scorer would need about
-// 6 TB/s of L2 bandwidth at the GEMM rate). Dims above 128 keep one tile (shared memory).
-// QB Q buffers (two where they fit: the next unit's Q lands while this one runs) and S K slots.
+// Buffer depths for P panels (dim up to 64 P): two Q buffers where they fit, so the next unit's
+// Q lands while this one runs, and as many K slots as fill ~192 KB.
 template <int P> struct Geo {
-    static constexpr int M = P <= 2 ? 2 : 1;
-    static constexpr uint32_t Q_PANEL = M * kPanelBytes; // panel step of a Q buffer
-    static constexpr uint32_t Q_BYTES = P * Q_PANEL, K_BYTES = P * kPanelBytes;
-    static constexpr int QB = P == 4 ? 1 : 2;
-    static constexpr int S = P == 1 ? 8 : P == 2 ? 3 : 2;
-    static constexpr size_t SMEM = 1024 + (size_t)QB * Q_BYTES + (size_t)S * K_BYTES +
-                                   (size_t)2 * (QB + S) * sizeof(uint64_t) +
-                                   (size_t)M * kMaxChunk * 4;
-    static_assert(SMEM <= kSmemMax, "shared memory beyond the opt-in limit");
+    static constexpr int QB = P <= 2 ? 2 : 1;
+    static constexpr int S = P == 1 ? 8 : P == 2 ? 4 : P == 3 ? 3 : 2;
+    static constexpr uint32_t TILE_BYTES = P * kPanelBytes;
+    static constexpr size_t SMEM = 1024 + (size_t)(QB + S) * TILE_BYTES +
+                                   (size_t)2 * (QB + S) * sizeof(uint64_t) + kMaxChunk * 4;
 };
 
 struct ScoreArgs {
     int qh, kh, groups;        // scored query heads, key heads, list groups per batch
     int len_q, len_kv, q_tiles, kv_blocks;
     int per_query, causal;
-    int tiles_per_unit;        // Geo<P>::M
-    int chunk, nchunks;        // blocks per unit, units per (head, tile group)
-    long long units;           // batch * qh * tile groups * nchunks
+    int chunk, nchunks;        // blocks per unit, units per tile
+    long long units;           // batch * qh * q_tiles * nchunks
     const float *ts;           // tensor scales of Q and K (device)
     unsigned *keys;            // block-score rows (sel_score_key order)
     int store;                 // 1: one scored head per list group, so each key a row reads has
@@ -92,48 +83,38 @@ struct ScoreArgs {
 };
 
 struct Unit {
-    int bh, t0, k0, k1; // tiles [t0, t0 + tiles_per_unit); blocks [k0, k1), empty if k0 >= k1
+    int bh, t, k0, k1; // blocks [k0, k1); empty when k0 >= k1
 };
-
-__host__ __device__ __forceinline__ int tile_groups(int q_tiles, int m) { return (q_tiles + m - 1) / m; }
-
-// Blocks [0, n) the unit's tiles see: all, or under causal those of its last tile.
-__host__ __device__ __forceinline__ int group_blocks(const SelRowRule &tile_rule, int t0, int m,
-                                                     int q_tiles)
-{
-    const int last = min(t0 + m, q_tiles) - 1;
-    return sel_row_of(tile_rule, last).n;
-}
 
 __device__ __forceinline__ Unit unit_of(const ScoreArgs &a, long long u)
 {
     Unit w;
     const int c = (int)(u % a.nchunks);
     const long long r = u / a.nchunks;
-    const int groups_t = tile_groups(a.q_tiles, a.tiles_per_unit);
-    w.t0 = (int)(r % groups_t) * a.tiles_per_unit;
-    w.bh = (int)(r / groups_t);
-    const SelRowRule tile_rule = {a.kv_blocks, a.q_tiles, 0, 1, 0, 0, a.causal, a.len_q,
-                                  a.len_kv};
-    const int end = group_blocks(tile_rule, w.t0, a.tiles_per_unit, a.q_tiles);
+    w.t = (int)(r % a.q_tiles);
+    w.bh = (int)(r / a.q_tiles);
+    int end = a.kv_blocks;
+    if (a.causal) {
+        const SelRowRule tile_rule = {a.kv_blocks, a.q_tiles, 0, 1, 0, 0, 1, a.len_q, a.len_kv};
+        end = sel_row_of(tile_rule, w.t).n;
+    }
     w.k0 = c * a.chunk;
     w.k1 = min(w.k0 + a.chunk, end);
     return w;
 }
 
-// d = A (64 rows, K-major, panel step QP) B^T (128 rows of a K block); a_lo, b_lo: descriptor low
-// words of panel 0. Issued without a commit: a warpgroup's M accumulators share one group.
-template <int P, uint32_t QP>
-__device__ __forceinline__ void issue(float (&d)[64], uint32_t a_lo, uint32_t b_lo)
+// d = Q_half (64 x 64P) K_block^T (64P x 128); q_lo, k_lo: descriptor low words of panel 0.
+template <int P> __device__ __forceinline__ void issue(float (&d)[64], uint32_t q_lo, uint32_t k_lo)
 {
-    sa_wgmma_m64n128k16_ss_zero(d, sa_desc_join(a_lo, kDescHi), sa_desc_join(b_lo, kDescHi));
+    sa_wgmma_fence();
+    sa_wgmma_m64n128k16_ss_zero(d, sa_desc_join(q_lo, kDescHi), sa_desc_join(k_lo, kDescHi));
 #pragma unroll
     for (int kk = 1; kk < 4 * P; kk++) {
-        const uint32_t oa = ((kk / 4) * QP + (kk % 4) * 32) >> 4;
-        const uint32_t ob = ((kk / 4) * kPanelBytes + (kk % 4) * 32) >> 4;
-        sa_wgmma_m64n128k16_ss(d, sa_desc_join(a_lo + oa, kDescHi),
-                               sa_desc_join(b_lo + ob, kDescHi), 1);
+        const uint32_t off = ((kk / 4) * kPanelBytes + (kk % 4) * 32) >> 4;
+        sa_wgmma_m64n128k16_ss(d, sa_desc_join(q_lo + off, kDescHi),
+                               sa_desc_join(k_lo + off, kDescHi), 1);
     }
+    sa_wgmma_commit();
 }
 
 // In-place tree max of x[0..N) (N a power of two) into x[0]: log2 N dependent steps, not N. The
@@ -151,40 +132,23 @@ template <int N> __device__ __forceinline__ float tree_max(float *x)
     }
 }
 
-// Per consumer thread and accumulator: its two query rows and what they may see.
+// Per consumer thread: its two rows of the tile and what they may see.
 struct Rows {
-    int q;               // this thread's first query row (the second is q + 8)
+    int q0, r0;          // tile's first query; this thread's rows r0, r0 + 8 of the tile
     bool ok[2];          // row < len_q
     long long lim[2];    // keys [0, lim) visible to the row (len_kv without causal)
-    long long first_lim; // the same for the band's first query: blocks below it need no mask
-    bool band_full;      // all 64 rows of the band valid
+    long long first_lim; // the same for the tile's first query: blocks below it need no mask
+    bool tile_full;      // all 128 rows valid
 };
 
-__device__ __forceinline__ Rows rows_of(const ScoreArgs &a, int band_q0, int lane, int warp)
-{
-    Rows rw;
-    rw.q = band_q0 + 16 * warp + lane / 4;
-    const long long off = (long long)a.len_kv - a.len_q;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const long long qi = rw.q + 8 * i;
-        rw.ok[i] = qi < a.len_q;
-        rw.lim[i] = a.causal ? min((long long)a.len_kv, qi + off + 1) : a.len_kv;
-    }
-    rw.first_lim = a.causal ? min((long long)a.len_kv, band_q0 + off + 1) : a.len_kv;
-    rw.band_full = band_q0 + 64 <= a.len_q;
-    return rw;
-}
-
-// The max-pool of block kb (step 4) over one accumulator. d is only read: an instruction other
-// than a wgmma that writes an accumulator register makes ptxas serialize the wgmma pipeline
-// (C7515).
+// The max-pool of block kb (step 4). d is only read: an instruction other than a wgmma that
+// writes an accumulator register makes ptxas serialize the wgmma pipeline (C7515).
 __device__ __forceinline__ void pool(const ScoreArgs &a, const Rows &rw, const float (&d)[64],
                                      int kb, int lane, float scale, unsigned *slot,
                                      size_t key_row0)
 {
     const long long kbase = (long long)kb * SA_TILE;
-    const bool fast = rw.band_full && kbase + SA_TILE <= rw.first_lim;
+    const bool fast = rw.tile_full && kbase + SA_TILE <= rw.first_lim;
     // Branch-free masking: keys [0, vis) of the block are visible to each row.
     int vis[2];
 #pragma unroll
@@ -210,11 +174,10 @@ __device__ __forceinline__ void pool(const ScoreArgs &a, const Rows &rw, const f
         if (lane % 4 == 0)
 #pragma unroll
             for (int i = 0; i < 2; i++)
-                // -inf: no key of the block is visible to the query. Under atomicMax its key
-                // stays 0; stored, it is the key of -inf. Either way the top-k never reads it
-                // (the block lies past the query's competing prefix).
+                // -inf: no key of the block is visible to the query; its key stays 0 and the
+                // top-k never reads it (the block lies past the query's competing prefix).
                 if (rw.ok[i] && (a.store || m[i] > -INFINITY)) {
-                    unsigned *key = a.keys + (key_row0 + rw.q + 8 * i) * a.kv_blocks + kb;
+                    unsigned *key = a.keys + (key_row0 + rw.r0 + 8 * i) * a.kv_blocks + kb;
                     const unsigned v = sel_score_key(__fmul_rn(m[i], scale));
                     if (a.store)
                         *key = v;
@@ -241,15 +204,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const ScoreArgs a)
 {
     using G = Geo<P>;
-    constexpr int M = G::M;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *const base = smem_raw + ((1024 - (sa_smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t *const sq = base;
-    uint8_t *const sk = base + G::QB * G::Q_BYTES;
-    uint64_t *const q_full = reinterpret_cast<uint64_t *>(sk + G::S * G::K_BYTES);
+    uint8_t *const sk = base + G::QB * G::TILE_BYTES;
+    uint64_t *const q_full = reinterpret_cast<uint64_t *>(sk + G::S * G::TILE_BYTES);
     uint64_t *const q_empty = q_full + G::QB, *const k_full = q_empty + G::QB;
     uint64_t *const k_empty = k_full + G::S;
-    unsigned *const slots = reinterpret_cast<unsigned *>(k_empty + G::S); // [M][kMaxChunk]
+    unsigned *const slot = reinterpret_cast<unsigned *>(k_empty + G::S);
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int i = 0; i < G::QB; i++)
@@ -258,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             sa_mbar_init(&k_full[i], 1), sa_mbar_init(&k_empty[i], kConsumerWarps);
         sa_mbar_fence_init();
     }
-    for (int i = tid; i < M * kMaxChunk; i += kThreads)
-        slots[i] = 0;
+    for (int i = tid; i < kMaxChunk; i += kThreads)
+        slot[i] = 0;
     __syncthreads();
 
     if (tid >= kConsumerThreads) { // ---------------------------------------------- producer
@@ -276,24 +238,20 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int b = w.bh / a.qh, h = w.bh % a.qh;
             const unsigned qb = nu % G::QB;
             sa_mbar_wait(&q_empty[qb], ((nu / G::QB) & 1) ^ 1);
-            sa_mbar_arrive_expect_tx(&q_full[qb], G::Q_BYTES);
-            // Rows past len_q (a last tile, or a group's missing second tile) come from the next
-            // head or the map's zero fill: the max-pool masks them.
-            const int q_row = w.bh * a.len_q + w.t0 * SA_TILE;
+            sa_mbar_arrive_expect_tx(&q_full[qb], G::TILE_BYTES);
+            const int q_row = w.bh * a.len_q + w.t * SA_TILE;
 #pragma unroll
             for (int p = 0; p < P; p++)
-#pragma unroll
-                for (int m = 0; m < M; m++)
-                    sa_tma_load_2d(sq + qb * G::Q_BYTES + p * G::Q_PANEL + m * kPanelBytes,
-                                   &qmap, &q_full[qb], p * kPanelCols, q_row + m * SA_TILE);
+                sa_tma_load_2d(sq + qb * G::TILE_BYTES + p * kPanelBytes, &qmap, &q_full[qb],
+                               p * kPanelCols, q_row);
             const int k_row0 = (b * a.kh + (int)((long long)h * a.kh / a.qh)) * a.len_kv;
             for (int kb = w.k0; kb < w.k1; kb++, kc++) {
                 const unsigned s = kc % G::S;
                 sa_mbar_wait(&k_empty[s], ((kc / G::S) & 1) ^ 1);
-                sa_mbar_arrive_expect_tx(&k_full[s], G::K_BYTES);
+                sa_mbar_arrive_expect_tx(&k_full[s], G::TILE_BYTES);
 #pragma unroll
                 for (int p = 0; p < P; p++)
-                    sa_tma_load_2d(sk + s * G::K_BYTES + p * kPanelBytes, &kmap, &k_full[s],
+                    sa_tma_load_2d(sk + s * G::TILE_BYTES + p * kPanelBytes, &kmap, &k_full[s],
                                    p * kPanelCols, k_row0 + kb * SA_TILE);
             }
             nu++;
@@ -307,64 +265,77 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale = __fmul_rn(a.ts[0], a.ts[1]);
     const uint32_t sk_addr = sa_smem_addr(sk);
     unsigned nu = 0, kc = 0;
-    float acc[M][64];
+    float acc0[64], acc1[64];
     for (long long u = blockIdx.x; u < a.units; u += gridDim.x) {
         const Unit w = unit_of(a, u);
         if (w.k0 >= w.k1)
             continue;
         const int b = w.bh / a.qh, h = w.bh % a.qh;
         const int g = (int)((long long)h * a.groups / a.qh); // the list group h scores for
-        // Band m of this warpgroup: unit rows 64 (M wg + m) .. + 63, in tile (M wg + m) / 2.
-        Rows rw[M];
-#pragma unroll
-        for (int m = 0; m < M; m++)
-            rw[m] = rows_of(a, w.t0 * SA_TILE + 64 * (M * wg + m), lane, warp);
-        const size_t key_row0 = a.per_query ? ((size_t)b * a.groups + g) * a.len_q : 0;
+        Rows rw;
+        rw.q0 = w.t * SA_TILE;
+        rw.r0 = 64 * wg + 16 * warp + lane / 4;
+        const long long off = (long long)a.len_kv - a.len_q;
+        for (int i = 0; i < 2; i++) {
+            const long long qi = rw.q0 + rw.r0 + 8 * i;
+            rw.ok[i] = qi < a.len_q;
+            rw.lim[i] = a.causal ? min((long long)a.len_kv, qi + off + 1) : a.len_kv;
+        }
+        rw.first_lim = a.causal ? min((long long)a.len_kv, rw.q0 + off + 1) : a.len_kv;
+        rw.tile_full = rw.q0 + SA_TILE <= a.len_q;
+        const size_t key_row0 = a.per_query ? ((size_t)b * a.groups + g) * a.len_q + rw.q0 : 0;
 
         const unsigned qb = nu % G::QB;
         sa_mbar_wait(&q_full[qb], (nu / G::QB) & 1);
-        const uint32_t q_base = sa_smem_addr(sq + qb * G::Q_BYTES);
-        for (int kb = w.k0; kb < w.k1; kb++, kc++) {
-            // 1. the block's K
-            const unsigned s = kc % G::S;
-            sa_mbar_wait(&k_full[s], (kc / G::S) & 1);
-            // 2. S for every band of this warpgroup, one commit group
-            const uint32_t k_lo = sa_desc_lo(sk_addr + s * G::K_BYTES, 16);
-            sa_wgmma_fence();
-#pragma unroll
-            for (int m = 0; m < M; m++)
-                issue<P, G::Q_PANEL>(acc[m], sa_desc_lo(q_base + 64 * (M * wg + m) * 128, 16),
-                                     k_lo);
-            sa_wgmma_commit();
-            // 3. wait, release the slot
-            sa_wgmma_wait<0>();
+        const uint32_t q_lo = sa_desc_lo(sa_smem_addr(sq + qb * G::TILE_BYTES) + wg * 64 * 128, 16);
+        auto k_lo = [&](unsigned c) { return sa_desc_lo(sk_addr + (c % G::S) * G::TILE_BYTES, 16); };
+        auto wait_full = [&](unsigned c) { sa_mbar_wait(&k_full[c % G::S], (c / G::S) & 1); };
+        auto release = [&](unsigned c) {
             if (lane == 0)
-                sa_mbar_arrive(&k_empty[s]);
-            // 4. max-pool (the other warpgroup's wgmma keep the tensor cores busy meanwhile)
-#pragma unroll
-            for (int m = 0; m < M; m++)
-                pool(a, rw[m], acc[m], kb, lane, scale,
-                     slots + ((M * wg + m) / 2) * kMaxChunk + (kb - w.k0), key_row0);
+                sa_mbar_arrive(&k_empty[c % G::S]);
+        };
+
+        // Steps 1-4, unrolled by two so that each accumulator is a compile-time array, with
+        // every issue inside the loop unconditional: a wgmma issued on one arm of a branch and
+        // still in flight where the arms meet makes ptxas wait for it there (C7514).
+        const int n = w.k1 - w.k0;
+        auto step = [&](float (&next)[64], float (&cur)[64], int i) { // cur holds block i
+            wait_full(kc + 1);
+            issue<P>(next, q_lo, k_lo(kc + 1));
+            sa_wgmma_wait<1>();
+            release(kc++);
+            pool(a, rw, cur, w.k0 + i, lane, scale, slot + i, key_row0);
+        };
+        wait_full(kc);
+        issue<P>(acc0, q_lo, k_lo(kc));
+        int i = 0;
+        for (; i + 2 < n; i += 2) {
+            step(acc1, acc0, i);
+            step(acc0, acc1, i + 1);
+        }
+        if (n - i == 2) {
+            step(acc1, acc0, i);
+            sa_wgmma_wait<0>();
+            release(kc++);
+            pool(a, rw, acc1, w.k0 + i + 1, lane, scale, slot + i + 1, key_row0);
+        } else {
+            sa_wgmma_wait<0>();
+            release(kc++);
+            pool(a, rw, acc0, w.k0 + i, lane, scale, slot + i, key_row0);
         }
         if (lane == 0)
             sa_mbar_arrive(&q_empty[qb]); // every wgmma of the unit has completed
         nu++;
-        if (!a.per_query) { // flush the unit's block maxima, per tile
+        if (!a.per_query) { // flush the unit's block maxima
             sa_named_barrier_sync<1>(kConsumerThreads);
-            for (int tt = 0; tt < M; tt++) {
-                if (w.t0 + tt >= a.q_tiles)
-                    break;
-                unsigned *row =
-                    a.keys + (((size_t)b * a.groups + g) * a.q_tiles + w.t0 + tt) * a.kv_blocks;
-                unsigned *slot = slots + tt * kMaxChunk;
-                for (int i = tid; i < w.k1 - w.k0; i += kConsumerThreads) {
-                    const unsigned v = slot[i];
-                    if (a.store)
-                        row[w.k0 + i] = v;
-                    else if (v)
-                        atomicMax(row + w.k0 + i, v);
-                    slot[i] = 0;
-                }
+            unsigned *row = a.keys + (((size_t)b * a.groups + g) * a.q_tiles + w.t) * a.kv_blocks;
+            for (int i = tid; i < w.k1 - w.k0; i += kConsumerThreads) {
+                const unsigned v = slot[i];
+                if (a.store)
+                    row[w.k0 + i] = v;
+                else if (v)
+                    atomicMax(row + w.k0 + i, v);
+                slot[i] = 0;
             }
             sa_named_barrier_sync<1>(kConsumerThreads);
         }
@@ -372,8 +343,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The chunk (blocks per unit) that minimises the modelled time: waves of units per SM times the
-// unit's cost, over every tile group's visible blocks.
-int choose_chunk(const SelScoreShape &sh, int m, int sms)
+// unit's cost, over every tile's visible blocks.
+int choose_chunk(const SelScoreShape &sh, int sms)
 {
     const SelRowRule tile_rule = {sh.kv_blocks, sh.q_tiles, 0, 1, 0, 0, sh.causal, sh.len_q,
                                   sh.len_kv};
@@ -382,8 +353,8 @@ int choose_chunk(const SelScoreShape &sh, int m, int sms)
     double best_cost = INFINITY;
     for (int c = 1; c <= kMaxChunk && c <= sh.kv_blocks; c++) {
         long long units = 0;
-        for (int t0 = 0; t0 < sh.q_tiles; t0 += m)
-            units += (group_blocks(tile_rule, t0, m, sh.q_tiles) + c - 1) / c;
+        for (int t = 0; t < sh.q_tiles; t++)
+            units += (sel_row_of(tile_rule, t).n + c - 1) / c;
         units *= heads;
         if (units == 0)
             return 1;
@@ -396,17 +367,12 @@ int choose_chunk(const SelScoreShape &sh, int m, int sms)
 }
 
 template <int P>
-int launch(const CUtensorMap &qm, const CUtensorMap &km, ScoreArgs a, const SelScoreShape &sh,
-           int sms, cudaStream_t st)
+int launch(const CUtensorMap &qm, const CUtensorMap &km, const ScoreArgs &a, int grid,
+           cudaStream_t st)
 {
     int err = sel_smem_optin(reinterpret_cast<const void *>(score_wgmma<P>), Geo<P>::SMEM);
     if (err)
         return err;
-    a.tiles_per_unit = Geo<P>::M;
-    a.chunk = choose_chunk(sh, Geo<P>::M, sms);
-    a.nchunks = (sh.kv_blocks + a.chunk - 1) / a.chunk;
-    a.units = (long long)sh.batch * sh.qh * tile_groups(sh.q_tiles, Geo<P>::M) * a.nchunks;
-    const int grid = (int)(a.units < sms ? a.units : sms);
     score_wgmma<P><<<grid, kThreads, Geo<P>::SMEM, st>>>(qm, km, a);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
@@ -421,8 +387,7 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
         return SA_ERR_UNSUPPORTED;
     const unsigned long long q_rows = (unsigned long long)sh.batch * sh.qh * sh.len_q;
     const unsigned long long k_rows = (unsigned long long)sh.batch * sh.kh * sh.len_kv;
-    // TMA row coordinates are int; a tile group may reach two tiles past the last row.
-    if (q_rows + 2 * SA_TILE >= (1ull << 31) || k_rows + SA_TILE >= (1ull << 31))
+    if (q_rows >= (1ull << 31) || k_rows >= (1ull << 31)) // TMA row coordinates are int
         return SA_ERR_UNSUPPORTED;
     int sms = 0, major = 0;
     int err = sa_cuda_device_info(&sms, &major);
@@ -436,13 +401,17 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
     a.qh = sh.qh, a.kh = sh.kh, a.groups = sh.groups;
     a.len_q = sh.len_q, a.len_kv = sh.len_kv, a.q_tiles = sh.q_tiles, a.kv_blocks = sh.kv_blocks;
     a.per_query = sh.per_query, a.causal = sh.causal;
+    a.chunk = choose_chunk(sh, sms);
+    a.nchunks = (sh.kv_blocks + a.chunk - 1) / a.chunk;
+    a.units = (long long)sh.batch * sh.qh * sh.q_tiles * a.nchunks;
     a.ts = ts, a.keys = keys;
     a.store = sh.qh / sh.groups == 1;
+    const int grid = (int)(a.units < sms ? a.units : sms);
     switch ((sh.dim + kPanelCols - 1) / kPanelCols) {
-    case 1: return launch<1>(qm, km, a, sh, sms, st);
-    case 2: return launch<2>(qm, km, a, sh, sms, st);
-    case 3: return launch<3>(qm, km, a, sh, sms, st);
-    default: return launch<4>(qm, km, a, sh, sms, st);
+    case 1: return launch<1>(qm, km, a, grid, st);
+    case 2: return launch<2>(qm, km, a, grid, st);
+    case 3: return launch<3>(qm, km, a, grid, st);
+    default: return launch<4>(qm, km, a, grid, st);
     }
 }
 
