@@ -58,6 +58,7 @@ constexpr int kPanelCols = 64;                           // BF16 per 128-byte sw
 constexpr uint32_t kPanelBytes = SA_TILE * 128;          // 16 KB: one panel of 128 rows
 constexpr uint32_t kDescHi = sa_desc_hi_sw128(8 * 128);  // 1024-byte atoms of 8 rows
 constexpr int kMaxChunk = 256;                           // blocks per unit (shared maxima)
+constexpr size_t kSmemMax = 227 * 1024;                  // Hopper's opt-in limit per CTA
 constexpr double kUnitOverhead = 0.5; // blocks' worth of time a unit costs beyond its blocks
 
 // Buffer depths for P panels (dim up to 64 P): two Q buffers where they fit, so the next unit's
@@ -68,6 +69,7 @@ template <int P> struct Geo {
     static constexpr uint32_t TILE_BYTES = P * kPanelBytes;
     static constexpr size_t SMEM = 1024 + (size_t)(QB + S) * TILE_BYTES +
                                    (size_t)2 * (QB + S) * sizeof(uint64_t) + kMaxChunk * 4;
+    static_assert(SMEM <= kSmemMax, "shared memory beyond the opt-in limit");
 };
 
 struct ScoreArgs {
