@@ -37,9 +37,10 @@ typedef struct sa_select_params {
      * as in MiniMax's MSA, q_index (B, Hi, Sq, index_dim) and k_index (B, Hi, Skv, index_dim);
      * Hi divides Hq and divides Hkv or is a multiple of it (Hi = Hkv: one index head per KV
      * group). Query head hq maps to index head hq * Hi / Hq; a KV head's list scores the index
-     * heads its query heads map to (max over them), so the KV heads that share one index head
-     * get the same list. Needs index vectors (SA_ERR_ARG otherwise). The GPU functions return
-     * SA_ERR_UNSUPPORTED for Hi > 0. */
+     * heads its query heads map to (max over them; nvfp4_mass adds their masses, as the oracle
+     * adds a group's), so the KV heads that share one index head
+     * get the same list. Needs index vectors (SA_ERR_ARG otherwise). Of the GPU functions, r1
+     * and r4 return SA_ERR_UNSUPPORTED for Hi > 0; nvfp4 and nvfp4_query take it. */
     int index_heads;
     /* 1: always keep the block holding the row's own position, bottom-right aligned as in causal
      * attention: block (i + len_kv - len_q) / 128 for query i, that of the tile's last valid query

@@ -21,6 +21,7 @@ void sa_select_params_default(sa_select_params *p)
     X(gauss)                \
     X(nvfp4)                \
     X(nvfp4_query)          \
+    X(nvfp4_mass)           \
     X(oracle)               \
     X(random)
 

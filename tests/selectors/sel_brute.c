@@ -147,7 +147,7 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
     double *row = malloc((size_t)s->len_kv * sizeof *row);
     ck_assert(out && a && c && row);
     for (size_t i = 0; i < (size_t)s->batch * s->heads_kv * per * n; i++)
-        out[i] = !strcmp(name, "oracle") ? 0.0 : -INFINITY;
+        out[i] = !strcmp(name, "oracle") || !strcmp(name, "nvfp4_mass") ? 0.0 : -INFINITY;
     int span = !strcmp(name, "r4") ? 32 : 128;
     for (int b = 0; b < s->batch; b++)
         for (int hq = 0; hq < s->heads_q; hq++) {
@@ -189,15 +189,8 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
                         *dst = v > *dst ? v : *dst;
                     }
                 }
-            } else if (nv) {
-                for (int i = 0; i < s->len_q; i++)
-                    for (int j = 0; j < s->len_kv && (!causal || j <= i + s->len_kv - s->len_q);
-                         j++) {
-                        double v = dotd(qh + (size_t)i * dim, kh + (size_t)j * dim, dim);
-                        double *dst = &o[(size_t)(per_query ? i : i / 128) * n + j / 128];
-                        *dst = v > *dst ? v : *dst;
-                    }
-            } else if (!strcmp(name, "oracle")) {
+            } else if (!strcmp(name, "oracle") || !strcmp(name, "nvfp4_mass")) {
+                /* The exact softmax mass per block (nvfp4_mass: of the dequantized vectors). */
                 for (int i = 0; i < s->len_q; i++) {
                     double m = -INFINITY, z = 0;
                     const int nk = !causal ? s->len_kv : i + s->len_kv - s->len_q + 1;
@@ -213,6 +206,14 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
                     for (int j = 0; j < nk; j++)
                         o[(size_t)(i / 128) * n + j / 128] += exp(row[j] - m) / z;
                 }
+            } else if (nv) {
+                for (int i = 0; i < s->len_q; i++)
+                    for (int j = 0; j < s->len_kv && (!causal || j <= i + s->len_kv - s->len_q);
+                         j++) {
+                        double v = dotd(qh + (size_t)i * dim, kh + (size_t)j * dim, dim);
+                        double *dst = &o[(size_t)(per_query ? i : i / 128) * n + j / 128];
+                        *dst = v > *dst ? v : *dst;
+                    }
             } else {
                 ck_abort_msg("no brute force for selector %s", name);
             }

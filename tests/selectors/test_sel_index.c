@@ -464,11 +464,15 @@ START_TEST(test_layout_brute_force)
                     for (int hkv = 0; hkv < s.heads_kv; hkv++) {
                         int h0, nh = ref_heads(&s, hi, hkv, &h0);
                         for (int x = 0; x < per; x++) {
+                            /* Scores combine over the heads by max; nvfp4_mass's masses add
+                             * up, as the oracle's do over a group. */
+                            const int sums = !strcmp(sel->name, "nvfp4_mass");
                             for (int blk = 0; blk < n; blk++) {
-                                score[blk] = -INFINITY;
+                                score[blk] = sums ? 0.0 : -INFINITY;
                                 for (int h = h0; h < h0 + nh; h++) {
                                     double v = bf[(((size_t)b * hi + h) * per + x) * n + blk];
-                                    score[blk] = v > score[blk] ? v : score[blk];
+                                    score[blk] = sums ? score[blk] + v
+                                                      : v > score[blk] ? v : score[blk];
                                 }
                             }
                             const size_t row = ((size_t)b * s.heads_kv + hkv) * per + x;
