@@ -349,9 +349,19 @@ int cmd_select_eval(int argc, char **argv)
 #ifdef SA_HAVE_CUDA
     bh_gpu *g = NULL;
     uint16_t *dq = NULL, *dk = NULL;
+    uint16_t *dqi[MAX_CHOICES] = {0}, *dki[MAX_CHOICES] = {0}; /* device copies of qi, ki */
     int32_t *didx = NULL, *dcnt = NULL; /* dcnt: the GPU selectors' counts (causal) */
     if (cuda) {
         int err = bh_open(&g, NULL);
+        for (int j = 0; j < c.choices && need_index && !err; j++) {
+            if (!c.choice[j].method)
+                continue;
+            err = bh_alloc((void **)&dqi[j],
+                           (size_t)s->batch * c.index_heads * s->len_q * c.choice[j].dim * 2);
+            if (!err)
+                err = bh_alloc((void **)&dki[j],
+                               (size_t)s->batch * c.index_heads * s->len_kv * c.choice[j].dim * 2);
+        }
         if (!err)
             err = bh_alloc((void **)&dq, nq * 2);
         if (!err)
@@ -388,10 +398,10 @@ int cmd_select_eval(int argc, char **argv)
     for (int j = 0; j < c.choices; j++)
         any_index |= c.choice[j].method != NULL;
     if (cuda && (local_off_diag || any_index))
-        fprintf(stderr, "sparseattn: select-eval: the GPU selectors do not take %s yet "
-                        "(SA_ERR_UNSUPPORTED): %s on the CPU\n",
-                local_off_diag ? "--keep-local with len-q < len-kv" : "index heads",
-                local_off_diag ? "every selector runs" : "the qk and proj choices run");
+        fprintf(stderr, "sparseattn: select-eval: %s (SA_ERR_UNSUPPORTED): %s on the CPU\n",
+                local_off_diag ? "the GPU selectors do not take --keep-local with len-q < len-kv"
+                               : "r1 and r4 on the GPU do not take index heads",
+                local_off_diag ? "every selector runs" : "their qk and proj choices run");
     /* Without --index one pass with the attention's Q/K, printed as before. */
     const index_choice own = {"own", NULL, 0};
     for (int w = 0; w < sa_workload_count(); w++) {
@@ -427,6 +437,14 @@ int cmd_select_eval(int argc, char **argv)
             if ((err = sa_index_generate(x->method, s, b.q, b.k, c.index_heads, x->dim, c.seed,
                                          qi[j], ki[j])))
                 die("index vectors", err);
+#ifdef SA_HAVE_CUDA
+            if (cuda &&
+                ((err = bh_upload(dqi[j], qi[j], (size_t)s->batch * c.index_heads * s->len_q *
+                                                     x->dim * 2)) ||
+                 (err = bh_upload(dki[j], ki[j], (size_t)s->batch * c.index_heads * s->len_kv *
+                                                     x->dim * 2))))
+                die(bh_last_error(), err);
+#endif
         }
         cli_progress("select-eval: %s: oracle", wl->name);
         double t_oracle = cli_now();
@@ -464,7 +482,7 @@ int cmd_select_eval(int argc, char **argv)
                 if (err)
                     die(sel->name, err);
 #ifdef SA_HAVE_CUDA
-                if (cuda && sel->cuda && !local_off_diag && !ps.index_heads) {
+                if (cuda && sel->cuda && !local_off_diag) {
                     /* One warm-up call, then one timed call; the time includes the list download
                      * (it synchronizes). The CPU lists stay for the comparison. Causal rows come
                      * with counts, downloaded too. */
@@ -473,7 +491,11 @@ int cmd_select_eval(int argc, char **argv)
                     memcpy(b.cnt_cpu, b.cnt, rows * 4);
                     sa_select_params pg = ps;
                     pg.stream = bh_stream(g);
+                    if (ix && ix->method)
+                        pg.q_index = dqi[j], pg.k_index = dki[j];
                     err = sel->cuda(s, dq, dk, &pg, didx, dcnt);
+                    if (err == SA_ERR_UNSUPPORTED && ps.index_heads)
+                        goto cpu_row; /* r1 / r4 with index heads: the CPU row (notice above) */
                     double t0 = cli_now();
                     if (!err)
                         err = sel->cuda(s, dq, dk, &pg, didx, dcnt);
@@ -498,6 +520,7 @@ int cmd_select_eval(int argc, char **argv)
                     }
                     match = (double)same / rows;
                 }
+            cpu_row:;
 #endif
                 /* Also rejects out-of-range indices (GPU lists). Non-causal GPU lists come with
                  * no counts: every row holds topk. Causal: the queries that see nothing (recall 0
@@ -528,6 +551,8 @@ int cmd_select_eval(int argc, char **argv)
 #ifdef SA_HAVE_CUDA
     bh_free(dq);
     bh_free(dk);
+    for (int j = 0; j < MAX_CHOICES; j++)
+        bh_free(dqi[j]), bh_free(dki[j]);
     bh_free(didx);
     bh_free(dcnt);
     if (g)

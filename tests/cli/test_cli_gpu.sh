@@ -3,7 +3,9 @@
 #   run: the selector's lists on the default tile stage, checked against the CPU reference on the
 #     same lists; the causal dense row is that stage over every visible block, so the oracle
 #     with topk = every block must match it to rounding.
-#   select-eval: the GPU selectors' causal lists (with counts) against the CPU's.
+#   select-eval: the GPU selectors' causal lists (with counts) against the CPU's; with index
+#     vectors (--index qk, one index head per KV group) the nvfp4 rows on the GPU, r1 / r4 on
+#     the CPU.
 cli=$1
 fail=0
 shape=(--len-q 1024 --len-kv 2048 --heads-q 16 --heads-kv 1)
@@ -47,5 +49,19 @@ for r in gpu:
     assert 0 < r["recall_mean"] <= 1, r
     print("select-eval --causal %s on the GPU: cpu_match %.4f recall %.3f"
           % (r["selector"], r["cpu_match"], r["recall_mean"]))
+PY
+idx=$("$cli" select-eval --device cuda --len-q 512 --len-kv 1024 --heads-q 4 --heads-kv 2 \
+      --topk 3 --workload clustered --index qk --json) || { echo "FAIL: select-eval --index qk"; fail=1; }
+python3 - "$idx" <<'PY' || fail=1
+import json, sys
+rows = [json.loads(l) for l in sys.argv[1].splitlines() if l.startswith("{")]
+qk = [r for r in rows if r.get("index") == "qk"]
+dev = {r["selector"]: r["device"] for r in qk}
+assert dev.get("nvfp4") == "cuda" and dev.get("nvfp4_query") == "cuda", rows
+assert dev.get("r1") == "cpu" and dev.get("r4") == "cpu", rows
+for r in qk:
+    if r["device"] == "cuda":
+        assert r["cpu_match"] >= 0.9 and 0 < r["recall_mean"] <= 1, r
+        print("select-eval --index qk %s on the GPU: cpu_match %.4f" % (r["selector"], r["cpu_match"]))
 PY
 exit $fail
