@@ -9,7 +9,7 @@
 //   survive two streams of different lengths.
 //
 // ASSUMPTIONS (anything else gets SA_ERR_UNSUPPORTED from the check, never a launch)
-//   BF16 Q/K/V/O in BHSD layout, head_dim 128, non-causal, 16-byte aligned tensors. len_q and
+//   BF16 Q/K/V/O in BHSD layout, head_dim 128, 16-byte aligned tensors, causal or not. len_q and
 //   len_kv are any positive length: a partial last Q tile stores only its valid rows; a partial
 //   last KV block has its score columns >= the valid keys masked to -inf before the row max.
 //   (TMA reads those rows from the next head, or zero-fills them past the tensor's end: finite
@@ -23,6 +23,14 @@
 //   [0, max_blocks] (no read past a row), and a block index out of range makes TMA read other
 //   rows of K/V or zero-fill past the tensor: bad lists then give wrong numbers, never an access
 //   outside the tensors. A row of count 0 gives O = 0, LSE = -inf.
+//   Causal (a->causal, docs/api.md): query i sees key j when j <= i + (len_kv - len_q). A block
+//   wholly visible to the tile is unmasked; a diagonal block (and the partial final block) has
+//   each row's columns past its last visible key masked to -inf before the row max. A row that
+//   sees no key of its listed blocks (len_q > len_kv, or future blocks allowed) keeps max -inf
+//   and P = 0 (softmax_half<true>), and gives O = 0, LSE = -inf. The list check then also
+//   refuses a block past the tile's last visible key (SA_ERR_FUTURE_BLOCK, unless
+//   allow_future_blocks; such a block, unchecked or allowed, is masked whole and adds nothing)
+//   and lets a tile that sees no key have an empty row.
 //
 // WORK
 //   As stage 14: a work item is the Q tiles (2i, 2i+1) of one (batch, head_q); CTA b takes items
@@ -78,7 +86,9 @@
 // DATAFLOW PER KV BLOCK (consumer warpgroup c, its j-th block blk = row_c[j])
 //   Stage 14's steps 1-8 with K in slot pk(j) % 5 and V in slot pv(j) % 5. New: steps 4 and 8
 //   mask the score columns >= the valid keys of blk when blk is the partial final block (the
-//   consumer finds its position in the row once per item).
+//   consumer finds its position in the row once per item) and, causally, the columns past each
+//   row's last visible key when blk reaches past the tile's first row's (mask_if_needed: the
+//   block index is read from the list row kept in the warp's record).
 //
 // BARRIER PROTOCOL
 //   | barrier          | kind      | direction              | arrivals                | meaning
@@ -141,6 +151,8 @@ struct Params {
     int len_q, len_kv;
     int q_tiles, kv_blocks;
     int tail;  // valid keys of the last KV block, 1..128 (128: no partial block)
+    int causal; // a->causal: query i sees key j when j <= i + q_off
+    int q_off;  // len_kv - len_q
     int pairs; // ceil(q_tiles / 2) items per (batch, head)
     int items;
     const int *abort; // verdict of the list check queued just before us; not 0: write nothing
@@ -153,6 +165,25 @@ __device__ __forceinline__ Tile tile_of(const Params &p, int item, int c)
     // Unsigned division: shorter code, fewer registers (everything here is >= 0).
     const unsigned it = item, pairs = p.pairs;
     return {(int)(it / pairs), (int)(2 * (it % pairs)) + c};
+}
+
+// A consumer warp's item record (Smem::rec): the count of its tile, the alternation length m, the
+// first load of the item (base), the slot of the partial block (jp), the empty turns to take
+// after the tile's own, the next item's base, and for causal masks the Q tile and its list row.
+enum ConsumerRec { C_COUNT, C_M, C_BASE, C_JP, C_PAD, C_NEXT, C_TILE, C_ROW };
+
+// Step 4's mask of half h of the j-th block of this warpgroup's row: the partial final block's
+// columns past its valid keys and, causally, each row's columns past its last visible key.
+// Blocks that need neither (all of them but the diagonal and the final one) pay one compare.
+__device__ __forceinline__ void mask_if_needed(const Params &p, const int32_t *rec,
+                                               float (&sc)[64], int j, int h, int warp, int lane)
+{
+    const int valid = j == rec_get(rec, C_JP) ? p.tail : TILE;
+    int d = DIAG_ALL;
+    if (p.causal)
+        d = diag_of(1, p.q_off, rec_get(rec, C_TILE), rec_get_ptr(rec, C_ROW)[j]) + 64 * h;
+    if (valid < TILE || d < DIAG_ALL)
+        mask_block(sc, valid, d, warp, lane);
 }
 
 __global__ void __launch_bounds__(THREADS, 1)
@@ -287,11 +318,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (c == 1)
         turn_pass(c); // warpgroup 0 takes the first turn
 
-    // This warp's item record (see Smem::rec): the count of this tile, the alternation length m,
-    // the first load n of the item (base), the slot of the partial block (jp), the empty turns
-    // to take after the tile's own, and the next item's base.
+    // This warp's item record (ConsumerRec).
     int32_t *const rec = sm.rec[4 * c + warp];
-    enum { C_COUNT, C_M, C_BASE, C_JP, C_PAD, C_NEXT };
     rec_put(rec, C_NEXT, 0, lane);
     __syncwarp();
     uint32_t q_uses = 0;
@@ -326,6 +354,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             rec_put(rec, C_JP, jp, lane);
             rec_put(rec, C_PAD, item_turns - my_turns, lane);
             rec_put(rec, C_NEXT, base + 2 * plan_loads(pl), lane); // a K and a V tile per load
+            rec_put(rec, C_TILE, tile_of(p, item, c).tile, lane);
+            rec_put_ptr(rec, C_ROW, c ? pl.row1 : pl.row0, lane);
             __syncwarp();
         }
 
@@ -362,9 +392,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 sa_wgmma_commit();
                 turn_pass(c);
                 sa_wgmma_wait<0>();
-                if (rec_get(rec, C_JP) == 0)
-                    mask_tail(sc, p.tail, lane);
-                softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
+                mask_if_needed(p, rec, sc, 0, 0, warp, lane);
+                softmax_half<true>(sc, o[0], row_max[0], row_sum[0], pa);
             }
             for (int j = 0; j < rec_get(rec, C_COUNT); j++) {
                 // Tile positions of this block's K and V and of the next block's K (RING
@@ -396,9 +425,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 warp_arrive(&sm.kv_free[sk][c], lane);
                 if (j == rec_get(rec, C_COUNT) - 1)
                     warp_arrive(&sm.q_free[c], lane);
-                if (j == rec_get(rec, C_JP))
-                    mask_tail(sc, p.tail, lane);
-                softmax_half(sc, o[1], row_max[1], row_sum[1], pa);
+                mask_if_needed(p, rec, sc, j, 1, warp, lane);
+                softmax_half<true>(sc, o[1], row_max[1], row_sum[1], pa);
 
                 if (j + 1 < rec_get(rec, C_COUNT)) {
                     // ---- turn: PV of half 1 of tile j, S of half 0 of tile j+1 (steps 5-8)
@@ -413,9 +441,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                     sa_wgmma_commit();
                     turn_pass(c);
                     sa_wgmma_wait<0>();
-                    if (j + 1 == rec_get(rec, C_JP))
-                        mask_tail(sc, p.tail, lane);
-                    softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
+                    mask_if_needed(p, rec, sc, j + 1, 0, warp, lane);
+                    softmax_half<true>(sc, o[0], row_max[0], row_sum[0], pa);
                 } else {
                     // ---- the item's last turn: PV of half 1 of the last tile
                     turn_wait(c);
@@ -442,7 +469,9 @@ __global__ void __launch_bounds__(THREADS, 1)
                     float sum = row_sum[h][i];
                     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
                     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                    const float inv = 1.f / sum;
+                    // A row that saw no key (causal: every listed block after its last visible
+                    // key) has sum 0: O = 0, LSE = -inf.
+                    const float inv = sum > 0.f ? 1.f / sum : 0.f;
                     const int r = h * 64 + warp * 16 + lane / 4 + 8 * i;
                     const size_t row = row0 + r;
                     uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
@@ -460,7 +489,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                             dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
                     }
                     if (p.lse && lane % 4 == 0 && r < rows)
-                        p.lse[row] = (row_max[h][i] + __log2f(sum)) * LN2;
+                        p.lse[row] = sum > 0.f ? (row_max[h][i] + __log2f(sum)) * LN2
+                                               : -CUDART_INF_F;
                 }
             }
         } else {
@@ -497,7 +527,7 @@ extern "C" int sa_stage15_check(const sa_gpu_attn *a)
     // Shape, pointers, list arguments, options, head_dim, 32-bit rows (a partial tile reaches
     // up to 127 rows past the end, hence the pad of TILE) and alignment: the checks every stage
     // shares. Nothing else limits this stage.
-    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE, HEAD_DIM, TILE);
+    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE | SA_CHECK_CAUSAL, HEAD_DIM, TILE);
 }
 
 extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
@@ -514,8 +544,9 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
     // synchronization at the end returns the verdict (sa_validate.h).
     const int *verdict = nullptr;
     if (a->validate &&
-        (rc = sa_validate_tile_lists_enqueue(s, &a->lists, a->allow_empty_rows, a->stream,
-                                             &verdict)) != SA_OK)
+        (rc = sa_validate_tile_lists_enqueue_opts(s, &a->lists, a->allow_empty_rows, a->causal,
+                                                  a->allow_future_blocks, a->stream,
+                                                  &verdict)) != SA_OK)
         return rc;
 
     sa_qkv_maps maps; // the check made head_dim HEAD_DIM
@@ -538,6 +569,8 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
     p.q_tiles = sa_q_tiles(s);
     p.kv_blocks = sa_kv_blocks(s);
     p.tail = s->len_kv - (p.kv_blocks - 1) * TILE;
+    p.causal = a->causal;
+    p.q_off = s->len_kv - s->len_q; // both positive ints: the difference fits
     p.pairs = (p.q_tiles + 1) / 2;
     const long long items = (long long)s->batch * s->heads_q * p.pairs;
     if (items > INT32_MAX)

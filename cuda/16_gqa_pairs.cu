@@ -20,7 +20,7 @@
 //   heads per CTA. (A third 128-row head would need 128 x 240 more registers than the SM has.)
 //
 // ASSUMPTIONS: as stage 15 (head_dim 128, any len_q and len_kv, counts per row, empty rows give
-//   O = 0 and LSE = -inf, validation at the entry point).
+//   O = 0 and LSE = -inf, validation at the entry point, causal masks of diagonal blocks).
 //
 // WORK (the change from stage 15)
 //   group = Hq / Hkv >= 2: item = ((b * Hkv + g) * q_tiles + t) * pairs + p, pairs = ceil(group
@@ -93,6 +93,8 @@ struct Params {
     int len_q, len_kv;
     int q_tiles, kv_blocks;
     int tail;  // valid keys of the last KV block, 1..128 (128: no partial block)
+    int causal; // a->causal: query i sees key j when j <= i + q_off
+    int q_off;  // len_kv - len_q
     int head_pairs; // 1: an item is one Q tile of two heads (group >= 2); 0: stage 15's tiles
     int pairs;      // head pairs: ceil(group / 2) per (batch, group, tile); else ceil(q_tiles / 2)
     int items;
@@ -112,6 +114,25 @@ __device__ __forceinline__ Tile tile_of(const Params &p, int item, int c)
     const int tile = (int)(rest % q_tiles), bg = (int)(rest / q_tiles); // bg = b * Hkv + g
     // b * Hq + g * group + h = (b * Hkv + g) * group + h
     return {bg * p.group + min(h, p.group - 1), h < p.group ? tile : p.q_tiles};
+}
+
+// A consumer warp's item record (Smem::rec): the count of its tile, the alternation length m, the
+// first load of the item (base), the slot of the partial block (jp), the empty turns to take
+// after the tile's own, the next item's base, and for causal masks the Q tile and its list row.
+enum ConsumerRec { C_COUNT, C_M, C_BASE, C_JP, C_PAD, C_NEXT, C_TILE, C_ROW };
+
+// Step 4's mask of half h of the j-th block of this warpgroup's row: the partial final block's
+// columns past its valid keys and, causally, each row's columns past its last visible key.
+// Blocks that need neither (all of them but the diagonal and the final one) pay one compare.
+__device__ __forceinline__ void mask_if_needed(const Params &p, const int32_t *rec,
+                                               float (&sc)[64], int j, int h, int warp, int lane)
+{
+    const int valid = j == rec_get(rec, C_JP) ? p.tail : TILE;
+    int d = DIAG_ALL;
+    if (p.causal)
+        d = diag_of(1, p.q_off, rec_get(rec, C_TILE), rec_get_ptr(rec, C_ROW)[j]) + 64 * h;
+    if (valid < TILE || d < DIAG_ALL)
+        mask_block(sc, valid, d, warp, lane);
 }
 
 __global__ void __launch_bounds__(THREADS, 1)
@@ -246,11 +267,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (c == 1)
         turn_pass(c); // warpgroup 0 takes the first turn
 
-    // This warp's item record (see Smem::rec): the count of this tile, the alternation length m,
-    // the first load n of the item (base), the slot of the partial block (jp), the empty turns
-    // to take after the tile's own, and the next item's base.
+    // This warp's item record (ConsumerRec).
     int32_t *const rec = sm.rec[4 * c + warp];
-    enum { C_COUNT, C_M, C_BASE, C_JP, C_PAD, C_NEXT };
     rec_put(rec, C_NEXT, 0, lane);
     __syncwarp();
     uint32_t q_uses = 0;
@@ -285,6 +303,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             rec_put(rec, C_JP, jp, lane);
             rec_put(rec, C_PAD, item_turns - my_turns, lane);
             rec_put(rec, C_NEXT, base + 2 * plan_loads(pl), lane); // a K and a V tile per load
+            rec_put(rec, C_TILE, tile_of(p, item, c).tile, lane);
+            rec_put_ptr(rec, C_ROW, c ? pl.row1 : pl.row0, lane);
             __syncwarp();
         }
 
@@ -321,9 +341,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 sa_wgmma_commit();
                 turn_pass(c);
                 sa_wgmma_wait<0>();
-                if (rec_get(rec, C_JP) == 0)
-                    mask_tail(sc, p.tail, lane);
-                softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
+                mask_if_needed(p, rec, sc, 0, 0, warp, lane);
+                softmax_half<true>(sc, o[0], row_max[0], row_sum[0], pa);
             }
             for (int j = 0; j < rec_get(rec, C_COUNT); j++) {
                 // Tile positions of this block's K and V and of the next block's K (RING
@@ -355,9 +374,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 warp_arrive(&sm.kv_free[sk][c], lane);
                 if (j == rec_get(rec, C_COUNT) - 1)
                     warp_arrive(&sm.q_free[c], lane);
-                if (j == rec_get(rec, C_JP))
-                    mask_tail(sc, p.tail, lane);
-                softmax_half(sc, o[1], row_max[1], row_sum[1], pa);
+                mask_if_needed(p, rec, sc, j, 1, warp, lane);
+                softmax_half<true>(sc, o[1], row_max[1], row_sum[1], pa);
 
                 if (j + 1 < rec_get(rec, C_COUNT)) {
                     // ---- turn: PV of half 1 of tile j, S of half 0 of tile j+1 (steps 5-8)
@@ -372,9 +390,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                     sa_wgmma_commit();
                     turn_pass(c);
                     sa_wgmma_wait<0>();
-                    if (j + 1 == rec_get(rec, C_JP))
-                        mask_tail(sc, p.tail, lane);
-                    softmax_half(sc, o[0], row_max[0], row_sum[0], pa);
+                    mask_if_needed(p, rec, sc, j + 1, 0, warp, lane);
+                    softmax_half<true>(sc, o[0], row_max[0], row_sum[0], pa);
                 } else {
                     // ---- the item's last turn: PV of half 1 of the last tile
                     turn_wait(c);
@@ -401,7 +418,9 @@ __global__ void __launch_bounds__(THREADS, 1)
                     float sum = row_sum[h][i];
                     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
                     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                    const float inv = 1.f / sum;
+                    // A row that saw no key (causal: every listed block after its last visible
+                    // key) has sum 0: O = 0, LSE = -inf.
+                    const float inv = sum > 0.f ? 1.f / sum : 0.f;
                     const int r = h * 64 + warp * 16 + lane / 4 + 8 * i;
                     const size_t row = row0 + r;
                     uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
@@ -419,7 +438,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                             dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
                     }
                     if (p.lse && lane % 4 == 0 && r < rows)
-                        p.lse[row] = (row_max[h][i] + __log2f(sum)) * LN2;
+                        p.lse[row] = sum > 0.f ? (row_max[h][i] + __log2f(sum)) * LN2
+                                               : -CUDART_INF_F;
                 }
             }
         } else {
@@ -456,7 +476,7 @@ extern "C" int sa_stage16_check(const sa_gpu_attn *a)
     // Shape, pointers, list arguments, options, head_dim, 32-bit rows (a partial tile reaches
     // up to 127 rows past the end, hence the pad of TILE) and alignment: the checks every stage
     // shares. Nothing else limits this stage.
-    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE, HEAD_DIM, TILE);
+    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE | SA_CHECK_CAUSAL, HEAD_DIM, TILE);
 }
 
 extern "C" int sa_stage16_launch(const sa_gpu_attn *a)
@@ -473,8 +493,9 @@ extern "C" int sa_stage16_launch(const sa_gpu_attn *a)
     // synchronization at the end returns the verdict (sa_validate.h).
     const int *verdict = nullptr;
     if (a->validate &&
-        (rc = sa_validate_tile_lists_enqueue(s, &a->lists, a->allow_empty_rows, a->stream,
-                                             &verdict)) != SA_OK)
+        (rc = sa_validate_tile_lists_enqueue_opts(s, &a->lists, a->allow_empty_rows, a->causal,
+                                                  a->allow_future_blocks, a->stream,
+                                                  &verdict)) != SA_OK)
         return rc;
 
     sa_qkv_maps maps; // the check made head_dim HEAD_DIM
@@ -497,6 +518,8 @@ extern "C" int sa_stage16_launch(const sa_gpu_attn *a)
     p.q_tiles = sa_q_tiles(s);
     p.kv_blocks = sa_kv_blocks(s);
     p.tail = s->len_kv - (p.kv_blocks - 1) * TILE;
+    p.causal = a->causal;
+    p.q_off = s->len_kv - s->len_q; // both positive ints: the difference fits
     p.head_pairs = p.group >= 2;
     p.pairs = p.head_pairs ? (p.group + 1) / 2 : (p.q_tiles + 1) / 2;
     const long long items = p.head_pairs

@@ -213,17 +213,10 @@ __device__ __forceinline__ const int32_t *row_of(const Params &p, Item it, int *
     return p.indices + (size_t)row * p.max_blocks;
 }
 
-// Causal masking (bottom-right aligned: query i sees key j when j <= i + q_off). For Q tile t and
-// KV block b, diag = t * 128 + q_off - b * 128: row r of the tile sees column x of the block
-// when x <= r + diag. Clamped, since only -255..127 matters (diag >= 127: every column visible;
-// diag < -254: none) and the sum of three lengths can pass int32.
-constexpr int DIAG_ALL = TILE - 1, DIAG_NONE = -2 * TILE;
+// Causal masking: DIAG_ALL, diag_of and mask_block (sa_stage15.cuh) for this stage's Params.
 __device__ __forceinline__ int causal_diag(const Params &p, int tile, int blk)
 {
-    if (!p.causal)
-        return DIAG_ALL;
-    const long long d = (long long)(tile - blk) * TILE + p.q_off;
-    return (int)max((long long)DIAG_NONE, min((long long)DIAG_ALL, d));
+    return diag_of(p.causal, p.q_off, tile, blk);
 }
 
 // The last block a tile can see (causal): its last valid row's last visible key, -1 when that row
@@ -235,22 +228,6 @@ __device__ __forceinline__ int last_visible_block(const Params &p, int tile)
     return key < 0 ? -1 : key / TILE;
 }
 
-// Masks the columns of this warp's rows that are past the block's valid keys or, causally, past
-// each row's last visible key: column x of row r (r within the warpgroup's 64 rows, d = diag +
-// 64 c) stays when x < valid and x <= r + d. Columns as mask_tail (sa_stage14.cuh).
-__device__ __forceinline__ void mask_block(float (&sc)[64], int valid, int d, int warp, int lane)
-{
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int lim = min(valid - 1, d + warp * 16 + lane / 4 + 8 * i);
-#pragma unroll
-        for (int jj = 0; jj < 16; jj++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                if (8 * jj + 2 * (lane % 4) + e > lim)
-                    sc[4 * jj + 2 * i + e] = -CUDART_INF_F;
-    }
-}
 
 // The key by which duplicates are found: the block index when it is in range, else a negative
 // value unique to the slot (out-of-range entries are reported as SA_ERR_INDEX, never as twins).

@@ -141,7 +141,10 @@ __device__ __forceinline__ bool softmax_row_max(const float (&sc)[64], float (&r
 }
 
 // Online softmax of one m64 half (dataflow step 4): softmax_row_max, O rescaled, P packed to
-// BF16 registers. Row sums stay per thread until the epilogue.
+// BF16 registers. Row sums stay per thread until the epilogue. MAYBE_EMPTY (stage 15 on, for
+// causal masks): a row that has seen no key yet keeps max -inf, and its P must be 0, not NaN;
+// stage 14 never masks a whole row and keeps the plain form.
+template <bool MAYBE_EMPTY = false>
 __device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[64],
                                              float (&row_max)[2], float (&row_sum)[2],
                                              uint32_t (&pa)[32])
@@ -162,7 +165,8 @@ __device__ __forceinline__ void softmax_half(const float (&sc)[64], float (&o)[6
     for (int jj = 0; jj < 16; jj++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const float neg_max = -row_max[i];
+            const float neg_max =
+                MAYBE_EMPTY && row_max[i] == -CUDART_INF_F ? 0.f : -row_max[i];
             const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
             const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
             row_sum[i] += p0 + p1;

@@ -15,6 +15,10 @@
 //                                 instead of held in registers through the KV loop.
 //   grid_size                     gridDim.x read where it is used (the producer has 24 registers).
 //   PAR0, RING_STATE0, load_tile  the producer's packed ring state and its one tile-load site.
+//   DIAG_ALL, DIAG_NONE,          causal masking (a->causal): where a block's columns stop being
+//   diag_of, mask_block           visible to a tile's rows, and the mask of a diagonal or partial
+//                                 block (stage 15 took causal in session 5; stage 17 had it first
+//                                 and shares these).
 // list_row, plan_item and load_tile take the calling stage's Params or Smem as a template
 // argument: they read only the fields every stage from 15 on declares alike. Everything is in an
 // anonymous namespace and inline, as it was in the stage files: nothing here is exported.
@@ -110,6 +114,36 @@ __device__ __forceinline__ void rec_put_ptr(int32_t *rec, int i, const int32_t *
     const uint64_t u = reinterpret_cast<uint64_t>(v);
     rec_put(rec, i, (int)(uint32_t)u, lane);
     rec_put(rec, i + 1, (int)(uint32_t)(u >> 32), lane);
+}
+
+// Causal masking (bottom-right aligned: query i sees key j when j <= i + q_off). For Q tile t and
+// KV block b, diag = t * 128 + q_off - b * 128: row r of the tile sees column x of the block
+// when x <= r + diag. Clamped, since only -255..127 matters (diag >= 127: every column visible;
+// diag < -254: none) and the sum of three lengths can pass int32.
+constexpr int DIAG_ALL = TILE - 1, DIAG_NONE = -2 * TILE;
+__device__ __forceinline__ int diag_of(int causal, int q_off, int tile, int blk)
+{
+    if (!causal)
+        return DIAG_ALL;
+    const long long d = (long long)(tile - blk) * TILE + q_off;
+    return (int)max((long long)DIAG_NONE, min((long long)DIAG_ALL, d));
+}
+
+// Masks the columns of this warp's rows that are past the block's valid keys or, causally, past
+// each row's last visible key: column x of row r (r within the warpgroup's 64 rows, d = diag +
+// 64 x the half) stays when x < valid and x <= r + d. Columns as mask_tail (sa_stage14.cuh).
+__device__ __forceinline__ void mask_block(float (&sc)[64], int valid, int d, int warp, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int lim = min(valid - 1, d + warp * 16 + lane / 4 + 8 * i);
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                if (8 * jj + 2 * (lane % 4) + e > lim)
+                    sc[4 * jj + 2 * i + e] = -CUDART_INF_F;
+    }
 }
 
 // gridDim.x read where it is used: hoisted, it would cost the producer a register it lacks.

@@ -4,7 +4,9 @@
 // public forms, for tile and per-query lists.
 //
 // One warp checks one row: count in [0, max_blocks] (and not 0 unless empty rows are allowed),
-// every index in [0, kv_blocks), no index twice. Duplicates are found with a per-warp bitmap of
+// every index in [0, kv_blocks), no index twice; with causal (tile rows) no block after the
+// tile's last visible key unless allowed (SA_ERR_FUTURE_BLOCK), and a row that sees no key may be
+// empty, as the host validator (sa_list_rows_check). Duplicates are found with a per-warp bitmap of
 // kv_blocks bits in shared memory: each lane sets its entries' bits with atomicOr, and a bit
 // that was already set is a duplicate. The error of the whole launch is the minimum of the codes
 // found (atomicMin), so a list with one fault reports the same code as the host validator.
@@ -26,10 +28,25 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kWarp = 32;
 
+// Causal rules of tile rows (rows of q_tiles tiles): the blocks [0, visible) a tile sees.
+struct CausalRule {
+    int causal, allow_future, q_tiles, len_q, len_kv;
+};
+
+__device__ __forceinline__ int visible_blocks(const CausalRule &cr, long long row, int kv_blocks)
+{
+    if (!cr.causal)
+        return kv_blocks;
+    const int t = (int)(row % cr.q_tiles);
+    const long long last_row = min((long long)t * 128 + 127, (long long)cr.len_q - 1);
+    const long long last_key = last_row + cr.len_kv - cr.len_q;
+    return last_key < 0 ? 0 : (int)(last_key / 128) + 1;
+}
+
 __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
                                      const int32_t *__restrict__ counts, long long rows,
                                      int max_blocks, int kv_blocks, int allow_empty,
-                                     int *error, unsigned int *done, int *verdict,
+                                     CausalRule cr, int *error, unsigned int *done, int *verdict,
                                      volatile int *host_verdict)
 {
     // The dependent kernel only waits for our completion before it reads the verdict, so it may
@@ -47,10 +64,11 @@ __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
     for (long long row = (long long)blockIdx.x * kWarpsPerBlock + warp; row < rows;
          row += warps_total) {
         const int c = counts ? counts[row] : max_blocks;
+        const int visible = visible_blocks(cr, row, kv_blocks);
         int err = 0;
         if (c < 0 || c > max_blocks)
             err = SA_ERR_COUNT;
-        else if (c == 0 && !allow_empty)
+        else if (c == 0 && !allow_empty && visible > 0)
             err = SA_ERR_EMPTY_ROW;
         const int n = err ? 0 : c;
         const int32_t *r = indices + row * (long long)max_blocks;
@@ -63,6 +81,8 @@ __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
             const unsigned int bit = 1u << (b & 31);
             if (atomicOr(&bits[b >> 5], bit) & bit)
                 err = min(err, (int)SA_ERR_DUPLICATE);
+            if (b >= visible && !cr.allow_future)
+                err = min(err, (int)SA_ERR_FUTURE_BLOCK);
         }
         __syncwarp();
         // Clear only the words this row touched: rows are short, bitmaps may be long.
@@ -127,7 +147,8 @@ int verdict_for_this_thread(Verdict **out)
 
 // Enqueues the check of `rows` rows on `stream`; the verdict lands in *flag (0 = valid).
 int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, int max_blocks,
-                 int kv_blocks, int allow_empty, cudaStream_t stream, const int **flag)
+                 int kv_blocks, int allow_empty, const CausalRule &cr, cudaStream_t stream,
+                 const int **flag)
 {
     const size_t smem = (size_t)kWarpsPerBlock * ((kv_blocks + 31) / 32) * sizeof(unsigned int);
     if (smem > 48 * 1024)
@@ -140,7 +161,7 @@ int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, 
     const int grid = (int)(blocks < 4096 ? blocks : 4096);
     *v->host = kPending; // the previous check on this thread has been finished (synchronized)
     validate_rows_kernel<<<grid, kWarpsPerBlock * kWarp, smem, stream>>>(
-        indices, counts, rows, max_blocks, kv_blocks, allow_empty, v->error,
+        indices, counts, rows, max_blocks, kv_blocks, allow_empty, cr, v->error,
         reinterpret_cast<unsigned int *>(v->error + 1), v->dev, v->host_dev);
     if (cudaGetLastError() != cudaSuccess)
         return SA_ERR_CUDA;
@@ -151,14 +172,22 @@ int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, 
 
 } // namespace
 
-extern "C" int sa_validate_tile_lists_enqueue(const sa_shape *s, const sa_tile_lists *l,
-                                              int allow_empty, void *stream, const int **flag)
+extern "C" int sa_validate_tile_lists_enqueue_opts(const sa_shape *s, const sa_tile_lists *l,
+                                                   int allow_empty, int causal, int allow_future,
+                                                   void *stream, const int **flag)
 {
     int err = sa_tile_lists_check_args(s, l);
     if (err)
         return err;
+    const CausalRule cr = {causal, allow_future, sa_q_tiles(s), s->len_q, s->len_kv};
     return enqueue_rows(l->indices, l->counts, (long long)sa_tile_rows(s, l), l->max_blocks,
-                        sa_kv_blocks(s), allow_empty, (cudaStream_t)stream, flag);
+                        sa_kv_blocks(s), allow_empty, cr, (cudaStream_t)stream, flag);
+}
+
+extern "C" int sa_validate_tile_lists_enqueue(const sa_shape *s, const sa_tile_lists *l,
+                                              int allow_empty, void *stream, const int **flag)
+{
+    return sa_validate_tile_lists_enqueue_opts(s, l, allow_empty, 0, 0, stream, flag);
 }
 
 extern "C" int sa_validate_finish(const int *flag, void *stream)
@@ -200,6 +229,7 @@ extern "C" int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists 
         return SA_ERR_ARG;
     const int *flag;
     err = enqueue_rows(l->indices, l->counts, (long long)sa_query_rows(s), l->max_blocks,
-                       sa_kv_blocks(s), allow_empty, (cudaStream_t)stream, &flag);
+                       sa_kv_blocks(s), allow_empty, CausalRule{0, 0, 1, s->len_q, s->len_kv},
+                       (cudaStream_t)stream, &flag);
     return err ? err : sa_validate_finish(flag, (cudaStream_t)stream);
 }

@@ -8,7 +8,10 @@
  *      (sa_pdl.cuh): the kernel may be scheduled while the check finishes, calls sa_pdl_wait()
  *      and then reads *verdict, and exits, writing nothing, if it is not 0;
  *   3. sa_validate_finish(verdict, stream): synchronizes the stream and returns the verdict.
- * The verdict is per host thread: finish it before the next enqueue on the same thread. */
+ * The verdict is per host thread: finish it before the next enqueue on the same thread.
+ * The _opts form also takes the causal rules (docs/api.md, "Causal attention"): a block after its
+ * tile's last visible key is SA_ERR_FUTURE_BLOCK unless allow_future, and a row that sees no key
+ * may be empty even without allow_empty, as sa_tile_lists_check_opts has them. */
 #ifndef SA_VALIDATE_H
 #define SA_VALIDATE_H
 #include "sparseattn.h"
@@ -17,6 +20,9 @@ extern "C" {
 #endif
 int sa_validate_tile_lists_enqueue(const sa_shape *s, const sa_tile_lists *l, int allow_empty,
                                    void *stream, const int **verdict);
+int sa_validate_tile_lists_enqueue_opts(const sa_shape *s, const sa_tile_lists *l,
+                                        int allow_empty, int causal, int allow_future,
+                                        void *stream, const int **verdict);
 int sa_validate_finish(const int *verdict, void *stream);
 #ifdef __cplusplus
 }
