@@ -173,19 +173,27 @@ __device__ __forceinline__ Tile tile_of(const Params &p, int item, int c)
 enum ConsumerRec { C_COUNT, C_M, C_BASE, C_JP, C_PAD, C_NEXT, C_TILE, C_ROW };
 
 // Step 4's mask of half h of the j-th block of this warpgroup's row: the partial final block's
-// columns past its valid keys and, causally, each row's columns past its last visible key.
-// Blocks that need neither (all of them but the diagonal and the final one) pay one compare.
+// columns past its valid keys and, in the causal kernel, each row's columns past its last
+// visible key. Blocks that need neither (all of them but the diagonal and the final one) pay a
+// compare; the non-causal kernel is the one without causal masks, unchanged by them.
+template <bool CAUSAL>
 __device__ __forceinline__ void mask_if_needed(const Params &p, const int32_t *rec,
                                                float (&sc)[64], int j, int h, int warp, int lane)
 {
+    if (!CAUSAL) {
+        if (j == rec_get(rec, C_JP))
+            mask_tail(sc, p.tail, lane);
+        return;
+    }
     const int valid = j == rec_get(rec, C_JP) ? p.tail : TILE;
-    int d = DIAG_ALL;
-    if (p.causal)
-        d = diag_of(1, p.q_off, rec_get(rec, C_TILE), rec_get_ptr(rec, C_ROW)[j]) + 64 * h;
+    const int d =
+        diag_of(1, p.q_off, rec_get(rec, C_TILE), rec_get_ptr(rec, C_ROW)[j]) + 64 * h;
     if (valid < TILE || d < DIAG_ALL)
         mask_block(sc, valid, d, warp, lane);
 }
 
+// CAUSAL: a->causal (one instantiation each, so the non-causal kernel carries no causal code).
+template <bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1)
     block_sparse_kernel(const __grid_constant__ CUtensorMap map_q,
                         const __grid_constant__ CUtensorMap map_k,
@@ -354,8 +362,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             rec_put(rec, C_JP, jp, lane);
             rec_put(rec, C_PAD, item_turns - my_turns, lane);
             rec_put(rec, C_NEXT, base + 2 * plan_loads(pl), lane); // a K and a V tile per load
-            rec_put(rec, C_TILE, tile_of(p, item, c).tile, lane);
-            rec_put_ptr(rec, C_ROW, c ? pl.row1 : pl.row0, lane);
+            if (CAUSAL) {
+                rec_put(rec, C_TILE, tile_of(p, item, c).tile, lane);
+                rec_put_ptr(rec, C_ROW, c ? pl.row1 : pl.row0, lane);
+            }
             __syncwarp();
         }
 
@@ -392,8 +402,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 sa_wgmma_commit();
                 turn_pass(c);
                 sa_wgmma_wait<0>();
-                mask_if_needed(p, rec, sc, 0, 0, warp, lane);
-                softmax_half<true>(sc, o[0], row_max[0], row_sum[0], pa);
+                mask_if_needed<CAUSAL>(p, rec, sc, 0, 0, warp, lane);
+                softmax_half<CAUSAL>(sc, o[0], row_max[0], row_sum[0], pa);
             }
             for (int j = 0; j < rec_get(rec, C_COUNT); j++) {
                 // Tile positions of this block's K and V and of the next block's K (RING
@@ -425,8 +435,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 warp_arrive(&sm.kv_free[sk][c], lane);
                 if (j == rec_get(rec, C_COUNT) - 1)
                     warp_arrive(&sm.q_free[c], lane);
-                mask_if_needed(p, rec, sc, j, 1, warp, lane);
-                softmax_half<true>(sc, o[1], row_max[1], row_sum[1], pa);
+                mask_if_needed<CAUSAL>(p, rec, sc, j, 1, warp, lane);
+                softmax_half<CAUSAL>(sc, o[1], row_max[1], row_sum[1], pa);
 
                 if (j + 1 < rec_get(rec, C_COUNT)) {
                     // ---- turn: PV of half 1 of tile j, S of half 0 of tile j+1 (steps 5-8)
@@ -441,8 +451,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                     sa_wgmma_commit();
                     turn_pass(c);
                     sa_wgmma_wait<0>();
-                    mask_if_needed(p, rec, sc, j + 1, 0, warp, lane);
-                    softmax_half<true>(sc, o[0], row_max[0], row_sum[0], pa);
+                    mask_if_needed<CAUSAL>(p, rec, sc, j + 1, 0, warp, lane);
+                    softmax_half<CAUSAL>(sc, o[0], row_max[0], row_sum[0], pa);
                 } else {
                     // ---- the item's last turn: PV of half 1 of the last tile
                     turn_wait(c);
@@ -471,7 +481,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
                     // A row that saw no key (causal: every listed block after its last visible
                     // key) has sum 0: O = 0, LSE = -inf.
-                    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+                    const float inv = !CAUSAL || sum > 0.f ? 1.f / sum : 0.f;
                     const int r = h * 64 + warp * 16 + lane / 4 + 8 * i;
                     const size_t row = row0 + r;
                     uint4 *dst = reinterpret_cast<uint4 *>(p.o + row * HEAD_DIM) + (lane % 4);
@@ -489,8 +499,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                             dst[4 * g] = make_uint4(a[0], a[1], a[2], a[3]);
                     }
                     if (p.lse && lane % 4 == 0 && r < rows)
-                        p.lse[row] = sum > 0.f ? (row_max[h][i] + __log2f(sum)) * LN2
-                                               : -CUDART_INF_F;
+                        p.lse[row] = !CAUSAL || sum > 0.f ? (row_max[h][i] + __log2f(sum)) * LN2
+                                                          : -CUDART_INF_F;
                 }
             }
         } else {
@@ -577,11 +587,12 @@ extern "C" int sa_stage15_launch(const sa_gpu_attn *a)
         return SA_ERR_UNSUPPORTED;
     p.items = (int)items;
 
-    SA_CUDA_TRY(cudaFuncSetAttribute(block_sparse_kernel,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_BYTES));
+    auto kernel = a->causal ? block_sparse_kernel<true> : block_sparse_kernel<false>;
+    SA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)SMEM_BYTES));
     const int grid = p.items < sms ? p.items : sms;
     // Behind the list check, a programmatic dependent launch: no launch gap after the check.
-    SA_CUDA_TRY(sa_launch_pdl(block_sparse_kernel, verdict != nullptr, grid, THREADS, SMEM_BYTES,
+    SA_CUDA_TRY(sa_launch_pdl(kernel, verdict != nullptr, grid, THREADS, SMEM_BYTES,
                               (cudaStream_t)a->stream, maps.q, maps.k, maps.v, p));
     if (!verdict)
         return SA_OK;
