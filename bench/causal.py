@@ -36,17 +36,19 @@ TOPK = P.SPARSE_K
 
 
 def causal_stage(sa):
-    """The first registered sparse stage whose check accepts causal (a probe of its check);
-    sa: the sparseattn package (P.import_sparseattn)."""
-    for st in sa.stages():
-        if not st.sparse:
-            continue
+    """The registry's default tile-list stage when its check accepts causal (a probe of its
+    check), else the first sparse stage that does (stages 15 and 16 mask causally too, but the
+    default is the fast one); sa: the sparseattn package (P.import_sparseattn)."""
+    def accepts(st):
         a = sa._gpu.gpu_attn_default()
         a.shape = sa._capi.SaShape(1, 1, 1, 128, 128, 128)
         a.q = a.k = a.v = a.o = 1 << 20  # aligned non-NULL addresses: check() reads nothing
         a.lists = sa._capi.SaTileLists(1 << 20, None, 1, 1)
         a.causal = 1
-        if st.check(a) == 0:
+        return st.check(a) == 0
+    sparse = [st for st in sa.stages() if st.sparse]
+    for st in sorted(sparse, key=lambda st: not st.default_tile):
+        if accepts(st):
             return st
     return None
 
