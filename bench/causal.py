@@ -35,7 +35,7 @@ TILE = P.TILE
 TOPK = P.SPARSE_K
 
 
-def causal_stage(sa):
+def causal_stage(sa, stage_id=None):
     """The registry's default tile-list stage when its check accepts causal (a probe of its
     check), else the first sparse stage that does (stages 15 and 16 mask causally too, but the
     default is the fast one); sa: the sparseattn package (P.import_sparseattn)."""
@@ -46,7 +46,7 @@ def causal_stage(sa):
         a.lists = sa._capi.SaTileLists(1 << 20, None, 1, 1)
         a.causal = 1
         return st.check(a) == 0
-    sparse = [st for st in sa.stages() if st.sparse]
+    sparse = [st for st in sa.stages() if st.sparse and stage_id in (None, st.id)]
     for st in sorted(sparse, key=lambda st: not st.default_tile):
         if accepts(st):
             return st
@@ -483,6 +483,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--stage", type=int, metavar="ID",
+                    help="our stage (a sparse stage that masks causally; default: the registry's "
+                         "default tile stage)")
     ap.add_argument("--self-test", action="store_true",
                     help="check the causal lists, the FA4 metadata and the Flex mask against a "
                          "plain masked softmax on small cases (torch on the CPU; no GPU or "
@@ -504,9 +507,10 @@ def main(argv=None):
         P.log("causal: cannot use %s through the sparseattn package: %s"
               % (args.lib, " ".join(str(e).split())))
         return 1
-    st = causal_stage(sa)
+    st = causal_stage(sa, args.stage)
     if st is None:
-        P.log("causal: no registered stage accepts causal")
+        P.log("causal: %s accepts causal" % ("no registered stage" if args.stage is None
+                                               else "stage %d is not a sparse stage that" % args.stage))
         return 1
     P.log("causal: our stage %d %s" % (st.id, st.name))
     verdict = sa.Verdict()
