@@ -116,31 +116,6 @@ __device__ __forceinline__ Tile tile_of(const Params &p, int item, int c)
     return {bg * p.group + min(h, p.group - 1), h < p.group ? tile : p.q_tiles};
 }
 
-// A consumer warp's item record (Smem::rec): the count of its tile, the alternation length m, the
-// first load of the item (base), the slot of the partial block (jp), the empty turns to take
-// after the tile's own, the next item's base, and for causal masks the Q tile and its list row.
-enum ConsumerRec { C_COUNT, C_M, C_BASE, C_JP, C_PAD, C_NEXT, C_TILE, C_ROW };
-
-// Step 4's mask of half h of the j-th block of this warpgroup's row: the partial final block's
-// columns past its valid keys and, in the causal kernel, each row's columns past its last
-// visible key. Blocks that need neither (all of them but the diagonal and the final one) pay a
-// compare; the non-causal kernel is the one without causal masks, unchanged by them.
-template <bool CAUSAL>
-__device__ __forceinline__ void mask_if_needed(const Params &p, const int32_t *rec,
-                                               float (&sc)[64], int j, int h, int warp, int lane)
-{
-    if (!CAUSAL) {
-        if (j == rec_get(rec, C_JP))
-            mask_tail(sc, p.tail, lane);
-        return;
-    }
-    const int valid = j == rec_get(rec, C_JP) ? p.tail : TILE;
-    const int d =
-        diag_of(1, p.q_off, rec_get(rec, C_TILE), rec_get_ptr(rec, C_ROW)[j]) + 64 * h;
-    if (valid < TILE || d < DIAG_ALL)
-        mask_block(sc, valid, d, warp, lane);
-}
-
 // CAUSAL: a->causal (one instantiation each, so the non-causal kernel carries no causal code).
 template <bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1)

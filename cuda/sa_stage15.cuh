@@ -19,6 +19,8 @@
 //   diag_of, mask_block           visible to a tile's rows, and the mask of a diagonal or partial
 //                                 block (stage 15 took causal in session 5; stage 17 had it first
 //                                 and shares these).
+//   ConsumerRec, mask_if_needed   the consumers' item record of stages 15 and 16 and their step-4
+//                                 mask of a block.
 // list_row, plan_item and load_tile take the calling stage's Params or Smem as a template
 // argument: they read only the fields every stage from 15 on declares alike. Everything is in an
 // anonymous namespace and inline, as it was in the stage files: nothing here is exported.
@@ -144,6 +146,32 @@ __device__ __forceinline__ void mask_block(float (&sc)[64], int valid, int d, in
                 if (8 * jj + 2 * (lane % 4) + e > lim)
                     sc[4 * jj + 2 * i + e] = -CUDART_INF_F;
     }
+}
+
+// A consumer warp's item record (Smem::rec): the count of its tile, the alternation length m, the
+// first load of the item (base), the slot of the partial block (jp), the empty turns to take
+// after the tile's own, the next item's base, and for causal masks the Q tile and its list row.
+enum ConsumerRec { C_COUNT, C_M, C_BASE, C_JP, C_PAD, C_NEXT, C_TILE, C_ROW };
+
+// Step 4's mask of half h of the j-th block of a consumer's row: the partial final block's
+// columns past its valid keys and, in the causal kernel, each row's columns past its last
+// visible key. Blocks that need neither (all of them but the diagonal and the final one) pay a
+// compare; the non-causal kernel is the one without causal masks, unchanged by them.
+// StageParams: the calling stage's Params (tail, q_off).
+template <bool CAUSAL, class StageParams>
+__device__ __forceinline__ void mask_if_needed(const StageParams &p, const int32_t *rec,
+                                               float (&sc)[64], int j, int h, int warp, int lane)
+{
+    if (!CAUSAL) {
+        if (j == rec_get(rec, C_JP))
+            mask_tail(sc, p.tail, lane);
+        return;
+    }
+    const int valid = j == rec_get(rec, C_JP) ? p.tail : TILE;
+    const int d =
+        diag_of(1, p.q_off, rec_get(rec, C_TILE), rec_get_ptr(rec, C_ROW)[j]) + 64 * h;
+    if (valid < TILE || d < DIAG_ALL)
+        mask_block(sc, valid, d, warp, lane);
 }
 
 // gridDim.x read where it is used: hoisted, it would cost the producer a register it lacks.
