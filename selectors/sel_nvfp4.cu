@@ -278,6 +278,9 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     if (c.dim > SEL_CUDA_NVFP4_MAX_DIM || c.kv_blocks > SEL_CUDA_MAX_BLOCKS ||
         !sel_aligned16(c.q) || !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;
+    int sms = 0, major = 0;
+    if ((err = sa_cuda_device_info(&sms, &major))) // SA_ERR_NO_DEVICE before any allocation
+        return err;
     cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
     // Scored heads c.qh (query or index heads) pair with key heads c.kh; list group g of a batch
     // takes the max over the scored heads that map to it (sel_list_qheads): heads_kv groups, or
