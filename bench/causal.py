@@ -509,8 +509,9 @@ def main(argv=None):
         return 1
     st = causal_stage(sa, args.stage)
     if st is None:
-        P.log("causal: %s accepts causal" % ("no registered stage" if args.stage is None
-                                               else "stage %d is not a sparse stage that" % args.stage))
+        what = ("no registered stage" if args.stage is None
+                else "stage %d is not a sparse stage that" % args.stage)
+        P.log("causal: %s accepts causal" % what)
         return 1
     P.log("causal: our stage %d %s" % (st.id, st.name))
     verdict = sa.Verdict()

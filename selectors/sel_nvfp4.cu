@@ -239,9 +239,10 @@ int quantize_one_async(const uint16_t *x, size_t n, unsigned *amax, int *bad, ui
 
 // Out row (b, hkv, x) <- scored row (b, hkv * groups / heads_kv, x): the KV heads that share an
 // index head get its list.
-__global__ void replicate_kernel(const int32_t *__restrict__ src_idx, const int32_t *__restrict__ src_cnt,
-                                 int32_t *__restrict__ idx, int32_t *__restrict__ cnt, size_t rows,
-                                 int per_bh, int heads_kv, int groups, int k)
+__global__ void replicate_kernel(const int32_t *__restrict__ src_idx,
+                                 const int32_t *__restrict__ src_cnt, int32_t *__restrict__ idx,
+                                 int32_t *__restrict__ cnt, size_t rows, int per_bh, int heads_kv,
+                                 int groups, int k)
 {
     const size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (e >= rows * (size_t)(k + 1))

@@ -290,7 +290,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const unsigned qb = nu % G::QB;
         sa_mbar_wait(&q_full[qb], (nu / G::QB) & 1);
         const uint32_t q_lo = sa_desc_lo(sa_smem_addr(sq + qb * G::TILE_BYTES) + wg * 64 * 128, 16);
-        auto k_lo = [&](unsigned c) { return sa_desc_lo(sk_addr + (c % G::S) * G::TILE_BYTES, 16); };
+        auto k_lo = [&](unsigned c) {
+            return sa_desc_lo(sk_addr + (c % G::S) * G::TILE_BYTES, 16);
+        };
         auto wait_full = [&](unsigned c) { sa_mbar_wait(&k_full[c % G::S], (c / G::S) & 1); };
         auto release = [&](unsigned c) {
             if (lane == 0)
@@ -428,7 +430,8 @@ extern "C" int sel_nvfp4_score_only(const uint16_t *qd, const uint16_t *kd, cons
         return SA_ERR_SHAPE;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const int groups = qh < heads_kv ? qh : heads_kv;
-    const int q_tiles = (len_q + SA_TILE - 1) / SA_TILE, kv_blocks = (len_kv + SA_TILE - 1) / SA_TILE;
+    const int q_tiles = (len_q + SA_TILE - 1) / SA_TILE;
+    const int kv_blocks = (len_kv + SA_TILE - 1) / SA_TILE;
     const size_t rows = (size_t)batch * groups * (per_query ? len_q : q_tiles);
     if (qh / groups > 1) // as the selectors: stored, not combined, with one head per group
         SA_CUDA_TRY(cudaMemsetAsync(keys, 0, rows * kv_blocks * sizeof(unsigned), st));

@@ -39,8 +39,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: sparseattn bench selectors [--reps N] [--warmup N] [--stage ID] [--seed S]\n"
             "                                  [--gemm-tflops T] [--validate] [--json]\n"
-            "                                  [--len-kv N] [--len-q N] [--batch N] [--no-pipeline]\n"
-            "                                  [--index-heads N]\n\n"
+            "                                  [--len-kv N] [--len-q N] [--batch N]\n"
+            "                                  [--no-pipeline] [--index-heads N]\n\n"
             "GPU selectors alone (median time vs the memory floor), then the selector ->\n"
             "attention pipeline's useful TFLOP/s against the attention alone, at batch %d,\n"
             "%d query heads on %d KV head, D %d, %d queries, ",
@@ -325,7 +325,8 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
                 return rc;
             }
             const int heads = pass ? ix->heads : s->heads_q;
-            const double flops = 2.0 * s->batch * heads * (double)s->len_q * s->len_kv * s->head_dim;
+            const double flops =
+                2.0 * s->batch * heads * (double)s->len_q * s->len_kv * s->head_dim;
             const double flop_ms = bench_flop_ms(flops, f->gemm_tflops);
             const double tf = bench_tflops(flops, t.median_ms);
             if (f->json) {

@@ -44,8 +44,9 @@ static inline int run_gpu_selector(const sa_selector *sel, const sa_shape *s, co
 {
     const size_t rows = sel_rows(sel, s), n = rows * p->k;
     /* Index vectors have index_heads heads each when set (sa_select_params.index_heads). */
-    const size_t qi = (size_t)s->batch * (p->index_heads ? p->index_heads : s->heads_q) * s->len_q;
-    const size_t ki = (size_t)s->batch * (p->index_heads ? p->index_heads : s->heads_kv) * s->len_kv;
+    const int qh = p->index_heads ? p->index_heads : s->heads_q;
+    const int kh = p->index_heads ? p->index_heads : s->heads_kv;
+    const size_t qi = (size_t)s->batch * qh * s->len_q, ki = (size_t)s->batch * kh * s->len_kv;
     sa_select_params dp = *p;
     uint16_t *dq = dev_from_host(q, sa_q_elems(s) * 2), *dk = dev_from_host(k, sa_kv_elems(s) * 2);
     dp.q_index = dev_from_host(p->q_index, qi * p->index_dim * 2);

@@ -925,7 +925,8 @@ START_TEST(test_nvfp4_verdict)
     ck_assert(hq && hk);
     sa_rng_fill_bf16(&r, hq, sa_q_elems(&s), 1.0f);
     sa_rng_fill_bf16(&r, hk, sa_kv_elems(&s), 1.0f);
-    uint16_t *dq = dev_from_host(hq, sa_q_elems(&s) * 2), *dk = dev_from_host(hk, sa_kv_elems(&s) * 2);
+    uint16_t *dq = dev_from_host(hq, sa_q_elems(&s) * 2);
+    uint16_t *dk = dev_from_host(hk, sa_kv_elems(&s) * 2);
     sa_gpu_verdict *v = NULL;
     ck_assert_int_eq(sa_gpu_verdict_create(&v), SA_OK);
     const size_t max_rows = (size_t)s.len_q, kk = 3;
