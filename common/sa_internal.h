@@ -14,17 +14,23 @@ int sa_query_lists_check_args(const sa_shape *s, const sa_query_lists *l);
  * public sa_causal_* check it first). Query i's last visible key is i + (len_kv - len_q): at
  * most len_kv - 1, negative when the query sees no key (len_q > len_kv). A tile's last valid row
  * is min(128 t + 127, len_q - 1). A last key `last` makes blocks [0, sa_geo_blocks(last))
- * visible. Every value fits int. */
-static inline int sa_geo_last_key(const sa_shape *s, int i)
+ * visible. Every value fits int. Host and device functions under nvcc, so the GPU list check
+ * (cuda/sa_validate.cu) computes a row's visible blocks as the host validators do. */
+#ifdef __CUDACC__
+#define SA_GEO_FN static inline __host__ __device__
+#else
+#define SA_GEO_FN static inline
+#endif
+SA_GEO_FN int sa_geo_last_key(const sa_shape *s, int i)
 {
     return (int)((int64_t)i + s->len_kv - s->len_q);
 }
-static inline int sa_geo_tile_last_row(const sa_shape *s, int t)
+SA_GEO_FN int sa_geo_tile_last_row(const sa_shape *s, int t)
 {
     int64_t row = (int64_t)t * SA_TILE + SA_TILE - 1;
     return row < s->len_q ? (int)row : s->len_q - 1;
 }
-static inline int sa_geo_blocks(int last)
+SA_GEO_FN int sa_geo_blocks(int last)
 {
     return last < 0 ? 0 : last / SA_TILE + 1;
 }

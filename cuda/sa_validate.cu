@@ -28,9 +28,11 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kWarp = 32;
 
-// Causal rules of tile rows (rows of q_tiles tiles): the blocks [0, visible) a tile sees.
+// Causal rules of tile rows (rows of q_tiles tiles of shape s): the blocks [0, visible) a tile
+// sees, by the host validators' own geometry (sa_geo_*, sa_internal.h).
 struct CausalRule {
-    int causal, allow_future, q_tiles, len_q, len_kv;
+    int causal, allow_future, q_tiles;
+    sa_shape s;
 };
 
 __device__ __forceinline__ int visible_blocks(const CausalRule &cr, long long row, int kv_blocks)
@@ -38,9 +40,7 @@ __device__ __forceinline__ int visible_blocks(const CausalRule &cr, long long ro
     if (!cr.causal)
         return kv_blocks;
     const int t = (int)(row % cr.q_tiles);
-    const long long last_row = min((long long)t * 128 + 127, (long long)cr.len_q - 1);
-    const long long last_key = last_row + cr.len_kv - cr.len_q;
-    return last_key < 0 ? 0 : (int)(last_key / 128) + 1;
+    return sa_geo_blocks(sa_geo_last_key(&cr.s, sa_geo_tile_last_row(&cr.s, t)));
 }
 
 __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
@@ -179,7 +179,7 @@ extern "C" int sa_validate_tile_lists_enqueue_opts(const sa_shape *s, const sa_t
     int err = sa_tile_lists_check_args(s, l);
     if (err)
         return err;
-    const CausalRule cr = {causal, allow_future, sa_q_tiles(s), s->len_q, s->len_kv};
+    const CausalRule cr = {causal, allow_future, sa_q_tiles(s), *s};
     return enqueue_rows(l->indices, l->counts, (long long)sa_tile_rows(s, l), l->max_blocks,
                         sa_kv_blocks(s), allow_empty, cr, (cudaStream_t)stream, flag);
 }
@@ -229,7 +229,7 @@ extern "C" int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists 
         return SA_ERR_ARG;
     const int *flag;
     err = enqueue_rows(l->indices, l->counts, (long long)sa_query_rows(s), l->max_blocks,
-                       sa_kv_blocks(s), allow_empty, CausalRule{0, 0, 1, s->len_q, s->len_kv},
+                       sa_kv_blocks(s), allow_empty, CausalRule{0, 0, 1, *s},
                        (cudaStream_t)stream, &flag);
     return err ? err : sa_validate_finish(flag, (cudaStream_t)stream);
 }
