@@ -356,9 +356,13 @@ int choose_chunk(const SelScoreShape &sh, int sms)
     int best = 1;
     double best_cost = INFINITY;
     for (int c = 1; c <= kMaxChunk && c <= sh.kv_blocks; c++) {
-        long long units = 0;
-        for (int t = 0; t < sh.q_tiles; t++)
-            units += (sel_row_of(tile_rule, t).n + c - 1) / c;
+        // Every tile sees every block unless causal: then each tile its own prefix.
+        long long units = (long long)sh.q_tiles * ((sh.kv_blocks + c - 1) / c);
+        if (sh.causal) {
+            units = 0;
+            for (int t = 0; t < sh.q_tiles; t++)
+                units += (sel_row_of(tile_rule, t).n + c - 1) / c;
+        }
         units *= heads;
         if (units == 0)
             return 1;
