@@ -139,6 +139,11 @@
 #ifndef SA_STAGE17_ARM_WAIT
 #define SA_STAGE17_ARM_WAIT 1
 #endif
+// Which launches take the dynamic schedule (WORK, version 3): 0 none, 1 causal ones, 2 all.
+// A/B variant.
+#ifndef SA_STAGE17_DYNAMIC
+#define SA_STAGE17_DYNAMIC 1
+#endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
 #endif
@@ -157,6 +162,11 @@ constexpr bool PINGPONG = SA_STAGE17_PINGPONG != 0; // turns between the consume
 constexpr int HALVES = 2;                           // consumer warpgroups = 64-row halves of a tile
 constexpr int NTHREADS = 128 * (1 + HALVES);
 constexpr int FREE_ARRIVALS = 4 * HALVES; // one per consumer warp
+// Dynamic order: heads per chunk (rounded up to whole GQA groups). Within a chunk the tiles go
+// longest first; a chunk's K/V (a few MB) stays in L2 while its tiles run.
+constexpr int CHUNK_HEADS = 8;
+// The item record's value that tells the consumers the CTA has no more items.
+constexpr int NO_ITEM = -1;
 // A row whose list fails the check gets NaN (BF16 0x7FC0, FP32 quiet NaN) in O and LSE.
 constexpr uint32_t BF16X2_NAN = 0x7FC07FC0u;
 
@@ -168,7 +178,7 @@ struct alignas(1024) Smem {
     uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], k_free[KV_STAGES], v_free[KV_STAGES];
     int32_t k_valid[KV_STAGES]; // valid keys of the block in K stage s (128 unless partial)
     int32_t k_blk[KV_STAGES];   // the block in K stage s (causal_diag needs it)
-    int32_t count[Q_BUFFERS], error[Q_BUFFERS]; // the item record, beside its Q buffer
+    int32_t item[Q_BUFFERS], count[Q_BUFFERS], error[Q_BUFFERS]; // the item record, beside its Q buffer
 };
 constexpr size_t SMEM_BYTES = sizeof(Smem) + 1024; // + room to align the dynamic base
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over the sm_90 per-block limit");
@@ -189,6 +199,9 @@ struct Params {
     int q_off; // len_kv - len_q: query i sees key j when j <= i + q_off (causal)
     int allow_empty;
     int *verdict; // where a bad row's code goes (atomicMin); non-NULL when check = 1
+    int *sched;   // the work counter (dynamic schedule), NULL: static (WORK)
+    int chunk;    // heads per chunk of the dynamic order, a multiple of group
+    int chunk_items, heads; // chunk * q_tiles; B * Hq
 };
 
 // Where an item lives: the flattened (batch, head_q) index and the Q tile.
@@ -198,6 +211,15 @@ struct Item {
 __device__ __forceinline__ Item item_at(const Params &p, int item)
 {
     const unsigned it = item, group = p.group, q_tiles = p.q_tiles; // all >= 0
+    if (p.sched) {
+        // Dynamic order: chunks of p.chunk heads (the last one may be smaller); inside a chunk
+        // tile-major with the head innermost, the tiles longest first when causal.
+        const unsigned k = it / (unsigned)p.chunk_items, h0 = k * p.chunk;
+        const unsigned width = min((unsigned)p.chunk, p.heads - h0);
+        const unsigned r = it - k * p.chunk_items;
+        const int t = (int)(r / width);
+        return {(int)(h0 + r % width), p.causal ? p.q_tiles - 1 - t : t};
+    }
     const unsigned rest = it / group;
     // (b * Hkv + g) * group + h = b * Hq + g * group + h. Causally the last tiles see the most
     // blocks: they go first, so the short items fill the end of the persistent schedule.
@@ -419,7 +441,28 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_tma_prefetch_map(&map_v);
         }
         uint32_t q_uses = 0, kv_n = 0;
-        for (int item = blockIdx.x; item < p.items; item += grid_size()) {
+        for (int next = blockIdx.x;; next += grid_size()) {
+            int item = next;
+            if (p.sched) {
+                // One fetch per item and one that fails per CTA: items + grid fetches in all.
+                // The last of them is the launch's last use of the counter: it resets it.
+                if (lane == 0) {
+                    item = atomicAdd(p.sched, 1);
+                    if (item == p.items + (int)gridDim.x - 1)
+                        atomicExch(p.sched, 0);
+                }
+                item = __shfl_sync(0xffffffffu, item, 0);
+            }
+            if (item >= p.items) {
+                // The end record: consumers leave when they read it.
+                const int qb = q_uses % Q_BUFFERS;
+                sa_mbar_wait(&sm.q_free[qb], ((q_uses / Q_BUFFERS) & 1) ^ 1);
+                if (lane == 0) {
+                    sm.item[qb] = NO_ITEM;
+                    sa_mbar_arrive(&sm.q_ready[qb]);
+                }
+                break;
+            }
             const Item it = item_at(p, item);
             int raw;
             const int32_t *row = row_of(p, it, &raw);
@@ -431,6 +474,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int qb = q_uses % Q_BUFFERS;
             sa_mbar_wait(&sm.q_free[qb], ((q_uses / Q_BUFFERS) & 1) ^ 1);
             if (lane == 0) {
+                sm.item[qb] = item;
                 sm.count[qb] = count;
                 sm.error[qb] = err;
                 if (count > 0) {
@@ -490,10 +534,13 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         turn_pass(c); // warpgroup 0 takes the first turn
 
     uint32_t q_uses = 0, kv_n = 0;
-    for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
+    for (;;) {
         const int qb = q_uses % Q_BUFFERS;
         sa_mbar_wait(&sm.q_ready[qb], (q_uses / Q_BUFFERS) & 1);
         q_uses++;
+        const int item = read_lane0(&sm.item[qb], lane);
+        if (item == NO_ITEM)
+            break; // the producer has left: nothing waits for a release of this record
         const int count = read_lane0(&sm.count[qb], lane);
         if (count == 0) {
             const int err = read_lane0(&sm.error[qb], lane);
@@ -694,6 +741,16 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
     p.allow_future = a->allow_future_blocks;
     p.q_off = s->len_kv - s->len_q; // both positive ints: the difference fits
     p.verdict = sa_verdict_word(verdict);
+    p.chunk = (CHUNK_HEADS + p.group - 1) / p.group * p.group;
+    p.heads = s->batch * s->heads_q; // items / q_tiles, below 2^31
+    const long long chunk_items = (long long)p.chunk * p.q_tiles; // at most 8 x items
+    if (chunk_items > INT32_MAX)
+        return SA_ERR_UNSUPPORTED;
+    p.chunk_items = (int)chunk_items;
+    p.sched = nullptr;
+    if (SA_STAGE17_DYNAMIC == 2 || (SA_STAGE17_DYNAMIC == 1 && a->causal))
+        if ((rc = sa_sched_counter(a->stream, &p.sched)) != SA_OK)
+            return rc;
 
     // The shared-memory opt-in, once per process (every device of this build is sm_90 with the
     // same limit; a failed attempt is retried on the next call).

@@ -34,3 +34,9 @@ int sa_tensor_maps_qkv(const sa_gpu_attn *a, uint32_t box_rows, uint32_t box_col
 
 // Multiprocessor count and compute capability of the current device; SA_ERR_NO_DEVICE if none.
 int sa_cuda_device_info(int *sms, int *cc_major);
+
+// The work counter for a dynamically scheduled launch on `stream` (stage 17, version 3): a
+// device int at 0 that the kernel leaves at 0. *out = NULL (and SA_OK) when the stream is being
+// captured or this thread has counters for too many streams: the caller then schedules
+// statically. SA_ERR_NOMEM or SA_ERR_CUDA if a new counter cannot be made.
+int sa_sched_counter(void *stream, int **out);

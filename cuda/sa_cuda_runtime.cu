@@ -85,3 +85,49 @@ int sa_tensor_maps_qkv(const sa_gpu_attn *a, uint32_t box_rows, uint32_t box_col
         return rc;
     return SA_OK;
 }
+
+// Stage 17 (version 3): the work counter of a dynamically scheduled launch. One per (thread,
+// device, stream): launches on one stream run one after another and each leaves its counter at
+// 0 (the kernel's last fetch resets it), so only concurrent launches would share one, and those
+// get different counters. A stream being captured into a graph gets none (its launches replay
+// later, possibly beside each other): the kernel then takes the static order.
+int sa_sched_counter(void *stream, int **out)
+{
+    constexpr int SLOTS = 8; // streams per thread with a counter; more fall back to static
+    struct Slot {
+        void *stream;
+        int dev;
+        int *counter;
+    };
+    static thread_local Slot slots[SLOTS];
+    static thread_local int used;
+    *out = nullptr;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    int dev = 0;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone || cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return SA_OK; // static order: correct everywhere
+    }
+    for (int i = 0; i < used; i++)
+        if (slots[i].stream == stream && slots[i].dev == dev) {
+            *out = slots[i].counter;
+            return SA_OK;
+        }
+    if (used == SLOTS)
+        return SA_OK;
+    int *counter = nullptr;
+    if (cudaMalloc(&counter, sizeof *counter) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return SA_ERR_NOMEM;
+    }
+    // On the call's stream, so it is ordered before the launch that first uses the counter.
+    if (cudaMemsetAsync(counter, 0, sizeof *counter, (cudaStream_t)stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(counter);
+        return SA_ERR_CUDA;
+    }
+    slots[used++] = {stream, dev, counter};
+    *out = counter;
+    return SA_OK;
+}

@@ -65,6 +65,53 @@ static int make_causal_lists(const causal_case *c, const sa_shape *s, int list_h
     return k;
 }
 
+/* The call again, twice on the default stream and once captured in a graph on a stream of its
+ * own: each gives the first call's output bit for bit (an item is computed the same way in any
+ * order). A work counter of the dynamic schedule left off 0 by the first call would make the
+ * repeats skip items (poison stays); a captured call takes the static order. */
+static void repeat_matches(const sa_stage *st, sa_gpu_attn *a, const sa_test_dev *d,
+                           const uint16_t *o_first, const float *lse_first, size_t nq, size_t nl,
+                           const char *what)
+{
+    uint16_t *o = malloc(nq * 2);
+    float *lse = malloc(nl * 4);
+    ck_assert(o && lse);
+    cudaStream_t stream;
+    CK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int rep = 0; rep < 3; rep++) {
+        CK_CUDA(cudaMemset(d->o, SA_POISON_BYTE, nq * 2));
+        CK_CUDA(cudaMemset(d->lse, SA_POISON_BYTE, nl * 4));
+        CK_CUDA(cudaDeviceSynchronize());
+        if (rep < 2 || !(st->roles & SA_ROLE_GPU_VERDICT)) {
+            ck_assert_int_eq(st->launch(a), SA_OK); /* stages 15/16 synchronize: no capture */
+        } else {
+            sa_gpu_attn g = *a;
+            g.stream = stream;
+            ck_assert_int_eq(sa_gpu_verdict_create(&g.verdict), SA_OK);
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            const int rc = st->launch(&g);
+            CK_CUDA(cudaStreamEndCapture(stream, &graph));
+            ck_assert_int_eq(rc, SA_OK);
+            CK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+            CK_CUDA(cudaGraphLaunch(exec, stream));
+            ck_assert_int_eq(sa_gpu_verdict_read(g.verdict, stream), SA_OK);
+            CK_CUDA(cudaGraphExecDestroy(exec));
+            CK_CUDA(cudaGraphDestroy(graph));
+            sa_gpu_verdict_destroy(g.verdict);
+        }
+        CK_CUDA(cudaDeviceSynchronize());
+        CK_CUDA(cudaMemcpy(o, d->o, nq * 2, cudaMemcpyDeviceToHost));
+        CK_CUDA(cudaMemcpy(lse, d->lse, nl * 4, cudaMemcpyDeviceToHost));
+        ck_assert_msg(!memcmp(o, o_first, nq * 2) && !memcmp(lse, lse_first, nl * 4),
+                      "stage %d %s: call %d differs from the first (seed %llu)", st->id, what,
+                      rep + 2, SEED);
+    }
+    CK_CUDA(cudaStreamDestroy(stream));
+    free(o), free(lse);
+}
+
 static void run_causal(const causal_case *c, uint64_t salt)
 {
     char what[160];
@@ -146,6 +193,7 @@ static void run_causal(const causal_case *c, uint64_t salt)
                               "stage %d %s: O[%zu] = %#x in a row that sees no key (seed %llu)",
                               st->id, what, e, o_gpu[e], SEED);
         }
+        repeat_matches(st, &a, &d, o_gpu, lse_gpu, nq, nl, what);
     }
     ck_assert_msg(tested > 0, "no registered sparse stage masks causally");
     sa_test_dev_free(&d);
