@@ -144,6 +144,17 @@
 #ifndef SA_STAGE17_DYNAMIC
 #define SA_STAGE17_DYNAMIC 1
 #endif
+// 1: every wait of this stage sleeps until its phase completes (sa_mbar_wait_sleep); 0: the
+// bare try_wait loop of stages 14-16. A/B variant.
+#ifndef SA_STAGE17_SLEEP_WAIT
+#define SA_STAGE17_SLEEP_WAIT 1
+#endif
+// 1: the consumer's half index is broadcast from lane 0, so the compiler knows it is the same in
+// the whole warp and keeps the wgmma descriptors in uniform registers; 0: derived from the
+// thread index (a descriptor then goes through two R2UR per wgmma). A/B variant.
+#ifndef SA_STAGE17_UNIFORM_HALF
+#define SA_STAGE17_UNIFORM_HALF 0
+#endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
 #endif
@@ -203,6 +214,15 @@ struct Params {
     int chunk;    // heads per chunk of the dynamic order, a multiple of group
     int chunk_items, heads; // chunk * q_tiles; B * Hq
 };
+
+// Every mbarrier wait of this stage (SA_STAGE17_SLEEP_WAIT).
+__device__ __forceinline__ void wait_phase(uint64_t *bar, uint32_t parity)
+{
+    if (SA_STAGE17_SLEEP_WAIT)
+        sa_mbar_wait_sleep(bar, parity);
+    else
+        sa_mbar_wait(bar, parity);
+}
 
 // Where an item lives: the flattened (batch, head_q) index and the Q tile.
 struct Item {
@@ -456,7 +476,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             if (item >= p.items) {
                 // The end record: consumers leave when they read it.
                 const int qb = q_uses % Q_BUFFERS;
-                sa_mbar_wait(&sm.q_free[qb], ((q_uses / Q_BUFFERS) & 1) ^ 1);
+                wait_phase(&sm.q_free[qb], ((q_uses / Q_BUFFERS) & 1) ^ 1);
                 if (lane == 0) {
                     sm.item[qb] = NO_ITEM;
                     sa_mbar_arrive(&sm.q_ready[qb]);
@@ -472,7 +492,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 atomicMin(p.verdict, err);
             // The item's Q buffer and record are free again (its previous user's last QK is done).
             const int qb = q_uses % Q_BUFFERS;
-            sa_mbar_wait(&sm.q_free[qb], ((q_uses / Q_BUFFERS) & 1) ^ 1);
+            wait_phase(&sm.q_free[qb], ((q_uses / Q_BUFFERS) & 1) ^ 1);
             if (lane == 0) {
                 sm.item[qb] = item;
                 sm.count[qb] = count;
@@ -500,13 +520,13 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                     const int s = kv_n % KV_STAGES;
                     const uint32_t par = ((kv_n / KV_STAGES) & 1) ^ 1;
                     const int krow = kv_row0 + blk * TILE;
-                    sa_mbar_wait(&sm.k_free[s], par);
+                    wait_phase(&sm.k_free[s], par);
                     sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
                     sm.k_blk[s] = blk;
                     sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
                     sa_tma_load_2d(sm.k[s], &map_k, &sm.k_ready[s], 0, krow);
                     sa_tma_load_2d(sm.k[s] + HALF_BYTES, &map_k, &sm.k_ready[s], HALF_COLS, krow);
-                    sa_mbar_wait(&sm.v_free[s], par);
+                    wait_phase(&sm.v_free[s], par);
                     sa_mbar_arrive_expect_tx(&sm.v_ready[s], TILE_BYTES);
                     sa_tma_load_2d(sm.v[s], &map_v, &sm.v_ready[s], 0, krow);
                     sa_tma_load_2d(sm.v[s] + HALF_BYTES, &map_v, &sm.v_ready[s], HALF_COLS, krow);
@@ -518,7 +538,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
     // ---------------------------------------------------------------- consumers
     sa_setmaxnreg_inc<CONSUMER_REGS>();
-    const int c = wg - 1; // which 64-row half of the tile this warpgroup owns
+    // Which 64-row half of the tile this warpgroup owns (SA_STAGE17_UNIFORM_HALF).
+    const int c = (SA_STAGE17_UNIFORM_HALF ? __shfl_sync(0xffffffffu, wg, 0) : wg) - 1;
     const int t = threadIdx.x % 128;
     const int warp = t / 32, lane = t % 32;
     // Descriptors of this warpgroup's Q rows and of stage 0's K and V; a k-step or another
@@ -536,7 +557,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     uint32_t q_uses = 0, kv_n = 0;
     for (;;) {
         const int qb = q_uses % Q_BUFFERS;
-        sa_mbar_wait(&sm.q_ready[qb], (q_uses / Q_BUFFERS) & 1);
+        wait_phase(&sm.q_ready[qb], (q_uses / Q_BUFFERS) & 1);
         q_uses++;
         const int item = read_lane0(&sm.item[qb], lane);
         if (item == NO_ITEM)
@@ -573,7 +594,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int s = kv_n % KV_STAGES;
             uint32_t q_desc = q_desc0 + qb * STAGE_STEP, k_desc = k_desc0 + s * STAGE_STEP;
             asm volatile("" : "+r"(q_desc), "+r"(k_desc));
-            sa_mbar_wait(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
+            wait_phase(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
             const int valid = read_lane0(&sm.k_valid[s], lane);
             const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
             turn_begin(c);
@@ -601,10 +622,10 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(v_desc));
 
             // ---- steps 1-2: S of block j and PV of block j-1 in one turn
-            sa_mbar_wait(&sm.k_ready[s], (n / KV_STAGES) & 1);
+            wait_phase(&sm.k_ready[s], (n / KV_STAGES) & 1);
             const int valid = read_lane0(&sm.k_valid[s], lane);
             const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
-            sa_mbar_wait(&sm.v_ready[s_prev], ((n - 1) / KV_STAGES) & 1);
+            wait_phase(&sm.v_ready[s_prev], ((n - 1) / KV_STAGES) & 1);
             turn_begin(c);
             sa_wgmma_fence();
             issue_qk(sc, q_desc, k_desc);
@@ -640,7 +661,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int s = n % KV_STAGES;
             uint32_t v_desc = v_desc0 + s * STAGE_STEP;
             asm volatile("" : "+r"(v_desc));
-            sa_mbar_wait(&sm.v_ready[s], (n / KV_STAGES) & 1);
+            wait_phase(&sm.v_ready[s], (n / KV_STAGES) & 1);
             turn_begin(c);
             sa_wgmma_fence();
             issue_pv(o, pa, v_desc);

@@ -51,3 +51,22 @@ __device__ __forceinline__ void sa_mbar_wait(uint64_t *bar, uint32_t parity)
                  "r"(parity)
                  : "memory");
 }
+
+// Stage 17 (version 3): the wait with a suspend-time hint. A bare try_wait returns after a short
+// hardware-chosen while, so a waiter that waits a whole KV block (the producer on a free slot)
+// spins about a hundred times per block and takes issue slots from the consumer warp on its
+// scheduler. With the hint the thread sleeps until the phase completes or the hint (in ns) runs
+// out; the loop only guards that limit.
+constexpr uint32_t SA_MBAR_SUSPEND_NS = 10000000u;
+__device__ __forceinline__ void sa_mbar_wait_sleep(uint64_t *bar, uint32_t parity)
+{
+    uint32_t addr = sa_smem_addr(bar);
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "SA_SLEEP_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+                 "@!done bra SA_SLEEP_WAIT_%=;\n"
+                 "}\n" ::"r"(addr),
+                 "r"(parity), "r"(SA_MBAR_SUSPEND_NS)
+                 : "memory");
+}

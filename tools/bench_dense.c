@@ -2,6 +2,9 @@
  * three dense shapes of the original lineage, in TFLOP/s next to the floors:
  *   FLOP floor = 4*B*H*Sq*Skv*D / GEMM rate (--gemm-tflops, default measured through PyTorch),
  *   byte floor = (Q + K + V + O + LSE bytes) / copy bandwidth measured in this run.
+ * After the dense stages, the registry's default tile-list stage with every KV block listed for
+ * every Q tile ("all blocks": dense attention through the sparse kernel, validated as by
+ * default), which issue #13 compares with the dense peers.
  * One line per (stage, shape); --json gives one JSON object per line instead. */
 #include "bench_gpu.h"
 #include "shapes.h" /* bench/shapes.h: the shapes, shared with bench/peers.py */
@@ -15,7 +18,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: sparseattn bench dense [flags]\n"
-            "  --stage ID        only this dense stage (default: every dense stage registered)\n"
+            "  --stage ID        only this stage (default: every dense stage registered, then\n"
+            "                    the default tile-list stage with every block listed)\n"
             "  --reps N          timed launches per (stage, shape), median reported (default 30)\n"
             "  --warmup N        untimed launches first (default 5, at least one per input set)\n"
             "  --gemm-tflops X   bf16 GEMM rate for the FLOP floor (default %.0f: 8192^3\n"
@@ -50,24 +54,28 @@ static sa_shape dense_shape(int i)
     return s;
 }
 
-static void print_head(const bench_flags *f, const sa_stage *st, const sa_shape *s)
+/* all_blocks: a tile-list stage with every block listed (the line says so). */
+static void print_head(const bench_flags *f, const sa_stage *st, const sa_shape *s, int all_blocks)
 {
     if (f->json) {
-        printf("{\"bench\":\"dense\",\"kind\":\"stage\",\"stage_id\":%d,\"stage\":", st->id);
+        printf("{\"bench\":\"dense\",\"kind\":\"%s\",\"stage_id\":%d,\"stage\":",
+               all_blocks ? "all_blocks" : "stage", st->id);
         bench_json_str(st->name);
         printf(",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"Sq\":%d,\"Skv\":%d,\"D\":%d", s->batch,
                s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim);
     } else {
-        printf("stage %2d %-20s B=%d H=%d S=%-5d D=%d  ", st->id, st->name, s->batch, s->heads_q,
+        char name[64];
+        snprintf(name, sizeof name, "%s%s", st->name, all_blocks ? " all blocks" : "");
+        printf("stage %2d %-20s B=%d H=%d S=%-5d D=%d  ", st->id, name, s->batch, s->heads_q,
                s->len_q, s->head_dim);
     }
 }
 
 /* A (stage, shape) that did not run: skipped (check rejects) or failed (launch or outputs). */
 static void print_not_run(const bench_flags *f, const sa_stage *st, const sa_shape *s,
-                          const char *status, const char *why)
+                          int all_blocks, const char *status, const char *why)
 {
-    print_head(f, st, s);
+    print_head(f, st, s, all_blocks);
     if (f->json) {
         printf(",\"status\":\"%s\",\"reason\":", status);
         bench_json_str(why);
@@ -80,13 +88,13 @@ static void print_not_run(const bench_flags *f, const sa_stage *st, const sa_sha
 
 /* Times one stage on the shape's sets; returns 1 if it failed (not if skipped). */
 static int run_one(const bench_flags *f, bench_env *e, const sa_stage *st, bh_set *sets,
-                   int nsets)
+                   int nsets, int all_blocks)
 {
     const sa_shape *s = &sets[0].a.shape;
     char why[600];
     int rc = st->check ? st->check(&sets[0].a) : SA_OK;
     if (rc) {
-        print_not_run(f, st, s, "skipped", sa_strerror(rc));
+        print_not_run(f, st, s, all_blocks, "skipped", sa_strerror(rc));
         return 0;
     }
     size_t bad = 0;
@@ -97,13 +105,13 @@ static int run_one(const bench_flags *f, bench_env *e, const sa_stage *st, bh_se
         else
             snprintf(why, sizeof why, "%zu outputs (O, LSE) NaN/inf after one launch on poisoned "
                      "buffers; not timed", bad);
-        print_not_run(f, st, s, "failed", why);
+        print_not_run(f, st, s, all_blocks, "failed", why);
         return 1;
     }
     bh_timing t;
     rc = bh_time_stage(e->g, st, sets, nsets, 1, f->warmup, f->reps, &t);
     if (rc) {
-        print_not_run(f, st, s, "failed", bh_last_error());
+        print_not_run(f, st, s, all_blocks, "failed", bh_last_error());
         return 1;
     }
     const double flops = bench_dense_flops(s);
@@ -111,7 +119,7 @@ static int run_one(const bench_flags *f, bench_env *e, const sa_stage *st, bh_se
     const double flop_ms = bench_flop_ms(flops, f->gemm_tflops);
     const double byte_ms = bench_byte_ms((double)sets[0].bytes, e->copy_bps);
     const double floor_ms = flop_ms > byte_ms ? flop_ms : byte_ms;
-    print_head(f, st, s);
+    print_head(f, st, s, all_blocks);
     if (f->json) {
         printf(",\"status\":\"ok\",\"flops\":%.6g,\"bytes\":%zu,\"median_ms\":%.6g,\"min_ms\":%.6g,"
                "\"max_ms\":%.6g,\"reps\":%d,\"host_us_per_call\":%.6g,\"input_sets\":%d,"
@@ -127,6 +135,25 @@ static int run_one(const bench_flags *f, bench_env *e, const sa_stage *st, bh_se
     }
     fflush(stdout);
     return 0;
+}
+
+/* Lists with every KV block for every Q tile, one list head per KV head, on each set. */
+static int all_block_lists(bh_set *sets, int nsets)
+{
+    const sa_shape *s = &sets[0].a.shape;
+    const int nb = sa_kv_blocks(s);
+    const size_t rows = (size_t)s->batch * s->heads_kv * sa_q_tiles(s);
+    int32_t *idx = malloc(rows * nb * sizeof *idx);
+    if (!idx)
+        return SA_ERR_NOMEM;
+    for (size_t r = 0; r < rows; r++)
+        for (int j = 0; j < nb; j++)
+            idx[r * nb + j] = j;
+    int rc = SA_OK;
+    for (int i = 0; i < nsets && !rc; i++)
+        rc = bh_set_lists(&sets[i], idx, NULL, s->heads_kv, nb);
+    free(idx);
+    return rc;
 }
 
 int bench_dense(int argc, char **argv)
@@ -163,7 +190,20 @@ int bench_dense(int argc, char **argv)
                 continue;
             cli_progress("stage %d on (%d,%d,%d,%d)...", st->id, s->batch, s->heads_q, s->len_q,
                          s->head_dim);
-            failed |= run_one(&f, &e, st, sets, nsets);
+            failed |= run_one(&f, &e, st, sets, nsets, 0);
+            cli_progress_done();
+        }
+        const sa_stage *tile = sa_stage_with(SA_ROLE_DEFAULT_TILE);
+        if (tile && (f.stage_id < 0 || f.stage_id == tile->id)) {
+            cli_progress("stage %d, every block listed, on (%d,%d,%d,%d)...", tile->id, s->batch,
+                         s->heads_q, s->len_q, s->head_dim);
+            const int rc = all_block_lists(sets, nsets);
+            if (rc) {
+                print_not_run(&f, tile, s, 1, "failed", sa_strerror(rc));
+                failed = 1;
+            } else {
+                failed |= run_one(&f, &e, tile, sets, nsets, 1);
+            }
             cli_progress_done();
         }
         bench_sets_free(sets, nsets);
