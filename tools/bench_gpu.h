@@ -90,7 +90,9 @@ static inline void bench_parse(int argc, char **argv, const char *name, int spar
             cli_usage_error("bench %s: no stage %d in the registry; it has:%s", name, f->stage_id,
                             n ? have : " none (built without CUDA?)");
         }
-        if (cli_stage_sparse(st) != sparse)
+        /* bench dense also takes the default tile-list stage (run with every block listed). */
+        const int tile_in_dense = !sparse && (st->roles & SA_ROLE_DEFAULT_TILE);
+        if (cli_stage_sparse(st) != sparse && !tile_in_dense)
             cli_usage_error("bench %s: stage %d (%s) is a %s stage", name, st->id, st->name,
                             cli_stage_sparse(st) ? "sparse" : "dense");
     }
