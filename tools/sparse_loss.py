@@ -29,7 +29,9 @@ Configurations measured (each one forward over the whole text):
     bit (checks that the masks reach the custom path);
   - full: every layer through the library with every block: the floor that the library's BF16
     rounding of Q, K, V alone costs;
-  - <selector>@<k>: k blocks of 128 keys per query tile (a row that sees fewer keeps them all).
+  - <selector>@<k>: k blocks of 128 keys per query tile (a row that sees fewer keeps them all);
+  - with --ablate-layers L: <selector>@<k> L<n> for each listed layer n, that layer alone sparse
+    and every other one dense: which layers a selector's loss comes from.
 Loss is the mean next-token cross entropy, nats per token, over the text's tokens."""
 import argparse
 import importlib.util
@@ -60,6 +62,25 @@ def load_sparseattn():
 
 def parse_list(spec, conv=str):
     return [conv(x) for x in spec.split(",") if x.strip()] if spec else []
+
+
+def parse_layers(spec):
+    """Layer indices of "0,5-7,11" in the order given (ranges inclusive), each once; ValueError for
+    a negative index, an empty or a reversed range."""
+    out = []
+    for part in parse_list(spec):
+        lo, _, hi = part.strip().partition("-")
+        lo, hi = int(lo), int(hi) if hi else int(lo)
+        if lo < 0 or hi < lo:
+            raise ValueError("bad layer range %r" % part)
+        out += [n for n in range(lo, hi + 1) if n not in out]
+    return out
+
+
+def sparse_here(only, layer_idx):
+    """Whether a full-attention layer goes sparse: every one when `only` is None, else the
+    layers in it (a module without a layer index stays dense then)."""
+    return only is None or (layer_idx is not None and layer_idx in only)
 
 
 def visible_blocks(seq_len):
@@ -93,13 +114,15 @@ class SparseAttention:
     def __init__(self, torch, sa, sdpa_forward):
         self.torch, self.sa, self.sdpa = torch, sa, sdpa_forward
         self.mode, self.k, self.keep_sink = "sdpa", None, False
+        self.only = None  # None: every full-attention layer sparse; else a set of layer indices
         self.t_select = self.t_attn = 0.0
         self.calls = self.sliding_calls = self.all_calls = 0
 
     def __call__(self, module, query, key, value, attention_mask, *args, **kwargs):
         window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
         self.all_calls += 1
-        if self.mode == "sdpa" or window:
+        if self.mode == "sdpa" or window or not sparse_here(self.only,
+                                                            getattr(module, "layer_idx", None)):
             if window:
                 self.sliding_calls += 1
             return self.sdpa(module, query, key, value, attention_mask, *args, **kwargs)
@@ -146,8 +169,15 @@ def main():
     ap.add_argument("--no-controls", action="store_true", help="skip passthrough and full")
     ap.add_argument("--cache", default="/tmp/sparseattn-models", help="where gemma3 is assembled")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--ablate-layers", metavar="LIST",
+                    help="instead of all layers sparse at once: one forward per listed layer "
+                         "(e.g. 0-29), that layer alone sparse")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    try:
+        ablate = parse_layers(a.ablate_layers) if a.ablate_layers else None
+    except ValueError as e:
+        ap.error("--ablate-layers: %s" % e)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -180,10 +210,10 @@ def main():
 
     results = []
 
-    def run(name, impl, mode="sdpa", k=None):
+    def run(name, impl, mode="sdpa", k=None, only=None):
         if cfg._attn_implementation != impl:
             model.set_attn_implementation(impl)
-        fn.mode, fn.k = mode, k
+        fn.mode, fn.k, fn.only = mode, k, only
         fn.t_select = fn.t_attn = 0.0
         fn.calls = fn.sliding_calls = fn.all_calls = 0
         t = time.time()
@@ -194,7 +224,8 @@ def main():
                  loss=float(losses.mean()), seconds=round(time.time() - t, 2),
                  select_s=round(fn.t_select, 2), attn_s=round(fn.t_attn, 2),
                  calls=fn.all_calls, sparse_layers=fn.calls,
-                 sliding_layers_dense=fn.sliding_calls)
+                 sliding_layers_dense=fn.sliding_calls,
+                 layers=sorted(only) if only is not None else None)
         if k is not None:
             r["density"] = kept_blocks(ids.shape[1], k) / visible_blocks(ids.shape[1])
         results.append(r)
@@ -236,10 +267,20 @@ def main():
             budgets.append(k)
     # Selector by selector (in the order given), each over all budgets: a partial run still
     # answers the first selectors' questions; the JSON is rewritten after every configuration.
+    if ablate is not None:
+        bad = [n for n in ablate if n >= len(types) or types[n] != "full_attention"]
+        if bad:
+            sys.exit("sparse_loss: --ablate-layers: %s not full-attention layers of this model "
+                     "(it has %d layers)" % (bad, len(types)))
     for name in parse_list(a.selectors):
         for k in budgets:
-            run("%s%s@%d" % (name, "+sink" if a.keep_sink else "", k), IMPL, name, k)
-            write_json()
+            label = "%s%s@%d" % (name, "+sink" if a.keep_sink else "", k)
+            for layer in ablate if ablate is not None else [None]:
+                if layer is None:
+                    run(label, IMPL, name, k)
+                else:
+                    run("%s L%d" % (label, layer), IMPL, name, k, only={layer})
+                write_json()
     model.set_attn_implementation("sdpa")
     print("| config | loss | - dense | density | select s | attention s |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -38,3 +38,17 @@ def test_full_causal_lists_equal_dense(rng):
     # The library's own causal lists at a budget of every block are the same lists.
     si, sc = sa.select("oracle", q, k, topk=3, causal=True)
     assert (sc == cnt).all() and (si == idx).all()
+
+
+def test_parse_layers_and_gate():
+    assert sl.parse_layers("0,5-7,11") == [0, 5, 6, 7, 11]
+    assert sl.parse_layers("3,1-3") == [3, 1, 2]
+    for bad in ("-1", "5-3", "x"):
+        try:
+            sl.parse_layers(bad)
+        except ValueError:
+            continue
+        raise AssertionError("parse_layers(%r) did not fail" % bad)
+    assert sl.sparse_here(None, 4) and sl.sparse_here(None, None)
+    assert sl.sparse_here({4}, 4) and not sl.sparse_here({4}, 5)
+    assert not sl.sparse_here({4}, None)
