@@ -9,7 +9,12 @@ model and length are merged: each result carries its own delta from dense).
     python3 tools/plot_quality.py docs/log/json/quality/*.json --out docs/img
 
 Writes OUT/quality-loss-MODEL.png and prints one line per figure. A dotted line marks 0.02;
-deltas at or below 0.001 (or negative) sit on the axis floor."""
+deltas at or below 0.001 (or negative) sit on the axis floor.
+
+Files ending in .jsonl are `sparseattn select-eval --activations FILE --json` outputs instead
+(one JSON object per line; other lines are skipped), each row with a "model" field added when
+the file was kept: OUT/quality-recall-MODEL.png plots the mean attention recall (averaged over
+the stored layers) against the budget, one panel per length."""
 import argparse
 import collections
 import json
@@ -20,7 +25,8 @@ THRESHOLD = 0.02  # the issue's mark: within 0.02 nats/token of dense
 FLOOR = 1e-3      # deltas at or below it are drawn on the floor of the log axis
 STYLE = {"oracle": ("black", "o"), "r1": ("tab:blue", "s"), "r4": ("tab:green", "^"),
          "nvfp4": ("tab:red", "D"), "nvfp4_query": ("tab:purple", "v"),
-         "gauss": ("tab:orange", "P")}
+         "gauss": ("tab:orange", "P"), "nvfp4_mass": ("tab:brown", "*"),
+         "oracle_query": ("dimgray", "o"), "random": ("silver", ".")}
 
 
 def model_key(doc):
@@ -46,6 +52,68 @@ def load(paths):
             label = r["selector"] + (" +sink" if r.get("keep_sink") else "")
             data[m][doc["tokens"]].setdefault(label, {})[r["budget"]] = r["delta"]
     return data, names
+
+
+def load_recall(paths):
+    """{model: {len: {label: {budget: mean recall over layers}}}} and display names, from
+    select-eval --json lines (rows without a recall, i.e. budgets past the block count, are
+    left out)."""
+    acc = collections.defaultdict(list)
+    names = {}
+    for path in paths:
+        rows = 0
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                r = json.loads(line)
+                if "recall_mean" not in r or "selector" not in r or "len" not in r:
+                    continue
+                rows += 1
+                if r["recall_mean"] is None:
+                    continue
+                m = model_key(r)
+                names[m] = r.get("model", m)
+                label = r["selector"] + (" +sink" if r.get("keep_sink") else "")
+                acc[(m, r["len"], label, r["k"])].append(r["recall_mean"])
+        if not rows:
+            sys.exit("plot_quality: %s has no select-eval --json rows" % path)
+    data = collections.defaultdict(lambda: collections.defaultdict(dict))
+    for (m, n, label, k), v in acc.items():
+        data[m][n].setdefault(label, {})[k] = sum(v) / len(v)
+    return data, names
+
+
+def plot_recall(model, by_len, name, out_dir, plt):
+    lengths = sorted(by_len)
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.8), sharey=True,
+                             squeeze=False)
+    for ax, n in zip(axes[0], lengths):
+        for label in sorted(by_len[n], key=lambda s: (not s.startswith("oracle"), s)):
+            pts = sorted(by_len[n][label].items())
+            sel = label.split()[0]
+            color, marker = STYLE.get(sel, ("gray", "x"))
+            ax.plot([b for b, _ in pts], [r for _, r in pts], marker=marker, color=color,
+                    linestyle=":" if sel.endswith("_query") else "-", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.02)
+        ax.set_title("%d tokens (%d blocks)" % (n, -(-n // 128)))
+        ax.set_xlabel("budget k (blocks per query tile)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("attention recall (mean over queries)")
+    handles = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    order = sorted(handles, key=lambda s: (not s.startswith("oracle"), s))
+    fig.legend([handles[k] for k in order], order, fontsize=8, loc="center right")
+    fig.suptitle("%s: recall of the selected blocks (captured layers)" % name)
+    fig.tight_layout(rect=(0, 0, 0.88, 1))
+    path = os.path.join(out_dir, "quality-recall-%s.png" % model)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot(model, by_len, name, out_dir, plt):
@@ -81,7 +149,8 @@ def plot(model, by_len, name, out_dir, plt):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", nargs="+", help="tools/sparse_loss.py --json files")
+    ap.add_argument("json", nargs="+",
+                    help="tools/sparse_loss.py --json files; .jsonl: select-eval --json")
     ap.add_argument("--out", default=".", help="folder for the PNGs")
     a = ap.parse_args(argv)
     try:
@@ -90,12 +159,18 @@ def main(argv=None):
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("plot_quality: needs matplotlib (pip install matplotlib)")
-    data, names = load(a.json)
+    loss_files = [p for p in a.json if not p.endswith(".jsonl")]
+    recall_files = [p for p in a.json if p.endswith(".jsonl")]
     os.makedirs(a.out, exist_ok=True)
-    for m in sorted(data):
-        path = plot(m, data[m], names[m], a.out, plt)
-        print("%s: %d lengths, %d configurations -> %s" % (
-            names[m], len(data[m]), sum(len(v) for v in data[m].values()), path))
+    for kind, files, loader, draw in (("loss", loss_files, load, plot),
+                                      ("recall", recall_files, load_recall, plot_recall)):
+        if not files:
+            continue
+        data, names = loader(files)
+        for m in sorted(data):
+            path = draw(m, data[m], names[m], a.out, plt)
+            print("%s (%s): %d lengths, %d configurations -> %s" % (
+                names[m], kind, len(data[m]), sum(len(v) for v in data[m].values()), path))
 
 
 if __name__ == "__main__":

@@ -42,3 +42,34 @@ def test_load_refuses_other_json(tmp_path):
     p.write_text(json.dumps({"rows": []}))
     with pytest.raises(SystemExit, match="not a sparse_loss.py --json file"):
         pq.load([str(p)])
+
+
+def _eval_rows(path, rows, junk=True):
+    lines = ["== a progress line, not JSON"] if junk else []
+    lines += [json.dumps(r) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _row(sel, k, recall, layer, n=8192, sink=0):
+    return {"model": "Tiny LM", "len": n, "layer": layer, "selector": sel, "k": k,
+            "keep_sink": sink, "recall_mean": recall}
+
+
+def test_load_recall_averages_layers(tmp_path):
+    a = _eval_rows(tmp_path / "a.jsonl", [_row("oracle", 8, 0.8, 5), _row("oracle", 8, 0.6, 11),
+                                          _row("r1", 8, 0.5, 5), _row("r1", 16, None, 5),
+                                          _row("r1", 8, 0.7, 5, sink=1)])
+    b = _eval_rows(tmp_path / "b.jsonl", [_row("oracle", 8, 0.9, 5, n=4096)], junk=False)
+    data, names = pq.load_recall([a, b])
+    assert names == {"tiny-lm": "Tiny LM"}
+    assert data["tiny-lm"][8192] == {"oracle": {8: pytest.approx(0.7)}, "r1": {8: 0.5},
+                                     "r1 +sink": {8: 0.7}}
+    assert data["tiny-lm"][4096] == {"oracle": {8: 0.9}}
+
+
+def test_load_recall_refuses_other_files(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text("nothing here\n{\"rows\": []}\n")
+    with pytest.raises(SystemExit, match="no select-eval --json rows"):
+        pq.load_recall([str(p)])
