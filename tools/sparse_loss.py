@@ -274,12 +274,12 @@ def main():
                      "(it has %d layers)" % (bad, len(types)))
     for name in parse_list(a.selectors):
         for k in budgets:
-            label = "%s%s@%d" % (name, "+sink" if a.keep_sink else "", k)
+            config = "%s%s@%d" % (name, "+sink" if a.keep_sink else "", k)
             for layer in ablate if ablate is not None else [None]:
                 if layer is None:
-                    run(label, IMPL, name, k)
+                    run(config, IMPL, name, k)
                 else:
-                    run("%s L%d" % (label, layer), IMPL, name, k, only={layer})
+                    run("%s L%d" % (config, layer), IMPL, name, k, only={layer})
                 write_json()
     model.set_attn_implementation("sdpa")
     print("| config | loss | - dense | density | select s | attention s |")
