@@ -161,12 +161,6 @@
 #ifndef SA_STAGE17_SLEEP_WAIT
 #define SA_STAGE17_SLEEP_WAIT 1
 #endif
-// 1: every block rescales O by exp2(old max - new max), as FlashAttention does: no vote, no
-// branch, one PV wait after the softmax; 0: lazy rescaling with the wait in both arms
-// (version 2). A/B variant.
-#ifndef SA_STAGE17_EAGER_RESCALE
-#define SA_STAGE17_EAGER_RESCALE 0
-#endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
 #endif
@@ -357,25 +351,7 @@ __device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_ma
         factor[0] = factor[1] = 1.f;
         return false;
     }
-    bool need_any = true;
-    if (SA_STAGE17_EAGER_RESCALE) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float mx = -CUDART_INF_F;
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++)
-                mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float now = fmaxf(row_max[i], mx * SCORE_TO_LOG2);
-            // A row still without a key (max -inf) keeps factor 1; its O and sum are 0 anyway.
-            factor[i] = now == -CUDART_INF_F ? 1.f : fast_exp2(row_max[i] - now);
-            row_max[i] = now;
-            row_sum[i] *= factor[i];
-        }
-    } else {
-        need_any = softmax_row_max(sc, row_max, row_sum, factor);
-    }
+    const bool need_any = softmax_row_max(sc, row_max, row_sum, factor);
     float part[2] = {0.f, 0.f}; // this block's row sums, added to the (rescaled) running ones
 #pragma unroll
     for (int jj = 0; jj < 16; jj++) {
@@ -393,7 +369,7 @@ __device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_ma
 #pragma unroll
     for (int i = 0; i < 2; i++)
         row_sum[i] += part[i];
-    return SA_STAGE17_EAGER_RESCALE ? true : __any_sync(0xffffffffu, need_any);
+    return __any_sync(0xffffffffu, need_any);
 }
 
 // Step 5: O *= factor per row (only when a row of the warp moved), P to BF16 A fragments.
@@ -672,7 +648,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 mask_block(sc, valid, d, warp, lane);
             const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
             // ---- step 5: the wait for the PV stands in each arm of the branch (pv_wait)
-            if (!SA_STAGE17_ARM_WAIT || SA_STAGE17_EAGER_RESCALE) {
+            if (!SA_STAGE17_ARM_WAIT) {
                 sa_wgmma_wait<0>();
                 rescale_and_pack(moved, factor, o, sc, pa);
             } else if (moved) {

@@ -54,6 +54,16 @@ def load(paths):
     return data, names
 
 
+def figure_legend(fig, axes, order_key):
+    """One legend for every panel's lines, at the figure's right, in order_key's order."""
+    handles = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    order = sorted(handles, key=order_key)
+    fig.legend([handles[k] for k in order], order, fontsize=8, loc="center right")
+
+
 def load_recall(paths):
     """{model: {len: {label: {budget: mean recall over layers}}}} and display names, from
     select-eval --json lines (rows without a recall, i.e. budgets past the block count, are
@@ -102,12 +112,7 @@ def plot_recall(model, by_len, name, out_dir, plt):
         ax.set_xlabel("budget k (blocks per query tile)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("attention recall (mean over queries)")
-    handles = {}
-    for ax in axes[0]:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, h)
-    order = sorted(handles, key=lambda s: (not s.startswith("oracle"), s))
-    fig.legend([handles[k] for k in order], order, fontsize=8, loc="center right")
+    figure_legend(fig, axes, lambda s: (not s.startswith("oracle"), s))
     fig.suptitle("%s: recall of the selected blocks (captured layers)" % name)
     fig.tight_layout(rect=(0, 0, 0.88, 1))
     path = os.path.join(out_dir, "quality-recall-%s.png" % model)
@@ -133,12 +138,7 @@ def plot(model, by_len, name, out_dir, plt):
         ax.set_xlabel("budget k (blocks per query tile)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("loss - dense (nats/token)")
-    handles = {}  # one legend for every panel's lines
-    for ax in axes[0]:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, h)
-    order = sorted(handles, key=lambda s: (s.split()[0] != "oracle", s))
-    fig.legend([handles[k] for k in order], order, fontsize=8, loc="center right")
+    figure_legend(fig, axes, lambda s: (s.split()[0] != "oracle", s))
     fig.suptitle("%s: loss with block-sparse attention, against dense" % name)
     fig.tight_layout(rect=(0, 0, 0.9, 1))
     path = os.path.join(out_dir, "quality-loss-%s.png" % model)
