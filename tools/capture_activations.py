@@ -186,13 +186,26 @@ def token_losses(torch, model, ids, chunk=1024):
     return torch.cat(losses).double()
 
 
+def layer_list(spec):
+    """Layer indices of "0,5-7,11" in the order given (ranges inclusive), each once; ValueError for
+    an empty item, a negative index or a reversed range (tools/sparse_loss.py uses it too)."""
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        lo, hi = int(lo), int(hi) if hi else int(lo)
+        if lo < 0 or hi < lo:
+            raise ValueError("bad layer range %r" % part)
+        out += [n for n in range(lo, hi + 1) if n not in out]
+    return out
+
+
 def parse_layers(spec, n_layers):
     if spec in ("all", ""):
         return None
-    out = set()
-    for part in spec.split(","):
-        a, _, b = part.partition("-")
-        out.update(range(int(a), int(b or a) + 1))
+    try:
+        out = set(layer_list(spec))
+    except ValueError as e:
+        sys.exit("capture: layers %r: %s" % (spec, e))
     bad = [x for x in out if not 0 <= x < n_layers]
     if bad:
         sys.exit("capture: layers %s outside 0..%d" % (bad, n_layers - 1))

@@ -95,53 +95,47 @@ def load_recall(paths):
     return data, names
 
 
-def plot_recall(model, by_len, name, out_dir, plt):
+def draw(model, by_len, name, out_dir, plt, kind):
+    """One PNG for a model: a panel per length, a line per selector label. kind "loss": loss -
+    dense on a log axis with the 0.02 mark, sink variants dashed; "recall": mean recall on a
+    linear axis, the per-query selectors dotted."""
+    loss = kind == "loss"
+
+    def order(label):  # the oracle (loss; recall: both oracles) first, then by name
+        later = label.split()[0] != "oracle" if loss else not label.startswith("oracle")
+        return later, label
+
     lengths = sorted(by_len)
     fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.8), sharey=True,
                              squeeze=False)
     for ax, n in zip(axes[0], lengths):
-        for label in sorted(by_len[n], key=lambda s: (not s.startswith("oracle"), s)):
+        for label in sorted(by_len[n], key=order):
             pts = sorted(by_len[n][label].items())
             sel = label.split()[0]
             color, marker = STYLE.get(sel, ("gray", "x"))
-            ax.plot([b for b, _ in pts], [r for _, r in pts], marker=marker, color=color,
-                    linestyle=":" if sel.endswith("_query") else "-", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 1.02)
-        ax.set_title("%d tokens (%d blocks)" % (n, -(-n // 128)))
+            if loss:
+                ys, style = [max(d, FLOOR) for _, d in pts], "--" if "+sink" in label else "-"
+            else:
+                ys, style = [r for _, r in pts], ":" if sel.endswith("_query") else "-"
+            ax.plot([b for b, _ in pts], ys, marker=marker, color=color, linestyle=style,
+                    label=label)
+        if loss:
+            ax.axhline(THRESHOLD, color="gray", linewidth=0.8, linestyle=":")
+            ax.set_yscale("log")
+            ax.set_title("%d tokens (%d blocks)" % (n, n // 128))
+        else:
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(0, 1.02)
+            ax.set_title("%d tokens (%d blocks)" % (n, -(-n // 128)))
         ax.set_xlabel("budget k (blocks per query tile)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("attention recall (mean over queries)")
-    figure_legend(fig, axes, lambda s: (not s.startswith("oracle"), s))
-    fig.suptitle("%s: recall of the selected blocks (captured layers)" % name)
-    fig.tight_layout(rect=(0, 0, 0.88, 1))
-    path = os.path.join(out_dir, "quality-recall-%s.png" % model)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot(model, by_len, name, out_dir, plt):
-    lengths = sorted(by_len)
-    fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.8), sharey=True,
-                             squeeze=False)
-    for ax, n in zip(axes[0], lengths):
-        for label in sorted(by_len[n], key=lambda s: (s.split()[0] != "oracle", s)):
-            pts = sorted(by_len[n][label].items())
-            sel = label.split()[0]
-            color, marker = STYLE.get(sel, ("gray", "x"))
-            ax.plot([b for b, _ in pts], [max(d, FLOOR) for _, d in pts], marker=marker,
-                    color=color, linestyle="--" if "+sink" in label else "-", label=label)
-        ax.axhline(THRESHOLD, color="gray", linewidth=0.8, linestyle=":")
-        ax.set_yscale("log")
-        ax.set_title("%d tokens (%d blocks)" % (n, n // 128))
-        ax.set_xlabel("budget k (blocks per query tile)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("loss - dense (nats/token)")
-    figure_legend(fig, axes, lambda s: (s.split()[0] != "oracle", s))
-    fig.suptitle("%s: loss with block-sparse attention, against dense" % name)
-    fig.tight_layout(rect=(0, 0, 0.9, 1))
-    path = os.path.join(out_dir, "quality-loss-%s.png" % model)
+    axes[0][0].set_ylabel("loss - dense (nats/token)" if loss else
+                          "attention recall (mean over queries)")
+    figure_legend(fig, axes, order)
+    fig.suptitle("%s: loss with block-sparse attention, against dense" % name if loss else
+                 "%s: recall of the selected blocks (captured layers)" % name)
+    fig.tight_layout(rect=(0, 0, 0.9 if loss else 0.88, 1))
+    path = os.path.join(out_dir, "quality-%s-%s.png" % (kind, model))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -162,13 +156,12 @@ def main(argv=None):
     loss_files = [p for p in a.json if not p.endswith(".jsonl")]
     recall_files = [p for p in a.json if p.endswith(".jsonl")]
     os.makedirs(a.out, exist_ok=True)
-    for kind, files, loader, draw in (("loss", loss_files, load, plot),
-                                      ("recall", recall_files, load_recall, plot_recall)):
+    for kind, files, loader in (("loss", loss_files, load), ("recall", recall_files, load_recall)):
         if not files:
             continue
         data, names = loader(files)
         for m in sorted(data):
-            path = draw(m, data[m], names[m], a.out, plt)
+            path = draw(m, data[m], names[m], a.out, plt, kind)
             print("%s (%s): %d lengths, %d configurations -> %s" % (
                 names[m], kind, len(data[m]), sum(len(v) for v in data[m].values()), path))
 

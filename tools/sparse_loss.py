@@ -65,16 +65,9 @@ def parse_list(spec, conv=str):
 
 
 def parse_layers(spec):
-    """Layer indices of "0,5-7,11" in the order given (ranges inclusive), each once; ValueError for
-    a negative index, an empty or a reversed range."""
-    out = []
-    for part in parse_list(spec):
-        lo, _, hi = part.strip().partition("-")
-        lo, hi = int(lo), int(hi) if hi else int(lo)
-        if lo < 0 or hi < lo:
-            raise ValueError("bad layer range %r" % part)
-        out += [n for n in range(lo, hi + 1) if n not in out]
-    return out
+    """--ablate-layers' list: the capture script's layer_list ("0,5-7,11", in order, each once;
+    ValueError for a bad range)."""
+    return load_capture().layer_list(spec)
 
 
 def sparse_here(only, layer_idx):
