@@ -62,8 +62,9 @@
 //   GQA groups), tile-major inside a chunk with the longest tiles first, so a CTA that drew short
 //   items takes more and the triangle's tail is short items on every SM. The static order gave
 //   89% / 93% / 95% balance on the causal dense shapes (4K / 8K / 16K, a simulation of the item
-//   lengths); the dynamic order measured 8-10% faster there. Without a counter (a stream being captured into a graph, or
-//   more than 8 streams in one thread: sa_sched_counter) causal calls take the static order.
+//   lengths); the dynamic order measured 8-10% faster there. Without a counter (a stream being
+//   captured into a graph, or more than 8 streams in one thread: sa_sched_counter) causal calls
+//   take the static order.
 //
 // ROLES (384 threads = 3 warpgroups)
 //   WG0  producer. setmaxnreg.dec to 24. Warp 0 walks (and checks) the lists, lane 0 issues the
