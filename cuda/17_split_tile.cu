@@ -130,6 +130,7 @@
 
 #include "sa_cuda_internal.h"
 #include "sa_mbarrier.cuh"
+#include "sa_mma_sync.cuh"
 #include "sa_stage14.cuh"
 #include "sa_stage15.cuh"
 #include "sa_stage_entries.h"
@@ -162,6 +163,12 @@
 #ifndef SA_STAGE17_SLEEP_WAIT
 #define SA_STAGE17_SLEEP_WAIT 1
 #endif
+// 1: each consumer warpgroup loads its 64 Q rows into registers (ldmatrix) when an item starts
+// and releases the Q buffer at once; S = Q K^T then reads only K from shared memory (version 4).
+// 0: Q is read from shared memory by every QK wgmma (versions 1-3). A/B variant.
+#ifndef SA_STAGE17_Q_IN_REGS
+#define SA_STAGE17_Q_IN_REGS 0
+#endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
 #endif
@@ -175,6 +182,7 @@
 namespace {
 
 constexpr int KV_STAGES = SA_STAGE17_KV_STAGES;
+constexpr bool Q_IN_REGS = SA_STAGE17_Q_IN_REGS != 0;
 constexpr int Q_BUFFERS = SA_STAGE17_Q_BUFFERS;
 constexpr bool PINGPONG = SA_STAGE17_PINGPONG != 0; // turns between the consumer warpgroups
 constexpr int HALVES = 2;                           // consumer warpgroups = 64-row halves of a tile
@@ -419,6 +427,50 @@ __device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
     return __shfl_sync(0xffffffffu, v, 0);
 }
 
+// Version 4: the A fragments of this warpgroup's 64 Q rows for the 8 k-steps of S = Q K^T (the
+// wgmma register layout of sa_wgmma.cuh, which is ldmatrix.x4's: matrix m comes from lanes
+// 8m..8m+7 and is rows +8(m&1), columns +8(m>>1) of the k-step's 16 x 16 block). Q sits in the
+// 128B-swizzled layout of TMA: 16-byte chunk k of row r at r * 128 + ((k ^ (r & 7)) << 4).
+__device__ __forceinline__ void load_q_frags(uint32_t (&qa)[32], uint32_t q_base, int c, int warp,
+                                             int lane)
+{
+    const int r = 64 * c + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        const int chunk = 2 * (kk % 4) + (lane >> 4);
+        uint32_t f[4];
+        ldsm_x4(f, q_base + (kk / 4) * HALF_BYTES + r * ROW_BYTES + ((chunk ^ (r & 7)) << 4));
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            qa[4 * kk + i] = f[i];
+    }
+}
+
+// Version 4: S = Q K^T with Q from registers; the k-steps of K as in issue_qk.
+__device__ __forceinline__ void issue_qk_rs(float (&sc)[64], const uint32_t (&qa)[32], uint32_t k_lo)
+{
+    {
+        const uint32_t a[4] = {qa[0], qa[1], qa[2], qa[3]};
+        sa_wgmma_m64n128k16_rs_zero(sc, a, sa_desc_join(k_lo, DESC_HI));
+    }
+#pragma unroll
+    for (int kk = 1; kk < 8; kk++) {
+        const uint32_t off = ((kk / 4) * HALF_BYTES + (kk % 4) * 32) >> 4;
+        const uint32_t a[4] = {qa[4 * kk], qa[4 * kk + 1], qa[4 * kk + 2], qa[4 * kk + 3]};
+        sa_wgmma_m64n128k16_rs<0>(sc, a, sa_desc_join(k_lo + off, DESC_HI), 1);
+    }
+}
+
+// S of the next block: Q from registers (version 4) or from shared memory.
+__device__ __forceinline__ void issue_s(float (&sc)[64], const uint32_t (&qa)[32], uint32_t q_lo,
+                                        uint32_t k_lo)
+{
+    if (Q_IN_REGS)
+        issue_qk_rs(sc, qa, k_lo);
+    else
+        issue_qk(sc, q_lo, k_lo);
+}
+
 __device__ __forceinline__ void turn_begin(int c)
 {
     if (PINGPONG)
@@ -587,6 +639,11 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         }
 
         const int tile = item_at(p, item).tile; // for the causal diagonal
+        uint32_t qa[32]; // version 4: this warpgroup's Q rows, loaded once per item
+        if (Q_IN_REGS) {
+            load_q_frags(qa, sa_smem_addr(sm.q[qb]), c, warp, lane);
+            warp_arrive(&sm.q_free[qb], lane); // Q and the record are read
+        }
         float o[64], sc[64];
         float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F}, row_sum[2] = {0.f, 0.f};
         float factor[2];
@@ -605,12 +662,12 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
             turn_begin(c);
             sa_wgmma_fence();
-            issue_qk(sc, q_desc, k_desc);
+            issue_s(sc, qa, q_desc, k_desc);
             sa_wgmma_commit();
             turn_end(c);
             sa_wgmma_wait<0>();
             warp_arrive(&sm.k_free[s], lane);
-            if (count == 1)
+            if (!Q_IN_REGS && count == 1)
                 warp_arrive(&sm.q_free[qb], lane);
             if (valid < TILE || d < DIAG_ALL) // a partial or a diagonal block
                 mask_block(sc, valid, d, warp, lane);
@@ -634,7 +691,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             wait_phase(&sm.v_ready[s_prev], ((n - 1) / KV_STAGES) & 1);
             turn_begin(c);
             sa_wgmma_fence();
-            issue_qk(sc, q_desc, k_desc);
+            issue_s(sc, qa, q_desc, k_desc);
             sa_wgmma_commit();
             issue_pv(o, pa, v_desc);
             sa_wgmma_commit();
@@ -642,7 +699,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             // ---- step 3: S is done (the PV may still run)
             sa_wgmma_wait<1>();
             warp_arrive(&sm.k_free[s], lane);
-            if (j == count - 1)
+            if (!Q_IN_REGS && j == count - 1)
                 warp_arrive(&sm.q_free[qb], lane);
             // ---- step 4: softmax of block j beside the PV of block j-1
             if (valid < TILE || d < DIAG_ALL) // a partial or a diagonal block
