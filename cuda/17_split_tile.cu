@@ -141,12 +141,12 @@
 #include "sparseattn.h"
 
 #ifndef SA_STAGE17_KV_STAGES
-#define SA_STAGE17_KV_STAGES 2 // a compile-time variant for A/B runs (scripts/device-ab.sh)
+#define SA_STAGE17_KV_STAGES 3 // a compile-time variant for A/B runs (scripts/device-ab.sh)
 #endif
 // Q buffers: 2 lets the producer load the next item's Q (and write its record) while this item
 // runs; 1 waits for the item's last QK. A/B variant.
 #ifndef SA_STAGE17_Q_BUFFERS
-#define SA_STAGE17_Q_BUFFERS 2
+#define SA_STAGE17_Q_BUFFERS 1
 #endif
 // 1: step 5's PV wait stands in each arm of the rescale branch (pv_wait); 0: one wait after the
 // softmax, which ptxas hoists above it (the first version of this stage). A/B variant.
@@ -167,7 +167,11 @@
 // and releases the Q buffer at once; S = Q K^T then reads only K from shared memory (version 4).
 // 0: Q is read from shared memory by every QK wgmma (versions 1-3). A/B variant.
 #ifndef SA_STAGE17_Q_IN_REGS
-#define SA_STAGE17_Q_IN_REGS 0
+#define SA_STAGE17_Q_IN_REGS 1
+#endif
+// The static order (WORK): 0 heads innermost; 1 tiles innermost (FA4's grid order). A/B variant.
+#ifndef SA_STAGE17_ORDER
+#define SA_STAGE17_ORDER 0
 #endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
@@ -254,6 +258,10 @@ __device__ __forceinline__ Item item_at(const Params &p, int item)
         const unsigned r = it - k * p.chunk_items;
         const int t = (int)(r / width);
         return {(int)(h0 + r % width), p.causal ? p.q_tiles - 1 - t : t};
+    }
+    if (SA_STAGE17_ORDER == 1) {
+        const int t = (int)(it % q_tiles);
+        return {(int)(it / q_tiles), p.causal ? p.q_tiles - 1 - t : t};
     }
     const unsigned rest = it / group;
     // (b * Hkv + g) * group + h = b * Hq + g * group + h. Causally the last tiles see the most
