@@ -169,9 +169,10 @@
 #ifndef SA_STAGE17_Q_IN_REGS
 #define SA_STAGE17_Q_IN_REGS 1
 #endif
-// The static order (WORK): 0 heads innermost; 1 tiles innermost (FA4's grid order). A/B variant.
-#ifndef SA_STAGE17_ORDER
-#define SA_STAGE17_ORDER 0
+// 1: a kernel built without the step-4 mask for calls that never need one (non-causal, len_kv a
+// multiple of 128); 0: one kernel that tests every block (versions 1-4). A/B variant.
+#ifndef SA_STAGE17_MASK_SPECIALIZE
+#define SA_STAGE17_MASK_SPECIALIZE 1
 #endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
@@ -258,10 +259,6 @@ __device__ __forceinline__ Item item_at(const Params &p, int item)
         const unsigned r = it - k * p.chunk_items;
         const int t = (int)(r / width);
         return {(int)(h0 + r % width), p.causal ? p.q_tiles - 1 - t : t};
-    }
-    if (SA_STAGE17_ORDER == 1) {
-        const int t = (int)(it % q_tiles);
-        return {(int)(it / q_tiles), p.causal ? p.q_tiles - 1 - t : t};
     }
     const unsigned rest = it / group;
     // (b * Hkv + g) * group + h = b * Hq + g * group + h. Causally the last tiles see the most
@@ -490,6 +487,10 @@ __device__ __forceinline__ void turn_end(int c)
         turn_pass(c);
 }
 
+// MASKS = false: the call has no causal mask and no partial final block, so no block needs step
+// 4's mask: the test, the reads of the stage's valid-key count and block and the branch around
+// the mask leave the loop.
+template <bool MASKS>
 __global__ void __launch_bounds__(NTHREADS, 1)
     split_tile_kernel(const __grid_constant__ CUtensorMap map_q,
                       const __grid_constant__ CUtensorMap map_k,
@@ -666,8 +667,9 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             uint32_t q_desc = q_desc0 + qb * STAGE_STEP, k_desc = k_desc0 + s * STAGE_STEP;
             asm volatile("" : "+r"(q_desc), "+r"(k_desc));
             wait_phase(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
-            const int valid = read_lane0(&sm.k_valid[s], lane);
-            const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
+            const int valid = MASKS ? read_lane0(&sm.k_valid[s], lane) : TILE;
+            const int d =
+                MASKS ? causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c : DIAG_ALL;
             turn_begin(c);
             sa_wgmma_fence();
             issue_s(sc, qa, q_desc, k_desc);
@@ -677,7 +679,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             warp_arrive(&sm.k_free[s], lane);
             if (!Q_IN_REGS && count == 1)
                 warp_arrive(&sm.q_free[qb], lane);
-            if (valid < TILE || d < DIAG_ALL) // a partial or a diagonal block
+            if (MASKS && (valid < TILE || d < DIAG_ALL)) // a partial or a diagonal block
                 mask_block(sc, valid, d, warp, lane);
             const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
             rescale_and_pack(moved, factor, o, sc, pa);
@@ -694,8 +696,9 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
             // ---- steps 1-2: S of block j and PV of block j-1 in one turn
             wait_phase(&sm.k_ready[s], (n / KV_STAGES) & 1);
-            const int valid = read_lane0(&sm.k_valid[s], lane);
-            const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
+            const int valid = MASKS ? read_lane0(&sm.k_valid[s], lane) : TILE;
+            const int d =
+                MASKS ? causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c : DIAG_ALL;
             wait_phase(&sm.v_ready[s_prev], ((n - 1) / KV_STAGES) & 1);
             turn_begin(c);
             sa_wgmma_fence();
@@ -710,7 +713,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             if (!Q_IN_REGS && j == count - 1)
                 warp_arrive(&sm.q_free[qb], lane);
             // ---- step 4: softmax of block j beside the PV of block j-1
-            if (valid < TILE || d < DIAG_ALL) // a partial or a diagonal block
+            if (MASKS && (valid < TILE || d < DIAG_ALL)) // a partial or a diagonal block
                 mask_block(sc, valid, d, warp, lane);
             const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
             // ---- step 5: the wait for the PV stands in each arm of the branch (pv_wait)
@@ -844,18 +847,20 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
         if ((rc = sa_sched_counter(a->stream, &p.sched)) != SA_OK)
             return rc;
 
-    // The shared-memory opt-in, once per process (every device of this build is sm_90 with the
-    // same limit; a failed attempt is retried on the next call).
-    static int smem_set;
-    if (!smem_set) {
-        SA_CUDA_TRY(cudaFuncSetAttribute(split_tile_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+    // No block of the call needs the step-4 mask: the kernel without it.
+    const bool masks = !SA_STAGE17_MASK_SPECIALIZE || p.causal || p.tail != TILE;
+    void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, Params) =
+        masks ? split_tile_kernel<true> : split_tile_kernel<false>;
+    // The shared-memory opt-in, once per process and kernel (every device of this build is sm_90
+    // with the same limit; a failed attempt is retried on the next call).
+    static int smem_set[2];
+    if (!smem_set[masks]) {
+        SA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)SMEM_BYTES));
-        smem_set = 1;
+        smem_set[masks] = 1;
     }
     const int grid = p.items < sms ? p.items : sms;
-    split_tile_kernel<<<grid, NTHREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(maps.q, maps.k,
-                                                                             maps.v, p);
+    kernel<<<grid, NTHREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(maps.q, maps.k, maps.v, p);
     SA_CUDA_TRY(cudaGetLastError());
     // Synchronous convenience: no verdict given, so wait for ours and return its code.
     if (a->validate && !a->verdict)
