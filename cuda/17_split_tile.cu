@@ -16,6 +16,11 @@
 //   room for the score tile of block j to be computed while the PV of block j-1 runs, so each
 //   warpgroup's softmax overlaps its own tensor work (FlashAttention-3's intra-warpgroup
 //   overlap) as well as the other warpgroup's (the ping-pong turns, kept).
+//   Version 4 keeps each warpgroup's 64 Q rows in registers (32 more, 240 still suffice): S =
+//   Q K^T reads only K from shared memory, the Q buffer is free as soon as an item starts, so one
+//   Q buffer is enough, and its 32 KB pay for a third K/V stage, which hides the latency of the
+//   scattered block loads (+5-7% on the study's lists, docs/stage17.md). Calls with no causal
+//   mask and no partial final block run a build of the kernel without step 4's mask test.
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -66,6 +71,9 @@
 //   captured into a graph, or more than 8 streams in one thread: sa_sched_counter) causal calls
 //   take the static order.
 //
+// ITEM START (consumer c): wait q-ready; read the record; load rows 64c..64c+63 of Q into the
+//   A fragments of the 8 QK k-steps (ldmatrix from the swizzled tile); arrive q-free.
+//
 // ROLES (384 threads = 3 warpgroups)
 //   WG0  producer. setmaxnreg.dec to 24. Warp 0 walks (and checks) the lists, lane 0 issues the
 //        Q and K/V copies; warps 1-3 leave.
@@ -75,11 +83,12 @@
 // DATAFLOW PER KV BLOCK j >= 1 (consumer c; stage s = n % KV_STAGES for the CTA's n-th block)
 //   1. wait k-ready[s] (and read the block's valid-key count the producer left beside it);
 //      wait v-ready of block j-1's stage; wait turn[c].
-//   2. S = Q_c K_j^T (8 wgmma, commit); O += P_{j-1} V_{j-1} (8 wgmma, A = P from registers,
-//      commit). pass turn.
-//   3. wait for S only (wgmma.wait_group 1); arrive k-free[s]; on the last block arrive q-free.
+//   2. S = Q_c K_j^T (8 wgmma, A = Q from registers, commit); O += P_{j-1} V_{j-1} (8 wgmma,
+//      A = P from registers, commit). pass turn.
+//   3. wait for S only (wgmma.wait_group 1); arrive k-free[s].
 //   4. mask the padding columns if block j is the partial final block, and the columns past each
-//      row's last visible key if it is a causal diagonal block; row max; lazy rescaling
+//      row's last visible key if it is a causal diagonal block (only in the kernel built with
+//      MASKS); row max; lazy rescaling
 //      as stage 14 (a new max is adopted only when it exceeds the running one by more than
 //      RESCALE_THRESHOLD); P = exp2(S * scale * log2e - max) computed in place in S's
 //      registers, row sums updated. All of it while step 2's PV runs.
@@ -93,15 +102,17 @@
 // BARRIER PROTOCOL
 //   | barrier        | kind      | direction               | arrivals              | meaning
 //   | q-ready[b]     | mbarrier  | producer -> consumers   | 1 (+ 32 KB TMA bytes) | Q landed in buffer b; its item record (item, count, code) is written
-//   | q-free[b]      | mbarrier  | consumers -> producer   | 8 (4 warps x 2 WGs)   | last QK of buffer b's item done, record read
+//   | q-free[b]      | mbarrier  | consumers -> producer   | 8 (4 warps x 2 WGs)   | Q of buffer b in registers, record read
 //   | k-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | K in stage s landed; its valid-key count written
 //   | v-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | V in stage s landed
 //   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done
 //   | v-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' PV on V[s] done
 //   | turn[c]        | named bar | consumer 1-c -> c       | 256 (arrive + sync)   | c may issue its next batch
-//   The CTA's u-th item uses Q buffer b = u % Q_BUFFERS; with two buffers the producer loads the
-//   next item's Q and writes its record while this item runs (one buffer would make every item
-//   start wait for a Q load issued only after the previous item's last QK).
+//   The CTA's u-th item uses Q buffer b = u % Q_BUFFERS. With Q in registers (version 4) one
+//   buffer suffices: it is free once an item has started, so the producer loads the next item's
+//   Q and writes its record while this item runs. (With Q read from shared memory, versions 1-3
+//   took two buffers; one would make every item wait for a Q load issued after the previous
+//   item's last QK.)
 //   The consumers learn each item from its record; a record with item NO_ITEM ends the CTA (the
 //   producer writes it after its last item and leaves; nobody releases it).
 //   Every wait sleeps until its phase completes (sa_mbar_wait_sleep, version 3): with a bare
@@ -113,8 +124,9 @@
 //   and releases K_j after step 3 and V_{j-1} after step 5 of the same block, so the loads KV_STAGES
 //   blocks back are released before any turn that waits for a later load (KV_STAGES >= 2).
 //
-// SHARED MEMORY: Q 2 x 32 KB, K and V KV_STAGES x 32 KB each (2 stages: 192 KB in all),
-//   barriers, an item record per Q buffer and one valid-key count per K stage.
+// SHARED MEMORY: Q 1 x 32 KB, K and V KV_STAGES x 32 KB each (3 stages: 224 KB in all, the
+//   most that fits below the 227 KB limit), barriers, an item record per Q buffer and one
+//   valid-key count and block index per K stage.
 //
 // B200 -> HOPPER MAPPING
 //   | B200 (original)                         | Hopper (this file)
@@ -143,8 +155,9 @@
 #ifndef SA_STAGE17_KV_STAGES
 #define SA_STAGE17_KV_STAGES 3 // a compile-time variant for A/B runs (scripts/device-ab.sh)
 #endif
-// Q buffers: 2 lets the producer load the next item's Q (and write its record) while this item
-// runs; 1 waits for the item's last QK. A/B variant.
+// Q buffers: with Q in registers (version 4) 1 is enough, the buffer is free once an item has
+// started. With Q read from shared memory 2 let the producer load the next item's Q while this
+// item runs, and 1 waits for the item's last QK. A/B variant.
 #ifndef SA_STAGE17_Q_BUFFERS
 #define SA_STAGE17_Q_BUFFERS 1
 #endif
@@ -165,7 +178,8 @@
 #endif
 // 1: each consumer warpgroup loads its 64 Q rows into registers (ldmatrix) when an item starts
 // and releases the Q buffer at once; S = Q K^T then reads only K from shared memory (version 4).
-// 0: Q is read from shared memory by every QK wgmma (versions 1-3). A/B variant.
+// 0: Q is read from shared memory by every QK wgmma (versions 1-3; build it with Q_BUFFERS 2
+// and KV_STAGES 2, as it was). A/B variant.
 #ifndef SA_STAGE17_Q_IN_REGS
 #define SA_STAGE17_Q_IN_REGS 1
 #endif
