@@ -188,12 +188,6 @@
 #ifndef SA_STAGE17_MASK_SPECIALIZE
 #define SA_STAGE17_MASK_SPECIALIZE 1
 #endif
-// 1: K/V copies ask L2 to keep their lines (evict_last) and Q copies to drop theirs first
-// (evict_first), so the blocks that many items read survive the stream of Q tiles and O rows;
-// 0: no hint (versions 1-4). A/B variant.
-#ifndef SA_STAGE17_L2_HINT
-#define SA_STAGE17_L2_HINT 0
-#endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
 #endif
@@ -262,21 +256,6 @@ __device__ __forceinline__ void wait_phase(uint64_t *bar, uint32_t parity)
         sa_mbar_wait_sleep(bar, parity);
     else
         sa_mbar_wait(bar, parity);
-}
-
-// A 128-row tile as two 64-column boxes (the 128B swizzle's width), with the L2 hint of
-// SA_STAGE17_L2_HINT: keep (K/V, reused by many items) or drop first (Q, read once).
-__device__ __forceinline__ void load_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *bar,
-                                          int row, bool reused)
-{
-    if (SA_STAGE17_L2_HINT) {
-        const uint64_t policy = reused ? sa_l2_evict_last() : sa_l2_evict_first();
-        sa_tma_load_2d_hint(dst, map, bar, 0, row, policy);
-        sa_tma_load_2d_hint(dst + HALF_BYTES, map, bar, HALF_COLS, row, policy);
-    } else {
-        sa_tma_load_2d(dst, map, bar, 0, row);
-        sa_tma_load_2d(dst + HALF_BYTES, map, bar, HALF_COLS, row);
-    }
 }
 
 // Where an item lives: the flattened (batch, head_q) index and the Q tile.
@@ -604,7 +583,9 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                     // Q rows are numbered over the flattened (batch, head, seq) matrix.
                     const int qrow = it.bh * p.len_q + it.tile * TILE;
                     sa_mbar_arrive_expect_tx(&sm.q_ready[qb], TILE_BYTES);
-                    load_tile(sm.q[qb], &map_q, &sm.q_ready[qb], qrow, false);
+                    sa_tma_load_2d(sm.q[qb], &map_q, &sm.q_ready[qb], 0, qrow);
+                    sa_tma_load_2d(sm.q[qb] + HALF_BYTES, &map_q, &sm.q_ready[qb], HALF_COLS,
+                                   qrow);
                 } else {
                     sa_mbar_arrive(&sm.q_ready[qb]); // the record alone: nothing to load
                 }
@@ -625,10 +606,12 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                     sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
                     sm.k_blk[s] = blk;
                     sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
-                    load_tile(sm.k[s], &map_k, &sm.k_ready[s], krow, true);
+                    sa_tma_load_2d(sm.k[s], &map_k, &sm.k_ready[s], 0, krow);
+                    sa_tma_load_2d(sm.k[s] + HALF_BYTES, &map_k, &sm.k_ready[s], HALF_COLS, krow);
                     wait_phase(&sm.v_free[s], par);
                     sa_mbar_arrive_expect_tx(&sm.v_ready[s], TILE_BYTES);
-                    load_tile(sm.v[s], &map_v, &sm.v_ready[s], krow, true);
+                    sa_tma_load_2d(sm.v[s], &map_v, &sm.v_ready[s], 0, krow);
+                    sa_tma_load_2d(sm.v[s] + HALF_BYTES, &map_v, &sm.v_ready[s], HALF_COLS, krow);
                 }
             }
         }

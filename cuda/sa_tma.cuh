@@ -26,32 +26,3 @@ __device__ __forceinline__ void sa_tma_load_2d(void *dst, const CUtensorMap *map
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(sa_smem_addr(bar)), "r"(c0), "r"(c1)
                  : "memory");
 }
-
-// L2 eviction priorities for a copy (introduced by stage 17 version 5): a policy word made by
-// createpolicy, passed with the copy's .L2::cache_hint. evict_last keeps lines that later copies
-// will read again (the K/V blocks every head of a group and many tiles read) ahead of lines read
-// once (each Q tile), which take evict_first.
-__device__ __forceinline__ uint64_t sa_l2_evict_last()
-{
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    return policy;
-}
-__device__ __forceinline__ uint64_t sa_l2_evict_first()
-{
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    return policy;
-}
-
-// sa_tma_load_2d with an L2 policy word (sa_l2_evict_last, sa_l2_evict_first).
-__device__ __forceinline__ void sa_tma_load_2d_hint(void *dst, const CUtensorMap *map,
-                                                    uint64_t *bar, int c0, int c1,
-                                                    uint64_t policy)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(sa_smem_addr(dst)),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(sa_smem_addr(bar)), "r"(c0), "r"(c1),
-                 "l"(policy)
-                 : "memory");
-}
