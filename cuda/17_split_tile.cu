@@ -68,8 +68,8 @@
 //   items takes more and the triangle's tail is short items on every SM. The static order gave
 //   89% / 93% / 95% balance on the causal dense shapes (4K / 8K / 16K, a simulation of the item
 //   lengths); the dynamic order measured 8-10% faster there. Without a counter (a stream being
-//   captured into a graph, or more than 8 streams in one thread: sa_sched_counter) causal calls
-//   take the static order.
+//   captured into a graph, more than 8 streams in one thread, or no device memory for it:
+//   sa_sched_counter) causal calls take the static order.
 //
 // ITEM START (consumer c): wait q-ready; read the record; load rows 64c..64c+63 of Q into the
 //   A fragments of the 8 QK k-steps (ldmatrix from the swizzled tile); arrive q-free.

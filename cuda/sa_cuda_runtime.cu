@@ -90,7 +90,8 @@ int sa_tensor_maps_qkv(const sa_gpu_attn *a, uint32_t box_rows, uint32_t box_col
 // device, stream): launches on one stream run one after another and each leaves its counter at
 // 0 (the kernel's last fetch resets it), so only concurrent launches would share one, and those
 // get different counters. A stream being captured into a graph gets none (its launches replay
-// later, possibly beside each other): the kernel then takes the static order.
+// later, possibly beside each other): the kernel then takes the static order, as it does when
+// a counter cannot be allocated (the order only changes speed, never the result).
 int sa_sched_counter(void *stream, int **out)
 {
     constexpr int SLOTS = 8; // streams per thread with a counter; more fall back to static
@@ -119,7 +120,7 @@ int sa_sched_counter(void *stream, int **out)
     int *counter = nullptr;
     if (cudaMalloc(&counter, sizeof *counter) != cudaSuccess) {
         (void)cudaGetLastError();
-        return SA_ERR_NOMEM;
+        return SA_OK; // static order; the next call tries again
     }
     // On the call's stream, so it is ordered before the launch that first uses the counter.
     if (cudaMemsetAsync(counter, 0, sizeof *counter, (cudaStream_t)stream) != cudaSuccess) {
