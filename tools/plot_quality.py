@@ -122,11 +122,10 @@ def draw(model, by_len, name, out_dir, plt, kind):
         if loss:
             ax.axhline(THRESHOLD, color="gray", linewidth=0.8, linestyle=":")
             ax.set_yscale("log")
-            ax.set_title("%d tokens (%d blocks)" % (n, n // 128))
         else:
             ax.set_xscale("log", base=2)
             ax.set_ylim(0, 1.02)
-            ax.set_title("%d tokens (%d blocks)" % (n, -(-n // 128)))
+        ax.set_title("%d tokens (%d blocks)" % (n, -(-n // 128)))
         ax.set_xlabel("budget k (blocks per query tile)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("loss - dense (nats/token)" if loss else
