@@ -21,6 +21,10 @@
 //   Q buffer is enough, and its 32 KB pay for a third K/V stage, which hides the latency of the
 //   scattered block loads (+5-7% on the study's lists, docs/stage17.md). Calls with no causal
 //   mask and no partial final block run a build of the kernel without step 4's mask test.
+//   Version 5 gives the other calls that loop too: the producer issues the blocks of a row that
+//   need a mask (a causal diagonal block, the partial final block: one or two per tile) after
+//   all the others, and the consumers run the others through the loop without the test and only
+//   the last ones through the loop with it (MASK LAST below).
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -74,6 +78,16 @@
 // ITEM START (consumer c): wait q-ready; read the record; load rows 64c..64c+63 of Q into the
 //   A fragments of the 8 QK k-steps (ldmatrix from the swizzled tile); arrive q-free.
 //
+// MASK LAST (version 5, the kernel built with MASKS)
+//   The producer counts the row's blocks that step 4 must mask (needs_mask: the partial final
+//   block, or a block that some row of the tile sees only in part) and writes the number of the
+//   others into the record (unmasked). It then walks the row twice: pass 0 issues the blocks
+//   without a mask in list order, pass 1 the masked ones. The consumers run blocks
+//   1..unmasked-1 through a copy of the loop without the mask test (the loop of the kernel
+//   without MASKS), then the rest through the copy with it; block 0 is masked when unmasked is 0.
+//   The order of a row's blocks does not change the result beyond rounding, and it is the same
+//   in every call, so repeated calls still agree bit for bit.
+//
 // ROLES (384 threads = 3 warpgroups)
 //   WG0  producer. setmaxnreg.dec to 24. Warp 0 walks (and checks) the lists, lane 0 issues the
 //        Q and K/V copies; warps 1-3 leave.
@@ -81,14 +95,14 @@
 //   WG2  consumer of rows 64..127 (c = 1).
 //
 // DATAFLOW PER KV BLOCK j >= 1 (consumer c; stage s = n % KV_STAGES for the CTA's n-th block)
-//   1. wait k-ready[s] (and read the block's valid-key count the producer left beside it);
-//      wait v-ready of block j-1's stage; wait turn[c].
+//   1. wait k-ready[s]; wait v-ready of block j-1's stage; wait turn[c].
 //   2. S = Q_c K_j^T (8 wgmma, A = Q from registers, commit); O += P_{j-1} V_{j-1} (8 wgmma,
 //      A = P from registers, commit). pass turn.
-//   3. wait for S only (wgmma.wait_group 1); arrive k-free[s].
-//   4. mask the padding columns if block j is the partial final block, and the columns past each
-//      row's last visible key if it is a causal diagonal block (only in the kernel built with
-//      MASKS); row max; lazy rescaling
+//   3. wait for S only (wgmma.wait_group 1).
+//   4. in the loop of the masked blocks (MASK LAST), read the block's valid keys and index that
+//      the producer left beside stage s, and mask the padding columns if it is the partial
+//      final block and the columns past each row's last visible key if it is a causal diagonal
+//      block; arrive k-free[s]; row max; lazy rescaling
 //      as stage 14 (a new max is adopted only when it exceeds the running one by more than
 //      RESCALE_THRESHOLD); P = exp2(S * scale * log2e - max) computed in place in S's
 //      registers, row sums updated. All of it while step 2's PV runs.
@@ -101,11 +115,11 @@
 //
 // BARRIER PROTOCOL
 //   | barrier        | kind      | direction               | arrivals              | meaning
-//   | q-ready[b]     | mbarrier  | producer -> consumers   | 1 (+ 32 KB TMA bytes) | Q landed in buffer b; its item record (item, count, code) is written
+//   | q-ready[b]     | mbarrier  | producer -> consumers   | 1 (+ 32 KB TMA bytes) | Q landed in buffer b; its item record (item, count, code, unmasked) is written
 //   | q-free[b]      | mbarrier  | consumers -> producer   | 8 (4 warps x 2 WGs)   | Q of buffer b in registers, record read
-//   | k-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | K in stage s landed; its valid-key count written
+//   | k-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | K in stage s landed; its valid-key count and block written
 //   | v-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | V in stage s landed
-//   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done
+//   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done, its valid-key count and block read
 //   | v-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' PV on V[s] done
 //   | turn[c]        | named bar | consumer 1-c -> c       | 256 (arrive + sync)   | c may issue its next batch
 //   The CTA's u-th item uses Q buffer b = u % Q_BUFFERS. With Q in registers (version 4) one
@@ -188,6 +202,13 @@
 #ifndef SA_STAGE17_MASK_SPECIALIZE
 #define SA_STAGE17_MASK_SPECIALIZE 1
 #endif
+// 1: in the kernel with masks, the producer issues a row's blocks that step 4 must mask (the
+// causal diagonal, the partial final block) after all the others, and the consumers run those
+// others through the loop without the mask test (version 5); 0: every block in list order
+// through the loop with the test (version 4). A/B variant.
+#ifndef SA_STAGE17_MASK_LAST
+#define SA_STAGE17_MASK_LAST 1
+#endif
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
 #endif
@@ -202,6 +223,7 @@ namespace {
 
 constexpr int KV_STAGES = SA_STAGE17_KV_STAGES;
 constexpr bool Q_IN_REGS = SA_STAGE17_Q_IN_REGS != 0;
+constexpr bool MASK_LAST = SA_STAGE17_MASK_LAST != 0;
 constexpr int Q_BUFFERS = SA_STAGE17_Q_BUFFERS;
 constexpr bool PINGPONG = SA_STAGE17_PINGPONG != 0; // turns between the consumer warpgroups
 constexpr int HALVES = 2;                           // consumer warpgroups = 64-row halves of a tile
@@ -223,7 +245,9 @@ struct alignas(1024) Smem {
     uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], k_free[KV_STAGES], v_free[KV_STAGES];
     int32_t k_valid[KV_STAGES]; // valid keys of the block in K stage s (128 unless partial)
     int32_t k_blk[KV_STAGES];   // the block in K stage s (causal_diag needs it)
-    int32_t item[Q_BUFFERS], count[Q_BUFFERS], error[Q_BUFFERS]; // the item record, beside its Q buffer
+    // The item record, beside its Q buffer: the item, its count, its check's code, and how many
+    // of its blocks come first that need no mask (MASK_LAST; 0 otherwise).
+    int32_t item[Q_BUFFERS], count[Q_BUFFERS], error[Q_BUFFERS], unmasked[Q_BUFFERS];
 };
 constexpr size_t SMEM_BYTES = sizeof(Smem) + 1024; // + room to align the dynamic base
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over the sm_90 per-block limit");
@@ -302,6 +326,13 @@ __device__ __forceinline__ int last_visible_block(const Params &p, int tile)
 {
     const int key = min(tile * TILE + TILE - 1, p.len_q - 1) + p.q_off;
     return key < 0 ? -1 : key / TILE;
+}
+
+// Whether step 4 must mask block blk for some row of the tile: the partial final block, or a
+// block that some row sees only in part (causal). Any int is safe here (unchecked lists).
+__device__ __forceinline__ bool needs_mask(const Params &p, int tile, int blk)
+{
+    return (blk == p.kv_blocks - 1 && p.tail < TILE) || causal_diag(p, tile, blk) < DIAG_ALL;
 }
 
 
@@ -501,6 +532,36 @@ __device__ __forceinline__ void turn_end(int c)
         turn_pass(c);
 }
 
+// One block's K and V into stage kv_n % KV_STAGES (lane 0 of the producer warp): wait until both
+// halves have released the stage, leave the block's valid keys and index beside it for step 4's
+// mask (only the kernel with masks reads them), issue the copies.
+template <bool MASKS>
+__device__ __forceinline__ void load_block(Smem &sm, const CUtensorMap *map_k,
+                                           const CUtensorMap *map_v, const Params &p,
+                                           uint32_t kv_n, int kv_row0, int blk)
+{
+    const int s = kv_n % KV_STAGES;
+    const uint32_t par = ((kv_n / KV_STAGES) & 1) ^ 1;
+    const int krow = kv_row0 + blk * TILE;
+    wait_phase(&sm.k_free[s], par);
+    if (MASKS) {
+        sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
+        sm.k_blk[s] = blk;
+    }
+    sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
+    sa_tma_load_2d(sm.k[s], map_k, &sm.k_ready[s], 0, krow);
+    sa_tma_load_2d(sm.k[s] + HALF_BYTES, map_k, &sm.k_ready[s], HALF_COLS, krow);
+    wait_phase(&sm.v_free[s], par);
+    sa_mbar_arrive_expect_tx(&sm.v_ready[s], TILE_BYTES);
+    sa_tma_load_2d(sm.v[s], map_v, &sm.v_ready[s], 0, krow);
+    sa_tma_load_2d(sm.v[s] + HALF_BYTES, map_v, &sm.v_ready[s], HALF_COLS, krow);
+}
+
+// Which loop of the consumer a block runs in: with step 4's mask test (true) or without (false).
+template <bool M> struct MaskTag {
+    static constexpr bool value = M;
+};
+
 // MASKS = false: the call has no causal mask and no partial final block, so no block needs step
 // 4's mask: the test, the reads of the stage's valid-key count and block and the branch around
 // the mask leave the loop.
@@ -572,6 +633,15 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int count = err ? 0 : min(max(raw, 0), p.max_blocks);
             if (err && lane == 0)
                 atomicMin(p.verdict, err);
+            // MASK_LAST: the blocks step 4 must mask are issued after the others (two passes over
+            // the row below), so the consumers learn here how many come first without a mask.
+            int masked = 0;
+            if (MASKS && MASK_LAST) {
+#pragma unroll 1
+                for (int j0 = 0; j0 < count; j0 += 32)
+                    masked += __popc(__ballot_sync(
+                        0xffffffffu, j0 + lane < count && needs_mask(p, it.tile, row[j0 + lane])));
+            }
             // The item's Q buffer and record are free again (its previous user's last QK is done).
             const int qb = q_uses % Q_BUFFERS;
             wait_phase(&sm.q_free[qb], ((q_uses / Q_BUFFERS) & 1) ^ 1);
@@ -579,6 +649,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 sm.item[qb] = item;
                 sm.count[qb] = count;
                 sm.error[qb] = err;
+                sm.unmasked[qb] = MASKS && MASK_LAST ? count - masked : 0;
                 if (count > 0) {
                     // Q rows are numbered over the flattened (batch, head, seq) matrix.
                     const int qrow = it.bh * p.len_q + it.tile * TILE;
@@ -592,26 +663,35 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             }
             q_uses++;
             const int kv_row0 = (int)((unsigned)it.bh / (unsigned)p.group) * p.len_kv;
-            int idx = 0;
+            if (!(MASKS && MASK_LAST)) {
+                int idx = 0;
 #pragma unroll 1
-            for (int j = 0; j < count; j++, kv_n++) {
-                if ((j & 31) == 0) // the next 32 entries, one per lane
-                    idx = j + lane < count ? row[j + lane] : 0;
-                const int blk = __shfl_sync(0xffffffffu, idx, j & 31);
-                if (lane == 0) {
-                    const int s = kv_n % KV_STAGES;
-                    const uint32_t par = ((kv_n / KV_STAGES) & 1) ^ 1;
-                    const int krow = kv_row0 + blk * TILE;
-                    wait_phase(&sm.k_free[s], par);
-                    sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
-                    sm.k_blk[s] = blk;
-                    sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
-                    sa_tma_load_2d(sm.k[s], &map_k, &sm.k_ready[s], 0, krow);
-                    sa_tma_load_2d(sm.k[s] + HALF_BYTES, &map_k, &sm.k_ready[s], HALF_COLS, krow);
-                    wait_phase(&sm.v_free[s], par);
-                    sa_mbar_arrive_expect_tx(&sm.v_ready[s], TILE_BYTES);
-                    sa_tma_load_2d(sm.v[s], &map_v, &sm.v_ready[s], 0, krow);
-                    sa_tma_load_2d(sm.v[s] + HALF_BYTES, &map_v, &sm.v_ready[s], HALF_COLS, krow);
+                for (int j = 0; j < count; j++, kv_n++) {
+                    if ((j & 31) == 0) // the next 32 entries, one per lane
+                        idx = j + lane < count ? row[j + lane] : 0;
+                    const int blk = __shfl_sync(0xffffffffu, idx, j & 31);
+                    if (lane == 0)
+                        load_block<MASKS>(sm, &map_k, &map_v, p, kv_n, kv_row0, blk);
+                }
+            } else {
+                // MASK_LAST: pass 0 issues the blocks that need no mask, pass 1 the others; each
+                // pass walks the row 32 entries at a time, one per lane, and issues the taken
+                // ones in list order.
+#pragma unroll 1
+                for (int pass = 0; pass < 2; pass++) {
+#pragma unroll 1
+                    for (int j0 = 0; j0 < count; j0 += 32) {
+                        const int idx = j0 + lane < count ? row[j0 + lane] : 0;
+                        const bool take =
+                            j0 + lane < count && needs_mask(p, it.tile, idx) == (pass == 1);
+#pragma unroll 1
+                        for (uint32_t todo = __ballot_sync(0xffffffffu, take); todo;
+                             todo &= todo - 1, kv_n++) {
+                            const int blk = __shfl_sync(0xffffffffu, idx, __ffs(todo) - 1);
+                            if (lane == 0)
+                                load_block<MASKS>(sm, &map_k, &map_v, p, kv_n, kv_row0, blk);
+                        }
+                    }
                 }
             }
         }
@@ -662,6 +742,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         }
 
         const int tile = item_at(p, item).tile; // for the causal diagonal
+        // Blocks 0..unmasked-1 need no mask (MASK_LAST: the producer issued the others last).
+        const int unmasked = MASKS ? read_lane0(&sm.unmasked[qb], lane) : count;
         uint32_t qa[32]; // version 4: this warpgroup's Q rows, loaded once per item
         if (Q_IN_REGS) {
             load_q_frags(qa, sa_smem_addr(sm.q[qb]), c, warp, lane);
@@ -675,44 +757,56 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         for (int r = 0; r < 64; r++)
             o[r] = 0.f;
 
+        // Step 4's mask of the block in K stage s, in the loops that may need one (M): a partial
+        // block or a causal diagonal one; any other block pays two reads and a compare.
+        const auto mask_stage = [&](int s, auto m) {
+            if (!decltype(m)::value)
+                return;
+            const int valid = read_lane0(&sm.k_valid[s], lane);
+            const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
+            if (valid < TILE || d < DIAG_ALL)
+                mask_block(sc, valid, d, warp, lane);
+        };
+
         // Block 0: a turn with S alone, then its softmax (no PV in flight: rescale at once).
         {
             const int s = kv_n % KV_STAGES;
-            uint32_t q_desc = q_desc0 + qb * STAGE_STEP, k_desc = k_desc0 + s * STAGE_STEP;
+            uint32_t q_desc = Q_IN_REGS ? 0u : q_desc0 + qb * STAGE_STEP;
+            uint32_t k_desc = k_desc0 + s * STAGE_STEP;
             asm volatile("" : "+r"(q_desc), "+r"(k_desc));
             wait_phase(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
-            const int valid = MASKS ? read_lane0(&sm.k_valid[s], lane) : TILE;
-            const int d =
-                MASKS ? causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c : DIAG_ALL;
             turn_begin(c);
             sa_wgmma_fence();
             issue_s(sc, qa, q_desc, k_desc);
             sa_wgmma_commit();
             turn_end(c);
             sa_wgmma_wait<0>();
+            if (MASKS && unmasked == 0)
+                mask_stage(s, MaskTag<true>{}); // before k-free: the producer rewrites the record
             warp_arrive(&sm.k_free[s], lane);
             if (!Q_IN_REGS && count == 1)
                 warp_arrive(&sm.q_free[qb], lane);
-            if (MASKS && (valid < TILE || d < DIAG_ALL)) // a partial or a diagonal block
-                mask_block(sc, valid, d, warp, lane);
             const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
             rescale_and_pack(moved, factor, o, sc, pa);
         }
-#pragma unroll 1
-        for (int j = 1; j < count; j++) {
+        // Blocks 1..count-1, steps 1-5; M: the loop of the blocks that may need step 4's mask.
+        const auto kv_block = [&](int j, auto m) {
             const uint32_t n = kv_n + j;
             const int s = n % KV_STAGES, s_prev = (n - 1) % KV_STAGES;
             // Opaque copies: without them the compiler hoists every per-k-step descriptor out of
             // the loop and keeps them in registers that the accumulators need.
-            uint32_t q_desc = q_desc0 + qb * STAGE_STEP, k_desc = k_desc0 + s * STAGE_STEP;
+            uint32_t k_desc = k_desc0 + s * STAGE_STEP;
             uint32_t v_desc = v_desc0 + s_prev * STAGE_STEP;
-            asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(v_desc));
+            uint32_t q_desc = 0;
+            if (Q_IN_REGS) {
+                asm volatile("" : "+r"(k_desc), "+r"(v_desc));
+            } else {
+                q_desc = q_desc0 + qb * STAGE_STEP;
+                asm volatile("" : "+r"(q_desc), "+r"(k_desc), "+r"(v_desc));
+            }
 
             // ---- steps 1-2: S of block j and PV of block j-1 in one turn
             wait_phase(&sm.k_ready[s], (n / KV_STAGES) & 1);
-            const int valid = MASKS ? read_lane0(&sm.k_valid[s], lane) : TILE;
-            const int d =
-                MASKS ? causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c : DIAG_ALL;
             wait_phase(&sm.v_ready[s_prev], ((n - 1) / KV_STAGES) & 1);
             turn_begin(c);
             sa_wgmma_fence();
@@ -723,12 +817,11 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             turn_end(c);
             // ---- step 3: S is done (the PV may still run)
             sa_wgmma_wait<1>();
+            // ---- step 4: softmax of block j beside the PV of block j-1
+            mask_stage(s, m); // before k-free: the producer rewrites the stage's record
             warp_arrive(&sm.k_free[s], lane);
             if (!Q_IN_REGS && j == count - 1)
                 warp_arrive(&sm.q_free[qb], lane);
-            // ---- step 4: softmax of block j beside the PV of block j-1
-            if (MASKS && (valid < TILE || d < DIAG_ALL)) // a partial or a diagonal block
-                mask_block(sc, valid, d, warp, lane);
             const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
             // ---- step 5: the wait for the PV stands in each arm of the branch (pv_wait)
             if (!SA_STAGE17_ARM_WAIT) {
@@ -742,6 +835,14 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 rescale_and_pack(false, factor, o, sc, pa);
             }
             warp_arrive(&sm.v_free[s_prev], lane);
+        };
+#pragma unroll 1
+        for (int j = 1; j < unmasked; j++)
+            kv_block(j, MaskTag<false>{});
+        if (MASKS) {
+#pragma unroll 1
+            for (int j = max(unmasked, 1); j < count; j++)
+                kv_block(j, MaskTag<true>{});
         }
         // The item's last turn: PV of its last block.
         {
