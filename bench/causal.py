@@ -2,6 +2,7 @@
 """Causal attention: our causal stage against its peers, measured in one process on one GPU.
 
     python3 bench/causal.py --lib build-gpu/libsparseattn.so [--mode dense,sparse] [--json PATH]
+                            [--peers cudnn,fa4,flex|none]
     python3 bench/causal.py --self-test   # no GPU: the lists, the FA4 metadata and the Flex
                                           # mask against a plain masked softmax (torch on CPU)
 
@@ -33,6 +34,7 @@ import peers as P  # noqa: E402
 
 TILE = P.TILE
 TOPK = P.SPARSE_K
+PEERS = ("cudnn", "fa4", "flex")  # --peers: cuDNN SDPA (dense), FA4 (both), FlexAttention (sparse)
 
 
 def causal_stage(sa, stage_id=None):
@@ -223,7 +225,8 @@ def timed(torch, args, named):
 def run_dense(torch, F, sa, st, args, gemm, summary, verdict):
     fa4 = None
     try:
-        fa4 = P.load_fa4()[0]
+        if "fa4" in args.peers:
+            fa4 = P.load_fa4()[0]
     except Exception as e:  # noqa: BLE001
         P.log("dense causal: FA4 n/a (%s)" % P.first_line(e))
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -241,7 +244,8 @@ def run_dense(torch, F, sa, st, args, gemm, summary, verdict):
         def cudnn_call():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True), None
-        calls["cudnn"] = cudnn_call
+        if "cudnn" in args.peers:
+            calls["cudnn"] = cudnn_call
         if fa4 is not None:
             calls["fa4"] = fa4_causal_call(torch, fa4, P.bshd((q, k, v)))
         flops = 4.0 * B * H * S * S * D / 2
@@ -276,7 +280,8 @@ def run_dense(torch, F, sa, st, args, gemm, summary, verdict):
 def run_sparse(torch, F, sa, st, args, gemm, summary, verdict):
     fa4 = None
     try:
-        fa4 = P.load_fa4()
+        if "fa4" in args.peers:
+            fa4 = P.load_fa4()
     except Exception as e:  # noqa: BLE001
         P.log("sparse causal: FA4 n/a (%s)" % P.first_line(e))
     B, Hq, Hkv, Sq, D = P.SPARSE_B, P.SPARSE_HQ, P.SPARSE_HKV, P.SPARSE_SQ, P.SPARSE_D
@@ -296,6 +301,8 @@ def run_sparse(torch, F, sa, st, args, gemm, summary, verdict):
                 calls["fa4 bs pack_gqa %s" % ("on" if pk else "off")] = fa4_causal_call(
                     torch, fwd, qkv, block_sparse=bst, pack_gqa=pk)
         try:
+            if "flex" not in args.peers:
+                raise RuntimeError("not asked for (--peers)")
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
             bm, _ = flex_block_mask(torch, create_block_mask, idx, cnt, Hq, Sq, skv)
             flex = torch.compile(flex_attention, dynamic=False)
@@ -486,11 +493,19 @@ def main(argv=None):
     ap.add_argument("--stage", type=int, metavar="ID",
                     help="our stage (a sparse stage that masks causally; default: the registry's "
                          "default tile stage)")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help="the peers to run beside ours, comma-separated from %s, or none "
+                         "(default: all)" % ",".join(PEERS))
     ap.add_argument("--self-test", action="store_true",
                     help="check the causal lists, the FA4 metadata and the Flex mask against a "
                          "plain masked softmax on small cases (torch on the CPU; no GPU or "
                          "library) and exit")
     args = ap.parse_args(argv)
+    args.peers = [] if args.peers == "none" else args.peers.split(",")
+    unknown = [n for n in args.peers if n not in PEERS]
+    if unknown:
+        ap.error("--peers: unknown %s (known: %s, or none)"
+                 % (",".join(unknown), ",".join(PEERS)))
     if args.self_test:
         res = self_test()
         P.log("self-test: %d passed, %d failed" % (sum(res), len(res) - sum(res)))

@@ -32,3 +32,9 @@ def test_causal_self_test():
     r = run_bench(os.path.join(BENCH, "causal.py"), "--self-test")
     assert r.returncode == 0, r.stdout + r.stderr
     assert " 0 failed" in r.stdout
+
+
+def test_causal_refuses_an_unknown_peer():
+    r = run_bench(os.path.join(BENCH, "causal.py"), "--self-test", "--peers", "cudnn,fa5")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--peers: unknown fa5" in r.stderr
