@@ -212,11 +212,6 @@
 #ifndef SA_STAGE17_PINGPONG
 #define SA_STAGE17_PINGPONG 1
 #endif
-// 1: step 4 takes each row's max as a tree of depth 5 over its 32 scores (version 6); 0: as the
-// stage-14 chain, 16 dependent FMNMX per row (versions 1-5). A/B variant.
-#ifndef SA_STAGE17_TREE_MAX
-#define SA_STAGE17_TREE_MAX 1
-#endif
 // 1: the loop carries the K/V stage and phase of its block from one block to the next (version
 // 6); 0: it derives them as n % KV_STAGES and n / KV_STAGES, a multiply-high chain ahead of
 // every wait (versions 1-5). A/B variant.
@@ -405,40 +400,6 @@ __device__ __forceinline__ int check_row(const Params &p, const int32_t *row, in
     return __any_sync(0xffffffffu, bad_index) ? SA_ERR_INDEX : SA_OK;
 }
 
-// Version 6: step 4's row max and lazy rescaling decision, as softmax_row_max (sa_stage14.cuh)
-// but with each row's max taken as a tree: 16 independent pair maxima, then 8, 4, 2, 1. ncu of
-// version 5 showed the chain form's 64 dependent FMNMX of a warp's two rows waiting on each
-// other ('wait' stalls) for about 14% of the loop, with no exponential issued meanwhile; the
-// tree has the same 62 FMNMX at depth 5.
-__device__ __forceinline__ bool softmax_row_max_tree(const float (&sc)[64], float (&row_max)[2],
-                                                     float (&row_sum)[2], float (&factor)[2])
-{
-    bool need_any = false;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float m[8]; // levels 1-2 by hand: a loop over levels was left rolled (a local array)
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            m[k] = fmaxf(fmaxf(sc[8 * k + 2 * i], sc[8 * k + 2 * i + 1]),
-                         fmaxf(sc[8 * k + 4 + 2 * i], sc[8 * k + 4 + 2 * i + 1]));
-        const float m4[4] = {fmaxf(m[0], m[4]), fmaxf(m[1], m[5]), fmaxf(m[2], m[6]),
-                             fmaxf(m[3], m[7])};
-        float mx = fmaxf(fmaxf(m4[0], m4[2]), fmaxf(m4[1], m4[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mx2 = mx * SCORE_TO_LOG2;
-        const bool need = mx2 > row_max[i] + RESCALE_THRESHOLD; // always true on the first tile
-        factor[i] = 1.f;
-        if (need) {
-            factor[i] = fast_exp2(row_max[i] - mx2); // 0 on the first tile: O and sum are 0
-            row_max[i] = mx2;
-            row_sum[i] *= factor[i];
-        }
-        need_any |= need;
-    }
-    return need_any;
-}
-
 // Step 4 of the dataflow: row max and the lazy rescaling decision (softmax_row_max), then
 // P = exp2(S * scale * log2e - max) in place of S, with O's rescale deferred: O is still being
 // accumulated by the PV in flight. Returns whether any row of this warp adopted a new max (a
@@ -455,9 +416,7 @@ __device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_ma
         factor[0] = factor[1] = 1.f;
         return false;
     }
-    const bool need_any = SA_STAGE17_TREE_MAX
-                              ? softmax_row_max_tree(sc, row_max, row_sum, factor)
-                              : softmax_row_max(sc, row_max, row_sum, factor);
+    const bool need_any = softmax_row_max(sc, row_max, row_sum, factor);
     float part[2] = {0.f, 0.f}; // this block's row sums, added to the (rescaled) running ones
 #pragma unroll
     for (int jj = 0; jj < 16; jj++) {
