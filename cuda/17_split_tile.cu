@@ -24,7 +24,9 @@
 //   Version 5 gives the other calls that loop too: the producer issues the blocks of a row that
 //   need a mask (a causal diagonal block, the partial final block: one or two per tile) after
 //   all the others, and the consumers run the others through the loop without the test and only
-//   the last ones through the loop with it (MASK LAST below).
+//   the last ones through the loop with it (MASK LAST below). Version 6 carries each block's
+//   K/V stage and phase to the next block instead of dividing its sequence number by
+//   KV_STAGES ahead of the first wait (+1-2%, docs/stage17.md).
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
