@@ -41,8 +41,8 @@ def main(argv=None):
         g = torch.Generator().manual_seed(2026)  # independent lists: K distinct blocks per tile
         T, nb = Sq // P.TILE, skv // P.TILE
         lists = torch.rand(B, Hkv, T, nb, generator=g).argsort(-1)[..., :P.SPARSE_K]
-        lists = lists.sort(-1).values.to(torch.int32).cuda()
-        m = P.fa4_sparse_metadata(lists, None, torch)
+        lists = lists.sort(-1).values.to(torch.int32)
+        m = [x.cuda() for x in P.fa4_sparse_metadata(lists, None, torch)]  # made on the CPU
         bst = BST(mask_block_cnt=m[0], mask_block_idx=m[1], full_block_cnt=m[2],
                   full_block_idx=m[3], block_size=(P.TILE, P.TILE))
         call = P.fa4_call(torch, fwd, P.bshd(qkv), block_sparse=bst, pack_gqa=True)
