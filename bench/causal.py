@@ -218,8 +218,22 @@ def check_dense(torch, o, lse, q, k, v):
 def timed(torch, args, named):
     info = {}
     res = P.time_interleaved(torch, named, args.warmup, args.reps, args.rounds,
-                             warmup_s=args.warmup_s, info_out=info)
+                             warmup_s=args.warmup_s, settle_s=args.settle_s, info_out=info)
     return res, info
+
+
+def clock_note(inf):
+    """', 1712 MHz, 690 W' where --clocks sampled the contender, else ''."""
+    if not inf.get("clock_samples"):
+        return ""
+    return ", %.0f MHz, %.0f W" % (inf["sm_mhz"], inf["power_w"])
+
+
+def clock_fields(row, n, inf):
+    """The contender's mean clock and power in the JSON row (--clocks), beside its rate."""
+    if inf.get("clock_samples"):
+        row.setdefault("sm_mhz", {})[n] = inf["sm_mhz"]
+        row.setdefault("power_w", {})[n] = inf["power_w"]
 
 
 def run_dense(torch, F, sa, st, args, gemm, summary, verdict):
@@ -268,10 +282,11 @@ def run_dense(torch, F, sa, st, args, gemm, summary, verdict):
         for n, (ms, spread) in res.items():
             row["tflops"][n] = flops / (ms * 1e9)
             row["host_us"][n] = info[n]["host_us"]
+            clock_fields(row, n, info[n])
             P.log("dense causal %-18s %-6s %.3f ms %6.1f TFLOP/s (half the dense FLOPs; spread "
-                  "%.1f%%, host %.0f us/call) check O %.2e LSE %.2e"
+                  "%.1f%%, host %.0f us/call%s) check O %.2e LSE %.2e"
                   % ((B, H, S, D), n, ms, flops / (ms * 1e9), 100 * spread, info[n]["host_us"],
-                     ok[n][0], ok[n][1]))
+                     clock_note(info[n]), ok[n][0], ok[n][1]))
         summary["dense"].append(row)
         del q, k, v, idx, cnt, calls
         torch.cuda.empty_cache()
@@ -334,9 +349,11 @@ def run_sparse(torch, F, sa, st, args, gemm, summary, verdict):
         for n, (ms, spread) in res.items():
             row["tflops"][n] = flops / (ms * 1e9)
             row["host_us"][n] = info[n]["host_us"]
+            clock_fields(row, n, info[n])
             P.log("sparse causal len_kv %5d %-18s %.3f ms useful %6.1f TFLOP/s (spread %.1f%%, "
-                  "host %.0f us/call) O vs ours %.2e"
-                  % (skv, n, ms, flops / (ms * 1e9), 100 * spread, info[n]["host_us"], ok[n]))
+                  "host %.0f us/call%s) O vs ours %.2e"
+                  % (skv, n, ms, flops / (ms * 1e9), 100 * spread, info[n]["host_us"],
+                     clock_note(info[n]), ok[n]))
         summary["sparse"].append(row)
         del q, k, v, calls
         torch.cuda.empty_cache()
@@ -488,6 +505,12 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--warmup-s", type=float, default=0.5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--settle-s", type=float, default=0.0,
+                    help="seconds of untimed calls of a contender before its timed calls in each "
+                         "round (as bench/peers.py: timed at the clock it holds on its own)")
+    ap.add_argument("--clocks", action="store_true",
+                    help="sample the SM clock and power (nvidia-smi) and print each "
+                         "contender's mean (as bench/peers.py --clocks)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--stage", type=int, metavar="ID",
@@ -532,6 +555,10 @@ def main(argv=None):
     verdict = sa.Verdict()
     summary = {"dense": [], "sparse": []}
     gemm, _ = P.measure_ceilings(torch, args)
+    if args.clocks:
+        P.CLOCKS["sampler"] = P.ClockSampler()
+        if not P.CLOCKS["sampler"].start():
+            P.CLOCKS["sampler"] = None
     try:
         if "sparse" in args.mode:
             run_sparse(torch, F, sa, st, args, gemm, summary, verdict)
@@ -539,6 +566,9 @@ def main(argv=None):
             run_dense(torch, F, sa, st, args, gemm, summary, verdict)
     except Exception:  # noqa: BLE001 - still report what was measured
         traceback.print_exc()
+    finally:
+        if P.CLOCKS["sampler"] is not None:
+            P.CLOCKS["sampler"].stop()
     rc = verdict.read()
     P.log("causal: verdict over every call of ours: %d (%s)" % (rc, sa.strerror(rc)))
     verdict.close()

@@ -49,7 +49,9 @@ import math
 import os
 import re
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -180,6 +182,7 @@ PEER_NAMES = ("cudnn", "flash", "flex", "fa4", "bsa")
 # for the batch, at most SLEEP_MAX_MS; calibrated once with SLEEP_CAL_CYCLES.
 SLEEP_MIN_MS, SLEEP_MARGIN, SLEEP_MAX_MS, SLEEP_CAL_CYCLES = 0.2, 2.0, 200.0, 4000000
 HOST_CALLS = 8  # calls per contender for the host time per call
+CLOCK_SKIP_S = 0.2  # --clocks: a contender's first seconds in a round, left out of its clock
 
 
 # ---------------------------------------------------------------- the sparseattn package
@@ -319,6 +322,55 @@ def device_sleep(torch, ms):
     return True
 
 
+class ClockSampler:
+    """SM clock and board power, sampled by `nvidia-smi -lms SAMPLE_MS` in a thread, so that
+    time_interleaved can give each contender the mean clock and power of its own timed windows.
+    On a card at its power limit a kernel's rate is its work per clock times the clock it holds
+    (docs/log/2026-11-29-benchmarks.md): this says which of the two separates two contenders.
+    start() returns False (and the run goes on without clocks) where nvidia-smi is missing."""
+
+    SAMPLE_MS = 20
+
+    def __init__(self):
+        self.samples, self.proc = [], None
+
+    def start(self):
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                 "-i", "0", "-lms", str(self.SAMPLE_MS)], stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True)
+        except OSError as e:
+            log("clocks: nvidia-smi cannot run (%s): no clock samples" % e)
+            return False
+        threading.Thread(target=self._read, daemon=True).start()
+        return True
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                mhz, watt = line.strip().split(",")
+                self.samples.append((time.time(), float(mhz), float(watt)))
+            except ValueError:  # a header or a "[N/A]"
+                pass
+
+    def mean(self, windows):
+        """(mean MHz, mean W, samples) over the samples that fall inside any (t0, t1) window."""
+        got = [(m, w) for (t, m, w) in list(self.samples)
+               if any(t0 <= t <= t1 for t0, t1 in windows)]
+        if not got:
+            return None, None, 0
+        return (statistics.mean(m for m, _ in got), statistics.mean(w for _, w in got), len(got))
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc = None
+
+
+CLOCKS = {"sampler": None}  # the run's ClockSampler (--clocks), None: no samples
+
+
 def time_calls(torch, calls, warmup, reps):
     """Median ms of calls[i % len(calls)]() over reps, each between its own CUDA events."""
     return statistics.median(time_samples(torch, calls, max(warmup, len(calls)), reps))
@@ -364,11 +416,13 @@ def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0, rou
     samples = {n: [] for n in names}
     round_medians = {n: [] for n in names}
     stats = {n: {} for n in names}
+    windows = {n: [] for n in names}
     for r in range(max(1, rounds)):
         order = names[r % len(names):] + names[:r % len(names)] if names else []
         for n in order:
             calls = named_calls[n]
-            t_end = time.time() + settle_s
+            t_win = time.time()
+            t_end = t_win + settle_s
             i = 0
             while time.time() < t_end:
                 calls[i % len(calls)]()
@@ -379,6 +433,9 @@ def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0, rou
                               stats[n])
             samples[n] += ms
             round_medians[n].append(statistics.median(ms))
+            # The clock window: the settling calls (if any) and the timed batch; the first
+            # CLOCK_SKIP_S of it still shows the previous contender's clock.
+            windows[n].append((t_win + CLOCK_SKIP_S, time.time()))
     if round_out is not None:
         round_out.update(round_medians)
     if info_out is not None:
@@ -387,6 +444,9 @@ def time_interleaved(torch, named_calls, warmup, reps, rounds, warmup_s=0.0, rou
             info_out[n] = {"host_us": host_us_per_call(torch, named_calls[n],
                                                        max(HOST_CALLS, per_round)),
                            "gpu_idle": stats[n].get("idle_ms", 0.0) / busy if busy > 0 else None}
+            if CLOCKS["sampler"] is not None:
+                mhz, watt, k = CLOCKS["sampler"].mean(windows[n])
+                info_out[n].update({"sm_mhz": mhz, "power_w": watt, "clock_samples": k})
     out = {}
     for n in names:
         med = statistics.median(samples[n])
@@ -633,6 +693,9 @@ def add_record(summary, mode, shape, pattern, contender, kind, config, flops, ti
            "tflops_counts": "useful" if mode == "sparse" and kind != "dense" else "all",
            "host_us_per_call": (info or {}).get("host_us"),
            "gpu_idle_frac": (info or {}).get("gpu_idle"),
+           "sm_mhz": (info or {}).get("sm_mhz"), "power_w": (info or {}).get("power_w"),
+           "tflops_per_ghz": flops / (ms * 1e9) / (info["sm_mhz"] / 1e3)
+           if ms and (info or {}).get("sm_mhz") else None,
            "rel_l2_vs_ours": (check or {}).get("rel_l2_vs_ours"),
            "ours_ref": (check or {}).get("ours_ref"), "check": check or {}}
     rec.update(extra)
@@ -640,9 +703,13 @@ def add_record(summary, mode, shape, pattern, contender, kind, config, flops, ti
 
 
 def timing_note(spread, info):
-    return "round spread %.1f%%; host %s us/call, GPU idle %s%%" % (
+    note = "round spread %.1f%%; host %s us/call, GPU idle %s%%" % (
         100 * spread, fmt(info.get("host_us"), ".0f"),
         fmt(None if info.get("gpu_idle") is None else 100 * info["gpu_idle"], ".1f"))
+    if info.get("clock_samples"):
+        note += "; %.0f MHz, %.0f W (%d samples)" % (info["sm_mhz"], info["power_w"],
+                                                     info["clock_samples"])
+    return note
 
 
 # ---------------------------------------------------------------- ceilings
@@ -761,13 +828,20 @@ class AllBlocks:
         return self.st.call(a)
 
 
+def wanted_stage(args, st):
+    """--stages: whether our stage st (a registry entry) takes part (all of them by default)."""
+    return not args.stages or st.id in args.stages
+
+
 def run_dense(torch, F, sa, args, gemm, copy, summary):
     """sa: the sparseattn package (import_sparseattn), or None where it did not load."""
-    stages = [OurStage(torch, sa, s) for s in sa.stages() if not s.sparse] if sa else []
+    stages = [OurStage(torch, sa, s) for s in sa.stages()
+              if not s.sparse and wanted_stage(args, s)] if sa else []
     if not stages:
-        log("dense: no dense stage in the registry (or library not loaded): ours n/a")
+        log("dense: no dense stage in the registry (or library not loaded, or --stages): ours n/a")
     verdict = None
-    tile = [OurStage(torch, sa, s) for s in sa.stages() if s.sparse] if sa else []
+    tile = [OurStage(torch, sa, s) for s in sa.stages()
+            if s.sparse and wanted_stage(args, s)] if sa else []
     tile = [st for st in tile if st.has_role(sa.SA_ROLE_DEFAULT_TILE)]
     if tile:
         if tile[0].has_role(sa.SA_ROLE_GPU_VERDICT):
@@ -991,7 +1065,7 @@ def sparse_peer_configs(torch, args, fa4, bsa, sets, lists_cpu, Hq, skv):
 
 def run_sparse(torch, F, sa, args, gemm, copy, summary):
     """sa: the sparseattn package (import_sparseattn): the registry, verdicts, lists."""
-    all_stages = [OurStage(torch, sa, s) for s in sa.stages()]
+    all_stages = [OurStage(torch, sa, s) for s in sa.stages() if wanted_stage(args, s)]
     sparse = [s for s in all_stages if s.st.sparse]
     dense = [s for s in all_stages if not s.st.sparse]
     if not sparse:
@@ -1384,6 +1458,12 @@ def self_test(lib_path=None):
     def tolist(a):
         return a.tolist()
 
+    cs = ClockSampler()
+    cs.samples = [(1.0, 1700.0, 600.0), (2.0, 1800.0, 700.0), (3.0, 1500.0, 650.0),
+                  (4.5, 1000.0, 100.0)]
+    check("ClockSampler.mean: only the samples inside the windows",
+          cs.mean([(0.5, 2.5)]) == (1750.0, 650.0, 2) and cs.mean([(2.5, 3.5), (4.0, 5.0)])
+          == (1250.0, 375.0, 2) and cs.mean([(5.0, 6.0)]) == (None, None, 0))
     d = parse_defines(SAMPLE_SHAPES_H)
     check("parse_defines: numbers, hex, suffixes, brace lists, comments", d == {
         "SA_BENCH_SPARSE_B": 2, "SA_BENCH_SPARSE_HQ": 16, "SA_BENCH_SPARSE_HKV": 1,
@@ -1549,6 +1629,9 @@ def parse_args(argv=None):
                          "FlashAttention backend), flex (FlexAttention), fa4 (FlashAttention-4 "
                          "CuTe: dense, and block-sparse in the sparse mode), bsa (cuDNN "
                          "frontend block-sparse attention, sparse mode)")
+    ap.add_argument("--stages", default="",
+                    help="comma list of our stage ids to run (default: every registered stage; "
+                         "the dense mode's 'all blocks' row comes with the default tile stage)")
     ap.add_argument("--fa4-pack-gqa", default="on,off",
                     help="FA4 block-sparse runs: pack_gqa on, off, or on,off")
     ap.add_argument("--bsa-blocks", default="128,64",
@@ -1566,6 +1649,11 @@ def parse_args(argv=None):
                     help="seconds of untimed calls of a contender before its timed calls in each "
                          "round, so that it is timed at the clock it sustains on its own "
                          "(0: short bursts in turn)")
+    ap.add_argument("--clocks", action="store_true",
+                    help="sample the SM clock and board power with nvidia-smi while each "
+                         "contender runs, and print each one's mean clock, power and TFLOP/s "
+                         "per GHz (use with --settle-s: in short bursts a contender shares the "
+                         "clock of the one before it)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--budget-s", type=float, default=0,
                     help="skip the shapes not started after this many seconds (0: no limit)")
@@ -1586,6 +1674,10 @@ def parse_args(argv=None):
         ap.error("--bsa-blocks takes 128, 64 or 128,64")
     if not args.self_test and not args.lib:
         ap.error("--lib is required")
+    try:
+        args.stages = {int(x) for x in args.stages.split(",") if x.strip()}
+    except ValueError:
+        ap.error("--stages takes stage ids, e.g. 14,17")
     return args
 
 
@@ -1650,6 +1742,10 @@ def main(argv=None):
     log("peer packages: " + ", ".join("%s %s" % (k, v or "absent") for k, v in versions.items()))
     summary = {"dense": [], "sparse": [], "records": [], "unavailable": {}}
     gemm = copy = None
+    if args.clocks:
+        CLOCKS["sampler"] = ClockSampler()
+        if not CLOCKS["sampler"].start():
+            CLOCKS["sampler"] = None
     try:
         gemm, copy = measure_ceilings(torch, args)
         # Sparse first: with --budget-s, the block-sparse comparison is the one to keep.
@@ -1662,6 +1758,9 @@ def main(argv=None):
             run_dense(torch, F, sa, args, gemm, copy, summary)
     except Exception:  # noqa: BLE001 - still print what was measured
         traceback.print_exc()
+    finally:
+        if CLOCKS["sampler"] is not None:
+            CLOCKS["sampler"].stop()
     log("peers: %.0f s" % (time.time() - T_START))
     print_summary(summary, gemm, copy, device)
     if args.json:

@@ -7,6 +7,8 @@
 # BENCH, alternating the builds for $SA_AB_ROUNDS rounds (default 3), so that a drift of the
 # card's clock falls on all of them. Each output line is prefixed [a rN], [b rN], ...; full logs
 # go to $OUT. Needs no Check: the builds leave the tests out. Extra bench flags: $SA_BENCH_ARGS.
+# SA_AB_BASE=DIR times an existing build (e.g. build-gpu of scripts/device-gpu-suite.sh, made in
+# the same call) as variant a instead of building build-a.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 usage='usage: bash scripts/device-ab.sh "CUDA_ARGS" [...] [--] BENCH [BENCH...]'
@@ -25,8 +27,14 @@ fi
 names=(a)
 letters=(b c d e f g h)
 for i in "${!variants[@]}"; do names+=("${letters[$i]}"); done
+dir_a=build-a
+if [ -n "${SA_AB_BASE:-}" ]; then
+    [ -x "$SA_AB_BASE/tools/sparseattn" ] || { echo "SA_AB_BASE=$SA_AB_BASE has no tools/sparseattn"; exit 1; }
+    dir_a=$SA_AB_BASE
+fi
 for i in "${!names[@]}"; do
     v=${names[$i]}
+    [ "$v" = a ] && [ -n "${SA_AB_BASE:-}" ] && continue
     extra=()
     [ "$i" -gt 0 ] && extra=(-Dcuda_args="${variants[$((i - 1))]}")
     [ "$i" -gt 0 ] && echo "build-$v: ${variants[$((i - 1))]}"
@@ -42,7 +50,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 for r in $(seq 1 "${SA_AB_ROUNDS:-3}"); do
     for v in "${names[@]}"; do
         for bench in "$@"; do
-            build-$v/tools/sparseattn bench "$bench" ${SA_BENCH_ARGS:-} 2>&1 |
+            dir=build-$v
+            [ "$v" = a ] && dir=$dir_a
+            $dir/tools/sparseattn bench "$bench" ${SA_BENCH_ARGS:-} 2>&1 |
                 tee -a "$out/ab-$bench-$v.txt" | sed "s/^/[$v r$r] /"
         done
     done

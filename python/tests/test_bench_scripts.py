@@ -38,3 +38,9 @@ def test_causal_refuses_an_unknown_peer():
     r = run_bench(os.path.join(BENCH, "causal.py"), "--self-test", "--peers", "cudnn,fa5")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--peers: unknown fa5" in r.stderr
+
+
+def test_peers_refuses_a_stage_that_is_not_a_number():
+    r = run_bench(os.path.join(BENCH, "peers.py"), "--self-test", "--stages", "17,x")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--stages takes stage ids" in r.stderr
