@@ -18,6 +18,7 @@ void sa_select_params_default(sa_select_params *p)
 #define SA_SELECTOR_LIST(X) \
     X(r1)                   \
     X(r4)                   \
+    X(r4_mass)              \
     X(gauss)                \
     X(nvfp4)                \
     X(nvfp4_query)          \

@@ -100,5 +100,10 @@ int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *
 int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                    const sa_select_params *p, int span, int gauss, int32_t *indices,
                    int32_t *counts);
+/* x is (heads, len, dim) BF16; out (heads, ceil(len / span), dim) gets the mean of each group of
+ * span tokens (a final partial group averages only the tokens it has); var, when not NULL,
+ * (heads, groups, 2 dim) gets per channel the doubled upper and lower semivariances (sel_reps.c). */
+void sel_group_means(const uint16_t *x, int heads, int len, int dim, int span, float *out,
+                     float *var);
 
 #endif

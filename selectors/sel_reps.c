@@ -13,8 +13,8 @@
  * (heads, groups, 2 dim): per channel the upper and then the lower semivariance over those
  * tokens, each doubled (2 mean((x - m)+^2), 2 mean((x - m)-^2): for a symmetric spread both equal
  * the variance). */
-static void group_means(const uint16_t *x, int heads, int len, int dim, int span, float *out,
-                        float *var)
+void sel_group_means(const uint16_t *x, int heads, int len, int dim, int span, float *out,
+                     float *var)
 {
     int groups = (len + span - 1) / span;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -96,8 +96,8 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         free(kv);
         return SA_ERR_NOMEM;
     }
-    group_means(c.q, s->batch * c.qh, s->len_q, dim, span, qr, NULL);
-    group_means(c.k, s->batch * c.kh, s->len_kv, dim, span, kr, kv);
+    sel_group_means(c.q, s->batch * c.qh, s->len_q, dim, span, qr, NULL);
+    sel_group_means(c.k, s->batch * c.kh, s->len_kv, dim, span, kr, kv);
     const float sc = 1.0f / sqrtf((float)dim); /* the softmax scale of the scored vectors */
 
     const int rows = s->batch * s->heads_kv * c.q_tiles;

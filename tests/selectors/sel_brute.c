@@ -147,7 +147,10 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
     double *row = malloc((size_t)s->len_kv * sizeof *row);
     ck_assert(out && a && c && row);
     for (size_t i = 0; i < (size_t)s->batch * s->heads_kv * per * n; i++)
-        out[i] = !strcmp(name, "oracle") || !strcmp(name, "nvfp4_mass") ? 0.0 : -INFINITY;
+        out[i] = !strcmp(name, "oracle") || !strcmp(name, "nvfp4_mass") ||
+                         !strcmp(name, "r4_mass")
+                     ? 0.0
+                     : -INFINITY;
     int span = !strcmp(name, "r4") ? 32 : 128;
     for (int b = 0; b < s->batch; b++)
         for (int hq = 0; hq < s->heads_q; hq++) {
@@ -189,6 +192,41 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
                         *dst = v > *dst ? v : *dst;
                     }
                 }
+            } else if (!strcmp(name, "r4_mass")) {
+                /* Per 32-query group: a softmax over the 32-key groups by their mean vectors,
+                 * each weighted by the keys the group's queries see on average; a block gets its
+                 * key groups' mass times the group's query count. */
+                const double sc = 1.0 / sqrt((double)dim);
+                const int kg = (s->len_kv + 31) / 32;
+                double *lg = malloc((size_t)kg * sizeof *lg), *wt = malloc((size_t)kg * sizeof *wt);
+                ck_assert(lg && wt);
+                for (int qa = 0; qa < s->len_q; qa += 32) {
+                    const int qa1 = imin(qa + 32, s->len_q);
+                    mean_rows(qh, qa, qa1, dim, a);
+                    double m = -INFINITY, z = 0;
+                    for (int e = 0; e < kg; e++) {
+                        const int j0 = e * 32, j1 = imin(j0 + 32, s->len_kv);
+                        double seen = 0;
+                        for (int i = qa; i < qa1; i++)
+                            for (int j = j0; j < j1; j++)
+                                seen += !causal || j <= i + s->len_kv - s->len_q;
+                        wt[e] = seen / (qa1 - qa);
+                        mean_rows(kh, j0, j1, dim, c);
+                        lg[e] = dotd(a, c, dim) * sc;
+                        if (wt[e] > 0)
+                            m = lg[e] > m ? lg[e] : m;
+                    }
+                    if (m == -INFINITY)
+                        continue; /* the group sees no key */
+                    for (int e = 0; e < kg; e++)
+                        z += wt[e] > 0 ? wt[e] * exp(lg[e] - m) : 0;
+                    for (int e = 0; e < kg; e++)
+                        if (wt[e] > 0)
+                            o[(size_t)(qa / 128) * n + e / 4] +=
+                                (qa1 - qa) * wt[e] * exp(lg[e] - m) / z;
+                }
+                free(lg);
+                free(wt);
             } else if (!strcmp(name, "oracle") || !strcmp(name, "nvfp4_mass")) {
                 /* The exact softmax mass per block (nvfp4_mass: of the dequantized vectors). */
                 for (int i = 0; i < s->len_q; i++) {
