@@ -193,40 +193,72 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
                     }
                 }
             } else if (!strcmp(name, "r4_mass")) {
-                /* Per 32-query group: a softmax over the 32-key groups by their mean vectors,
-                 * each weighted by the keys the group's queries see on average; a block gets its
-                 * key groups' mass times the group's query count. */
+                /* Per 32-query group a softmax over two vectors per 32-key group: the key
+                 * farthest from the group's mean (the first of equals) and the mean of the
+                 * others, each weighted by the (query, key) pairs it stands for that are visible,
+                 * over the group's queries; a block gets its key groups' mass times the query
+                 * group's size. */
                 const double sc = 1.0 / sqrt((double)dim);
                 const int kg = (s->len_kv + 31) / 32;
-                double *lg = malloc((size_t)kg * sizeof *lg), *wt = malloc((size_t)kg * sizeof *wt);
-                ck_assert(lg && wt);
+                double *lg = malloc((size_t)kg * 4 * sizeof *lg);
+                double *rest = malloc((size_t)kg * dim * sizeof *rest);
+                int *opos = malloc((size_t)kg * sizeof *opos);
+                ck_assert(lg && rest && opos);
+                for (int e = 0; e < kg; e++) {
+                    const int j0 = e * 32, j1 = imin(j0 + 32, s->len_kv);
+                    mean_rows(kh, j0, j1, dim, c);
+                    double far = -1;
+                    for (int j = j0; j < j1; j++) {
+                        double d2 = 0;
+                        for (int d = 0; d < dim; d++)
+                            d2 += (kh[(size_t)j * dim + d] - c[d]) * (kh[(size_t)j * dim + d] - c[d]);
+                        if (d2 > far) {
+                            far = d2;
+                            opos[e] = j;
+                        }
+                    }
+                    for (int d = 0; d < dim; d++)
+                        rest[(size_t)e * dim + d] =
+                            j1 - j0 > 1 ? ((j1 - j0) * c[d] - kh[(size_t)opos[e] * dim + d]) /
+                                              (j1 - j0 - 1)
+                                        : kh[(size_t)opos[e] * dim + d];
+                }
                 for (int qa = 0; qa < s->len_q; qa += 32) {
-                    const int qa1 = imin(qa + 32, s->len_q);
+                    const int qa1 = imin(qa + 32, s->len_q), nq = qa1 - qa;
                     mean_rows(qh, qa, qa1, dim, a);
                     double m = -INFINITY, z = 0;
+                    double *lr = lg, *wr = lg + kg, *lo = lg + 2 * kg, *wo = lg + 3 * kg;
                     for (int e = 0; e < kg; e++) {
                         const int j0 = e * 32, j1 = imin(j0 + 32, s->len_kv);
-                        double seen = 0;
+                        double seen = 0, seen_o = 0;
                         for (int i = qa; i < qa1; i++)
-                            for (int j = j0; j < j1; j++)
-                                seen += !causal || j <= i + s->len_kv - s->len_q;
-                        wt[e] = seen / (qa1 - qa);
-                        mean_rows(kh, j0, j1, dim, c);
-                        lg[e] = dotd(a, c, dim) * sc;
-                        if (wt[e] > 0)
-                            m = lg[e] > m ? lg[e] : m;
+                            for (int j = j0; j < j1; j++) {
+                                const int vis = !causal || j <= i + s->len_kv - s->len_q;
+                                seen += vis && j != opos[e];
+                                seen_o += vis && j == opos[e];
+                            }
+                        wr[e] = seen / nq;
+                        wo[e] = seen_o / nq;
+                        lr[e] = dotd(a, rest + (size_t)e * dim, dim) * sc;
+                        lo[e] = dotd(a, kh + (size_t)opos[e] * dim, dim) * sc;
+                        if (wr[e] > 0)
+                            m = lr[e] > m ? lr[e] : m;
+                        if (wo[e] > 0)
+                            m = lo[e] > m ? lo[e] : m;
                     }
                     if (m == -INFINITY)
                         continue; /* the group sees no key */
                     for (int e = 0; e < kg; e++)
-                        z += wt[e] > 0 ? wt[e] * exp(lg[e] - m) : 0;
+                        z += (wr[e] > 0 ? wr[e] * exp(lr[e] - m) : 0) +
+                             (wo[e] > 0 ? wo[e] * exp(lo[e] - m) : 0);
                     for (int e = 0; e < kg; e++)
-                        if (wt[e] > 0)
-                            o[(size_t)(qa / 128) * n + e / 4] +=
-                                (qa1 - qa) * wt[e] * exp(lg[e] - m) / z;
+                        o[(size_t)(qa / 128) * n + e / 4] +=
+                            nq * ((wr[e] > 0 ? wr[e] * exp(lr[e] - m) : 0) +
+                                  (wo[e] > 0 ? wo[e] * exp(lo[e] - m) : 0)) / z;
                 }
                 free(lg);
-                free(wt);
+                free(rest);
+                free(opos);
             } else if (!strcmp(name, "oracle") || !strcmp(name, "nvfp4_mass")) {
                 /* The exact softmax mass per block (nvfp4_mass: of the dequantized vectors). */
                 for (int i = 0; i < s->len_q; i++) {
