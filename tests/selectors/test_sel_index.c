@@ -467,9 +467,10 @@ START_TEST(test_layout_brute_force)
                     for (int hkv = 0; hkv < s.heads_kv; hkv++) {
                         int h0, nh = ref_heads(&s, hi, hkv, &h0);
                         for (int x = 0; x < per; x++) {
-                            /* Scores combine over the heads by max; nvfp4_mass's masses add
-                             * up, as the oracle's do over a group. */
-                            const int sums = !strcmp(sel->name, "nvfp4_mass");
+                            /* Scores combine over the heads by max; the masses of
+                             * nvfp4_mass and r4_mass add up, as the oracle's do over a group. */
+                            const int sums = !strcmp(sel->name, "nvfp4_mass") ||
+                                             !strcmp(sel->name, "r4_mass");
                             for (int blk = 0; blk < n; blk++) {
                                 score[blk] = sums ? 0.0 : -INFINITY;
                                 for (int h = h0; h < h0 + nh; h++) {
