@@ -100,6 +100,14 @@ int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *
 int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                    const sa_select_params *p, int span, int gauss, int32_t *indices,
                    int32_t *counts);
+/* The FP32 dot product of the representative selectors (r1, r4, gauss, r4_mass), summed in order. */
+static inline float sel_dot(const float *a, const float *b, int n)
+{
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++)
+        acc += a[i] * b[i];
+    return acc;
+}
 /* x is (heads, len, dim) BF16; out (heads, ceil(len / span), dim) gets the mean of each group of
  * span tokens (a final partial group averages only the tokens it has); var, when not NULL,
  * (heads, groups, 2 dim) gets per channel the doubled upper and lower semivariances (sel_reps.c). */

@@ -100,14 +100,6 @@ static int key_outliers(const uint16_t *x, int heads, int len, int dim, int span
     return oom ? SA_ERR_NOMEM : SA_OK;
 }
 
-static float dotf(const float *a, const float *b, int n)
-{
-    float acc = 0.0f;
-    for (int i = 0; i < n; i++)
-        acc += a[i] * b[i];
-    return acc;
-}
-
 static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                        const sa_select_params *p, int32_t *indices, int32_t *counts)
 {
@@ -171,11 +163,11 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                         wo[e] = (double)po / (double)(i1 - i0);
                         wr[e] = (double)(pg - po) / (double)(i1 - i0);
                         if (wr[e] > 0.0) {
-                            lr[e] = sc * dotf(qa, rbase + (size_t)e * dim, dim);
+                            lr[e] = sc * sel_dot(qa, rbase + (size_t)e * dim, dim);
                             mx = lr[e] > mx ? lr[e] : mx;
                         }
                         if (wo[e] > 0.0) {
-                            lo[e] = sc * dotf(qa, obase + (size_t)e * dim, dim);
+                            lo[e] = sc * sel_dot(qa, obase + (size_t)e * dim, dim);
                             mx = lo[e] > mx ? lo[e] : mx;
                         }
                     }

@@ -66,14 +66,6 @@ static float gauss_score(const float *q, const float *m, const float *v, int dim
     return mean + 0.5f * sc * spread + logf((float)n) / sc;
 }
 
-static float dot(const float *a, const float *b, int n)
-{
-    float acc = 0.0f;
-    for (int i = 0; i < n; i++)
-        acc += a[i] * b[i];
-    return acc;
-}
-
 int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                    const sa_select_params *p, int span, int gauss, int32_t *indices,
                    int32_t *counts)
@@ -132,7 +124,7 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                                                           kbase + (size_t)e * dim,
                                                           kv + 2 * (koff + (size_t)e * dim), dim, sc,
                                                           keys)
-                                            : dot(qbase + (size_t)a * dim, kbase + (size_t)e * dim,
+                                            : sel_dot(qbase + (size_t)a * dim, kbase + (size_t)e * dim,
                                                   dim);
                             if (v > best || isnan(v))
                                 best = isnan(best) ? best : v;
