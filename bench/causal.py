@@ -224,9 +224,8 @@ def timed(torch, args, named):
 
 def clock_note(inf):
     """', 1712 MHz, 690 W' where --clocks sampled the contender, else ''."""
-    if not inf.get("clock_samples"):
-        return ""
-    return ", %.0f MHz, %.0f W" % (inf["sm_mhz"], inf["power_w"])
+    text = P.clock_text(inf)
+    return ", " + text if text else ""
 
 
 def clock_fields(row, n, inf):
@@ -555,20 +554,14 @@ def main(argv=None):
     verdict = sa.Verdict()
     summary = {"dense": [], "sparse": []}
     gemm, _ = P.measure_ceilings(torch, args)
-    if args.clocks:
-        P.CLOCKS["sampler"] = P.ClockSampler()
-        if not P.CLOCKS["sampler"].start():
-            P.CLOCKS["sampler"] = None
     try:
-        if "sparse" in args.mode:
-            run_sparse(torch, F, sa, st, args, gemm, summary, verdict)
-        if "dense" in args.mode:
-            run_dense(torch, F, sa, st, args, gemm, summary, verdict)
+        with P.clock_sampling(args.clocks):
+            if "sparse" in args.mode:
+                run_sparse(torch, F, sa, st, args, gemm, summary, verdict)
+            if "dense" in args.mode:
+                run_dense(torch, F, sa, st, args, gemm, summary, verdict)
     except Exception:  # noqa: BLE001 - still report what was measured
         traceback.print_exc()
-    finally:
-        if P.CLOCKS["sampler"] is not None:
-            P.CLOCKS["sampler"].stop()
     rc = verdict.read()
     P.log("causal: verdict over every call of ours: %d (%s)" % (rc, sa.strerror(rc)))
     verdict.close()

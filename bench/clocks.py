@@ -6,17 +6,15 @@ Usage (on the GPU machine, after a CUDA build):
 For each dense shape of bench/shapes.h (as bench/peers.py reads it), each contender (the
 registry's default dense stage, through the sparseattn package on --lib, and cuDNN SDPA) runs
 back to back for --secs seconds
-(--alternations times, in turn), while `nvidia-smi -lms 50` samples clocks.sm and power.draw.
+(--alternations times, in turn), while `nvidia-smi -lms 50` samples clocks.sm and power.draw
+(bench/peers.py's ClockSampler).
 It prints the sustained TFLOP/s, the mean clock and power over each run (its first 0.3 s left
 out) and the TFLOP/s per GHz: on a card at its power limit, a kernel's rate is its work per
 clock times the clock it can hold, and the two can rank kernels differently.
 """
 import argparse
 import os
-import statistics
-import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -43,19 +41,9 @@ def main(argv=None):
         print("clocks: %s has no default dense stage (built without CUDA?)" % sa.library_path)
         return 1
     st = P.OurStage(torch, sa, dense[0])
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
-                            "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=subprocess.PIPE, text=True)
-    samples = []
-
-    def reader():
-        for line in smi.stdout:
-            try:
-                mhz, watt = line.strip().split(",")
-                samples.append((time.time(), float(mhz), float(watt)))
-            except ValueError:
-                pass
-    threading.Thread(target=reader, daemon=True).start()
+    smi = P.ClockSampler(sample_ms=50)
+    if not smi.start():
+        return 1
     time.sleep(0.5)
 
     def sustained(fn):
@@ -84,17 +72,17 @@ def main(argv=None):
             for _ in range(args.alternations):
                 for name, fn in (("stage %d" % st.id, ours), ("cudnn", cudnn)):
                     n, t0, t1 = sustained(fn)
-                    sm = [(m, w) for (t, m, w) in samples if t0 + 0.3 < t < t1]
-                    mhz = statistics.mean(m for m, _ in sm) if sm else float("nan")
-                    watt = statistics.mean(w for _, w in sm) if sm else float("nan")
+                    mhz, watt, k = smi.mean([(t0 + 0.3, t1)])
+                    if not k:
+                        mhz = watt = float("nan")
                     tf = flops * n / (t1 - t0) / 1e12
                     print("(%d,%d,%d,%d) %-8s %6.1f TFLOP/s %6.0f MHz %5.0f W %6.1f TFLOP/s per "
                           "GHz (%d samples)" % (B, H, S, D, name, tf, mhz, watt,
-                                                tf / mhz * 1000, len(sm)), flush=True)
+                                                tf / mhz * 1000, k), flush=True)
             del q, k, v, o, lse
             torch.cuda.empty_cache()
     finally:
-        smi.terminate()
+        smi.stop()
     return 0
 
 

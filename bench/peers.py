@@ -327,18 +327,19 @@ class ClockSampler:
     time_interleaved can give each contender the mean clock and power of its own timed windows.
     On a card at its power limit a kernel's rate is its work per clock times the clock it holds
     (docs/log/2026-11-29-benchmarks.md): this says which of the two separates two contenders.
-    start() returns False (and the run goes on without clocks) where nvidia-smi is missing."""
+    start() returns False (and the run goes on without clocks) where nvidia-smi is missing.
+    bench/clocks.py uses it too."""
 
     SAMPLE_MS = 20
 
-    def __init__(self):
-        self.samples, self.proc = [], None
+    def __init__(self, sample_ms=SAMPLE_MS):
+        self.samples, self.proc, self.sample_ms = [], None, sample_ms
 
     def start(self):
         try:
             self.proc = subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                 "-i", "0", "-lms", str(self.SAMPLE_MS)], stdout=subprocess.PIPE,
+                 "-i", "0", "-lms", str(self.sample_ms)], stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True)
         except OSError as e:
             log("clocks: nvidia-smi cannot run (%s): no clock samples" % e)
@@ -355,9 +356,10 @@ class ClockSampler:
                 pass
 
     def mean(self, windows):
-        """(mean MHz, mean W, samples) over the samples that fall inside any (t0, t1) window."""
+        """(mean MHz, mean W, samples) over the samples that fall inside any (t0, t1) window,
+        ends excluded."""
         got = [(m, w) for (t, m, w) in list(self.samples)
-               if any(t0 <= t <= t1 for t0, t1 in windows)]
+               if any(t0 < t < t1 for t0, t1 in windows)]
         if not got:
             return None, None, 0
         return (statistics.mean(m for m, _ in got), statistics.mean(w for _, w in got), len(got))
@@ -369,6 +371,28 @@ class ClockSampler:
 
 
 CLOCKS = {"sampler": None}  # the run's ClockSampler (--clocks), None: no samples
+
+
+@contextlib.contextmanager
+def clock_sampling(enabled):
+    """With enabled (--clocks), CLOCKS["sampler"] samples for the duration of the block, so that
+    time_interleaved gives each contender its clock and power; without, nothing is sampled."""
+    CLOCKS["sampler"] = ClockSampler() if enabled else None
+    if CLOCKS["sampler"] is not None and not CLOCKS["sampler"].start():
+        CLOCKS["sampler"] = None
+    try:
+        yield
+    finally:
+        if CLOCKS["sampler"] is not None:
+            CLOCKS["sampler"].stop()
+            CLOCKS["sampler"] = None
+
+
+def clock_text(info):
+    """'1712 MHz, 690 W' for a contender --clocks sampled (time_interleaved's info), else None."""
+    if not info.get("clock_samples"):
+        return None
+    return "%.0f MHz, %.0f W" % (info["sm_mhz"], info["power_w"])
 
 
 def time_calls(torch, calls, warmup, reps):
@@ -706,9 +730,8 @@ def timing_note(spread, info):
     note = "round spread %.1f%%; host %s us/call, GPU idle %s%%" % (
         100 * spread, fmt(info.get("host_us"), ".0f"),
         fmt(None if info.get("gpu_idle") is None else 100 * info["gpu_idle"], ".1f"))
-    if info.get("clock_samples"):
-        note += "; %.0f MHz, %.0f W (%d samples)" % (info["sm_mhz"], info["power_w"],
-                                                     info["clock_samples"])
+    if clock_text(info):
+        note += "; %s (%d samples)" % (clock_text(info), info["clock_samples"])
     return note
 
 
@@ -1742,25 +1765,20 @@ def main(argv=None):
     log("peer packages: " + ", ".join("%s %s" % (k, v or "absent") for k, v in versions.items()))
     summary = {"dense": [], "sparse": [], "records": [], "unavailable": {}}
     gemm = copy = None
-    if args.clocks:
-        CLOCKS["sampler"] = ClockSampler()
-        if not CLOCKS["sampler"].start():
-            CLOCKS["sampler"] = None
     try:
-        gemm, copy = measure_ceilings(torch, args)
-        # Sparse first: with --budget-s, the block-sparse comparison is the one to keep.
-        if args.mode in ("sparse", "all"):
-            if sa is None:
-                log("sparse: needs libsparseattn (lists come from sa_random_tile_lists): skipped")
-            else:
-                run_sparse(torch, F, sa, args, gemm, copy, summary)
-        if args.mode in ("dense", "all"):
-            run_dense(torch, F, sa, args, gemm, copy, summary)
+        with clock_sampling(args.clocks):
+            gemm, copy = measure_ceilings(torch, args)
+            # Sparse first: with --budget-s, the block-sparse comparison is the one to keep.
+            if args.mode in ("sparse", "all"):
+                if sa is None:
+                    log("sparse: needs libsparseattn (lists come from sa_random_tile_lists): "
+                        "skipped")
+                else:
+                    run_sparse(torch, F, sa, args, gemm, copy, summary)
+            if args.mode in ("dense", "all"):
+                run_dense(torch, F, sa, args, gemm, copy, summary)
     except Exception:  # noqa: BLE001 - still print what was measured
         traceback.print_exc()
-    finally:
-        if CLOCKS["sampler"] is not None:
-            CLOCKS["sampler"].stop()
     log("peers: %.0f s" % (time.time() - T_START))
     print_summary(summary, gemm, copy, device)
     if args.json:
