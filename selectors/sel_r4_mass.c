@@ -18,8 +18,8 @@
  * within 0.02 of the oracle. Cost: twice r4's dot products (each query group against two vectors
  * per key group) plus two exps per pair, and one pass over K for the outliers. CPU only.
  *
- * Precision: the outlier search in double (so that the choice does not hang on rounding), the
- * representatives and the dots in FP32, the softmax and the sums in double. */
+ * Precision: the key groups' means and the outlier search in double (so that the choice does not
+ * hang on rounding), the representatives and the dots in FP32, the softmax and the sums in double. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -46,13 +46,13 @@ static long long visible_pairs(long long i0, long long i1, long long j0, long lo
     return sum;
 }
 
-/* Per key group of (heads, len, dim) BF16 x: the key farthest from the group's mean (squared
- * distance in double, so that the choice does not hang on rounding; ties: the first), as FP32 in
- * out_key, its position in the sequence in pos, and the mean of the group's other keys in rest
- * (the outlier itself where it is alone), from m, the group means of sel_group_means.
- * SA_ERR_NOMEM when a thread's scratch cannot be allocated. */
-static int key_outliers(const uint16_t *x, int heads, int len, int dim, int span, const float *m,
-                        float *out_key, float *rest, int *pos)
+/* Per key group of (heads, len, dim) BF16 x: the key farthest from the group's mean (mean and
+ * squared distance in double, so that the choice does not hang on rounding; ties: the first), as
+ * FP32 in out_key, its position in the sequence in pos, and the mean of the group's other keys in
+ * rest (the outlier itself where it is alone). SA_ERR_NOMEM when a thread's scratch cannot be
+ * allocated. */
+static int key_outliers(const uint16_t *x, int heads, int len, int dim, int span, float *out_key,
+                        float *rest, int *pos)
 {
     const int groups = (len + span - 1) / span;
     int oom = 0;
@@ -91,7 +91,7 @@ static int key_outliers(const uint16_t *x, int heads, int len, int dim, int span
                 for (int d = 0; d < dim; d++) {
                     const float o = sa_bf16_to_f32(src[(size_t)best * dim + d]);
                     out_key[at + d] = o;
-                    rest[at + d] = n > 1 ? (n * m[at + d] - o) / (float)(n - 1) : o;
+                    rest[at + d] = n > 1 ? (float)((n * dm[d] - o) / (n - 1)) : o;
                 }
                 pos[(size_t)h * groups + g] = g * span + best;
             }
@@ -111,15 +111,13 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const int qg = (s->len_q + RM_SPAN - 1) / RM_SPAN, kg = (s->len_kv + RM_SPAN - 1) / RM_SPAN;
     const int64_t kvecs = sa_sz_mul4(s->batch, c.kh, kg, dim);
     float *qr = sa_sz_malloc(sa_sz_mul4(s->batch, c.qh, qg, dim), sizeof *qr);
-    float *km = sa_sz_malloc(kvecs, sizeof *km);    /* key group means */
-    float *ko = sa_sz_malloc(kvecs, sizeof *ko);    /* their outliers */
+    float *ko = sa_sz_malloc(kvecs, sizeof *ko);       /* the key groups' outliers */
     float *krest = sa_sz_malloc(kvecs, sizeof *krest); /* the means of the other keys */
     int *kpos = sa_sz_malloc(sa_sz_mul4(s->batch, c.kh, kg, 1), sizeof *kpos);
-    err = qr && km && ko && krest && kpos ? SA_OK : SA_ERR_NOMEM;
+    err = qr && ko && krest && kpos ? SA_OK : SA_ERR_NOMEM;
     if (!err) {
         sel_group_means(c.q, s->batch * c.qh, s->len_q, dim, RM_SPAN, qr, NULL);
-        sel_group_means(c.k, s->batch * c.kh, s->len_kv, dim, RM_SPAN, km, NULL);
-        err = key_outliers(c.k, s->batch * c.kh, s->len_kv, dim, RM_SPAN, km, ko, krest, kpos);
+        err = key_outliers(c.k, s->batch * c.kh, s->len_kv, dim, RM_SPAN, ko, krest, kpos);
     }
     const double sc = 1.0 / sqrt((double)dim); /* the softmax scale of the scored vectors */
     const long long off = (long long)s->len_kv - s->len_q;
@@ -195,7 +193,6 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         sel_row_free(&w);
     }
     free(qr);
-    free(km);
     free(ko);
     free(krest);
     free(kpos);
