@@ -43,7 +43,7 @@ static const abi_field table[] = {
     F(sa_gpu_attn, shape), F(sa_gpu_attn, q), F(sa_gpu_attn, k), F(sa_gpu_attn, v),
     F(sa_gpu_attn, lists), F(sa_gpu_attn, o), F(sa_gpu_attn, lse), F(sa_gpu_attn, validate),
     F(sa_gpu_attn, allow_empty_rows), F(sa_gpu_attn, stream), F(sa_gpu_attn, verdict),
-    F(sa_gpu_attn, causal), F(sa_gpu_attn, allow_future_blocks),
+    F(sa_gpu_attn, causal), F(sa_gpu_attn, allow_future_blocks), F(sa_gpu_attn, row_masks),
 
     S(sa_gpu_attn_bwd),
     F(sa_gpu_attn_bwd, shape), F(sa_gpu_attn_bwd, q), F(sa_gpu_attn_bwd, k),
@@ -86,6 +86,7 @@ static const abi_field table[] = {
     F(sa_kv_params, allow_empty_rows), F(sa_kv_params, workspace),
     F(sa_kv_params, workspace_bytes), F(sa_kv_params, stream), F(sa_kv_params, causal),
     F(sa_kv_params, allow_future_blocks), F(sa_kv_params, attend), F(sa_kv_params, schedule),
+    F(sa_kv_params, hybrid_share),
 
     S(sa_kv_index_view),
     F(sa_kv_index_view, offsets), F(sa_kv_index_view, entries), F(sa_kv_index_view, tasks),

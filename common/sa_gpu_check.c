@@ -40,5 +40,8 @@ int sa_gpu_attn_check_common(const sa_gpu_attn *a, int what, int head_dim, int r
         return SA_ERR_UNSUPPORTED;
     if (sparse && (((uintptr_t)a->lists.indices | (uintptr_t)a->lists.counts) & 3))
         return SA_ERR_UNSUPPORTED;
+    /* Row masks are read four words at a time. */
+    if (a->row_masks && (!(what & SA_CHECK_ROW_MASKS) || ((uintptr_t)a->row_masks & 15)))
+        return SA_ERR_UNSUPPORTED;
     return SA_OK;
 }

@@ -27,6 +27,11 @@
 //   the last ones through the loop with it (MASK LAST below). Version 6 carries each block's
 //   K/V stage and phase to the next block instead of dividing its sequence number by
 //   KV_STAGES ahead of the first wait (+1-2%, docs/stage17.md).
+//   Version 7 takes row masks (sa_gpu_attn.row_masks): 128 bits per list entry saying which rows
+//   of the tile see the block, so tile lists carry per-query lists exactly (a tile's union, each
+//   block masked to the queries that chose it: the KV-centric hybrid's Q-centric pass). Calls
+//   with row masks run a third build of the kernel (ROWS) in which every block takes step 4's
+//   mask; the other two builds keep their instructions (only shared-memory offsets moved).
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -47,6 +52,9 @@
 //   masked per element in step 4 (mask_block); a row that sees no key gives O = 0, LSE = -inf.
 //   A listed block wholly after the tile's last visible key is a bad list (SA_ERR_FUTURE_BLOCK)
 //   unless a->allow_future_blocks, which loads it and masks it out.
+//   Row masks (version 7): row r of the tile sees entry j's block only when bit r of the entry's
+//   mask is set (on top of the causal and padding masks); a row that sees no key gives O = 0,
+//   LSE = -inf. The masks are not validated: any bits are a valid mask.
 //
 // VALIDATION INSIDE THE KERNEL (p.check = 1)
 //   The producer warp checks each list row before it issues the row's first load: count in
@@ -84,7 +92,10 @@
 //   The producer counts the row's blocks that step 4 must mask (needs_mask: the partial final
 //   block, or a block that some row of the tile sees only in part) and writes the number of the
 //   others into the record (unmasked). It then walks the row twice: pass 0 issues the blocks
-//   without a mask in list order, pass 1 the masked ones. The consumers run blocks
+//   without a mask in list order, pass 1 the masked ones (with row masks: every block). The
+//   producer does not read the row masks to sort the blocks: a version that did (a block whose
+//   mask has every row went first, unmasked) hung at scale with 16-entry rows, for a cause not
+//   found (docs/stage17.md, version 7). The consumers run blocks
 //   1..unmasked-1 through a copy of the loop without the mask test (the loop of the kernel
 //   without MASKS), then the rest through the copy with it; block 0 is masked when unmasked is 0.
 //   The order of a row's blocks does not change the result beyond rounding, and it is the same
@@ -103,8 +114,9 @@
 //   3. wait for S only (wgmma.wait_group 1).
 //   4. in the loop of the masked blocks (MASK LAST), read the block's valid keys and index that
 //      the producer left beside stage s, and mask the padding columns if it is the partial
-//      final block and the columns past each row's last visible key if it is a causal diagonal
-//      block; arrive k-free[s]; row max; lazy rescaling
+//      final block, the columns past each row's last visible key if it is a causal diagonal
+//      block, and (ROWS) the rows the block's row mask leaves out; arrive k-free[s]; row max;
+//      lazy rescaling
 //      as stage 14 (a new max is adopted only when it exceeds the running one by more than
 //      RESCALE_THRESHOLD); P = exp2(S * scale * log2e - max) computed in place in S's
 //      registers, row sums updated. All of it while step 2's PV runs.
@@ -119,9 +131,9 @@
 //   | barrier        | kind      | direction               | arrivals              | meaning
 //   | q-ready[b]     | mbarrier  | producer -> consumers   | 1 (+ 32 KB TMA bytes) | Q landed in buffer b; its item record (item, count, code, unmasked) is written
 //   | q-free[b]      | mbarrier  | consumers -> producer   | 8 (4 warps x 2 WGs)   | Q of buffer b in registers, record read
-//   | k-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | K in stage s landed; its valid-key count and block written
+//   | k-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | K in stage s landed; its valid-key count, block and row mask written
 //   | v-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | V in stage s landed
-//   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done, its valid-key count and block read
+//   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done, its valid-key count, block and row mask read
 //   | v-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' PV on V[s] done
 //   | turn[c]        | named bar | consumer 1-c -> c       | 256 (arrive + sync)   | c may issue its next batch
 //   The CTA's u-th item uses Q buffer b = u % Q_BUFFERS. With Q in registers (version 4) one
@@ -142,7 +154,7 @@
 //
 // SHARED MEMORY: Q 1 x 32 KB, K and V KV_STAGES x 32 KB each (3 stages: 224 KB in all, the
 //   most that fits below the 227 KB limit), barriers, an item record per Q buffer and one
-//   valid-key count and block index per K stage.
+//   valid-key count, block index and row mask per K stage.
 //
 // B200 -> HOPPER MAPPING
 //   | B200 (original)                         | Hopper (this file)
@@ -253,6 +265,7 @@ struct alignas(1024) Smem {
     uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], k_free[KV_STAGES], v_free[KV_STAGES];
     int32_t k_valid[KV_STAGES]; // valid keys of the block in K stage s (128 unless partial)
     int32_t k_blk[KV_STAGES];   // the block in K stage s (causal_diag needs it)
+    int32_t k_rows[KV_STAGES][4]; // version 7: the rows of the tile that see it (row masks)
     // The item record, beside its Q buffer: the item, its count, its check's code, and how many
     // of its blocks come first that need no mask (MASK_LAST; 0 otherwise).
     int32_t item[Q_BUFFERS], count[Q_BUFFERS], error[Q_BUFFERS], unmasked[Q_BUFFERS];
@@ -279,6 +292,7 @@ struct Params {
     int *sched;   // the work counter (dynamic schedule), NULL: static (WORK)
     int chunk;    // heads per chunk of the dynamic order, a multiple of group
     int chunk_items, heads; // chunk * q_tiles; B * Hq
+    const uint4 *row_masks;  // version 7: one 128-bit row mask per list entry, NULL: every row
 };
 
 // Every mbarrier wait of this stage (SA_STAGE17_SLEEP_WAIT).
@@ -336,11 +350,22 @@ __device__ __forceinline__ int last_visible_block(const Params &p, int tile)
     return key < 0 ? -1 : key / TILE;
 }
 
-// Whether step 4 must mask block blk for some row of the tile: the partial final block, or a
-// block that some row sees only in part (causal). Any int is safe here (unchecked lists).
+// Version 7: the row mask of a list entry (given by its address in the lists); the kernel built
+// with ROWS has row masks, the others do not read them.
+__device__ __forceinline__ uint4 row_mask(const Params &p, const int32_t *entry)
+{
+    return __ldg(p.row_masks + (entry - p.indices));
+}
+
+// Whether step 4 must mask block blk for some row of the tile: the partial final block, a block
+// that some row sees only in part (causal), or any block of a call with row masks (version 7,
+// the kernel with ROWS: every block takes the row mask its producer left beside the stage; the
+// producer does not read the masks ahead to sort them, which costs the blocks with every row
+// the masked loop). Any int is safe here (unchecked lists).
+template <bool ROWS>
 __device__ __forceinline__ bool needs_mask(const Params &p, int tile, int blk)
 {
-    return (blk == p.kv_blocks - 1 && p.tail < TILE) || causal_diag(p, tile, blk) < DIAG_ALL;
+    return ROWS || (blk == p.kv_blocks - 1 && p.tail < TILE) || causal_diag(p, tile, blk) < DIAG_ALL;
 }
 
 
@@ -485,6 +510,22 @@ __device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
     return __shfl_sync(0xffffffffu, v, 0);
 }
 
+// Version 7: the rows of this warp (bits 0..15 of `rows`: row 16 warp + b) that the block's row
+// mask leaves out get -inf in every column; this thread holds rows lane / 4 and lane / 4 + 8.
+__device__ __forceinline__ void mask_rows(float (&sc)[64], uint32_t rows, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (!((rows >> (lane / 4 + 8 * i)) & 1u)) {
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++) {
+                sc[4 * jj + 2 * i] = -CUDART_INF_F;
+                sc[4 * jj + 2 * i + 1] = -CUDART_INF_F;
+            }
+        }
+    }
+}
+
 // Version 4: the A fragments of this warpgroup's 64 Q rows for the 8 k-steps of S = Q K^T (the
 // wgmma register layout of sa_wgmma.cuh, which is ldmatrix.x4's: matrix m comes from lanes
 // 8m..8m+7 and is rows +8(m&1), columns +8(m>>1) of the k-step's 16 x 16 block). Q sits in the
@@ -541,12 +582,14 @@ __device__ __forceinline__ void turn_end(int c)
 }
 
 // One block's K and V into stage kv_n % KV_STAGES (lane 0 of the producer warp): wait until both
-// halves have released the stage, leave the block's valid keys and index beside it for step 4's
-// mask (only the kernel with masks reads them), issue the copies.
-template <bool MASKS>
+// halves have released the stage, leave the block's valid keys, index and row mask (of the list
+// entry at `entry`) beside it for step 4's mask (only the kernel with masks reads them), issue
+// the copies.
+template <bool MASKS, bool ROWS>
 __device__ __forceinline__ void load_block(Smem &sm, const CUtensorMap *map_k,
                                            const CUtensorMap *map_v, const Params &p,
-                                           uint32_t kv_n, int kv_row0, int blk)
+                                           uint32_t kv_n, int kv_row0, int blk,
+                                           const int32_t *entry)
 {
     const int s = kv_n % KV_STAGES;
     const uint32_t par = ((kv_n / KV_STAGES) & 1) ^ 1;
@@ -555,6 +598,13 @@ __device__ __forceinline__ void load_block(Smem &sm, const CUtensorMap *map_k,
     if (MASKS) {
         sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
         sm.k_blk[s] = blk;
+        if (ROWS) {
+            const uint4 m = row_mask(p, entry);
+            sm.k_rows[s][0] = (int32_t)m.x;
+            sm.k_rows[s][1] = (int32_t)m.y;
+            sm.k_rows[s][2] = (int32_t)m.z;
+            sm.k_rows[s][3] = (int32_t)m.w;
+        }
     }
     sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
     sa_tma_load_2d(sm.k[s], map_k, &sm.k_ready[s], 0, krow);
@@ -572,8 +622,9 @@ template <bool M> struct MaskTag {
 
 // MASKS = false: the call has no causal mask and no partial final block, so no block needs step
 // 4's mask: the test, the reads of the stage's valid-key count and block and the branch around
-// the mask leave the loop.
-template <bool MASKS>
+// the mask leave the loop. ROWS (version 7, implies MASKS): the call has row masks; a kernel of
+// its own, so that the others keep their code (the producer's registers are short).
+template <bool MASKS, bool ROWS>
 __global__ void __launch_bounds__(NTHREADS, 1)
     split_tile_kernel(const __grid_constant__ CUtensorMap map_q,
                       const __grid_constant__ CUtensorMap map_k,
@@ -648,7 +699,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 #pragma unroll 1
                 for (int j0 = 0; j0 < count; j0 += 32)
                     masked += __popc(__ballot_sync(
-                        0xffffffffu, j0 + lane < count && needs_mask(p, it.tile, row[j0 + lane])));
+                        0xffffffffu, j0 + lane < count &&
+                                         needs_mask<ROWS>(p, it.tile, row[j0 + lane])));
             }
             // The item's Q buffer and record are free again (its previous user's last QK is done).
             const int qb = q_uses % Q_BUFFERS;
@@ -682,7 +734,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                         idx = j + lane < count ? row[j + lane] : 0;
                     const int blk = __shfl_sync(0xffffffffu, idx, j & 31);
                     if (lane == 0)
-                        load_block<MASKS>(sm, &map_k, &map_v, p, kv_n, kv_row0, blk);
+                        load_block<MASKS, ROWS>(sm, &map_k, &map_v, p, kv_n, kv_row0, blk, row + j);
                 }
             } else {
                 // MASK_LAST: pass 0 issues the blocks that need no mask, pass 1 the others; each
@@ -694,13 +746,16 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                     for (int j0 = 0; j0 < count; j0 += 32) {
                         const int idx = j0 + lane < count ? row[j0 + lane] : 0;
                         const bool take =
-                            j0 + lane < count && needs_mask(p, it.tile, idx) == (pass == 1);
+                            j0 + lane < count &&
+                            needs_mask<ROWS>(p, it.tile, idx) == (pass == 1);
 #pragma unroll 1
                         for (uint32_t todo = __ballot_sync(0xffffffffu, take); todo;
                              todo &= todo - 1, kv_n++) {
-                            const int blk = __shfl_sync(0xffffffffu, idx, __ffs(todo) - 1);
+                            const int l = __ffs(todo) - 1;
+                            const int blk = __shfl_sync(0xffffffffu, idx, l);
                             if (lane == 0)
-                                load_block<MASKS>(sm, &map_k, &map_v, p, kv_n, kv_row0, blk);
+                                load_block<MASKS, ROWS>(sm, &map_k, &map_v, p, kv_n, kv_row0, blk,
+                                                  row + j0 + l);
                         }
                     }
                 }
@@ -769,7 +824,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             o[r] = 0.f;
 
         // Step 4's mask of the block in K stage s, in the loops that may need one (M): a partial
-        // block or a causal diagonal one; any other block pays two reads and a compare.
+        // block, a causal diagonal one, or rows its row mask leaves out (version 7); any other
+        // block pays its reads and compares.
         const auto mask_stage = [&](int s, auto m) {
             if (!decltype(m)::value)
                 return;
@@ -777,6 +833,11 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
             if (valid < TILE || d < DIAG_ALL)
                 mask_block(sc, valid, d, warp, lane);
+            if (ROWS) {
+                // This warp's 16 rows are bits 16 (warp % 2) .. +15 of word 2c + warp / 2.
+                const uint32_t w = (uint32_t)read_lane0(&sm.k_rows[s][2 * c + warp / 2], lane);
+                mask_rows(sc, w >> (16 * (warp % 2)), lane);
+            }
         };
 
         // Block 0: a turn with S alone, then its softmax (no PV in flight: rescale at once).
@@ -931,7 +992,8 @@ extern "C" int sa_stage17_check(const sa_gpu_attn *a)
 {
     // Shape, pointers, options, list arguments, 32-bit TMA rows (a partial tile reaches up to
     // 127 rows past the end) and alignment: the checks every stage shares (common/sa_gpu_check.c).
-    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE | SA_CHECK_CAUSAL, HEAD_DIM, TILE);
+    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE | SA_CHECK_CAUSAL | SA_CHECK_ROW_MASKS,
+                                    HEAD_DIM, TILE);
 }
 
 extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
@@ -981,22 +1043,27 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
     if (chunk_items > INT32_MAX)
         return SA_ERR_UNSUPPORTED;
     p.chunk_items = (int)chunk_items;
+    p.row_masks = reinterpret_cast<const uint4 *>(a->row_masks); // 16-byte aligned (the check)
     p.sched = nullptr;
     if (SA_STAGE17_DYNAMIC == 2 || (SA_STAGE17_DYNAMIC == 1 && a->causal))
         if ((rc = sa_sched_counter(a->stream, &p.sched)) != SA_OK)
             return rc;
 
-    // No block of the call needs the step-4 mask: the kernel without it.
+    // No block of the call needs the step-4 mask: the kernel without it; row masks: the kernel
+    // that reads them (version 7).
     const bool masks = !SA_STAGE17_MASK_SPECIALIZE || p.causal || p.tail != TILE;
-    void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, Params) =
-        masks ? split_tile_kernel<true> : split_tile_kernel<false>;
+    const int variant = p.row_masks ? 2 : masks;
+    void (*const kernels[3])(CUtensorMap, CUtensorMap, CUtensorMap, Params) = {
+        split_tile_kernel<false, false>, split_tile_kernel<true, false>,
+        split_tile_kernel<true, true>};
+    void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, Params) = kernels[variant];
     // The shared-memory opt-in, once per process and kernel (every device of this build is sm_90
     // with the same limit; a failed attempt is retried on the next call).
-    static int smem_set[2];
-    if (!smem_set[masks]) {
+    static int smem_set[3];
+    if (!smem_set[variant]) {
         SA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)SMEM_BYTES));
-        smem_set[masks] = 1;
+        smem_set[variant] = 1;
     }
     const int grid = p.items < sms ? p.items : sms;
     kernel<<<grid, NTHREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(maps.q, maps.k, maps.v, p);

@@ -36,7 +36,7 @@ static const sa_stage stage17 = {
     .name = "split_tile",
     .summary = "tile-list sparse forward, d=128: one Q tile per CTA split over two warpgroups, "
                "softmax overlapped with the next block's QK, lists checked inside the kernel",
-    .roles = SA_ROLE_SPARSE | SA_ROLE_DEFAULT_TILE | SA_ROLE_GPU_VERDICT,
+    .roles = SA_ROLE_SPARSE | SA_ROLE_DEFAULT_TILE | SA_ROLE_GPU_VERDICT | SA_ROLE_ROW_MASKS,
     .check = sa_stage17_check,
     .launch = sa_stage17_launch};
 #endif

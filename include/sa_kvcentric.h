@@ -70,15 +70,22 @@ enum { SA_KV_ATTEND_WGMMA = 0, SA_KV_ATTEND_MMA_SYNC = 1 };
 /* How the work is split between schedules (sa_kv_params.schedule).
  * KV: every (query, block) pair runs KV-centric (parts 1-3 below).
  * HYBRID: planned on the GPU, with no host synchronization: per 128-query tile, the blocks that
- *   EVERY query of the tile lists run Q-centric, once for the whole tile (the registry's default
- *   tile-list stage, whose output is one more partial per query), and only the rest of each
- *   query's list runs KV-centric; the combine merges both by their LSE. Exact in every case: a
- *   tile whose queries agree is all Q-centric, one whose queries share nothing all KV-centric.
- *   Needs attend = SA_KV_ATTEND_WGMMA and a default tile stage that takes the shape; tiles over
- *   more than SA_KV_PLAN_MAX_BLOCKS KV blocks are planned all KV-centric. The reverse index then
- *   leaves the Q-centric entries out (sa_kv_index_get shows what the KV-centric part runs). */
+ *   at least hybrid_share / 128 of the tile's queries list run Q-centric, once for the whole
+ *   tile, each masked to the rows of the queries that chose it (the registry's default tile-list
+ *   stage with row masks, sa_gpu_attn.row_masks, whose output is one more partial per query),
+ *   and only the rest of each query's list runs KV-centric; the combine merges both by their
+ *   LSE. Exact in every case: a tile whose queries agree is all Q-centric, one whose queries
+ *   share nothing all KV-centric. Needs attend = SA_KV_ATTEND_WGMMA and a default tile stage
+ *   that takes the shape (and row masks, when hybrid_share < 128); tiles over more than
+ *   SA_KV_PLAN_MAX_BLOCKS KV blocks are planned all KV-centric. The reverse index then leaves
+ *   the Q-centric entries out (sa_kv_index_get shows what the KV-centric part runs). */
 enum { SA_KV_SCHEDULE_KV = 0, SA_KV_SCHEDULE_HYBRID = 1 };
 #define SA_KV_PLAN_MAX_BLOCKS 12288 /* the planner's per-tile histogram: 48 KB of shared memory */
+/* sa_kv_params.hybrid_share, in 128ths of a tile's queries: 128 plans only the blocks every
+ * query lists, 1 the tile's whole union (Q-centric with row masks). The default, 80 (62.5%),
+ * lies between the shares measured to lose and to win on the H200 (docs/kvcentric.md: blocks
+ * listed by about 53% of a tile's queries ran no faster Q-centric, by about 87% 1.4x faster). */
+#define SA_KV_HYBRID_SHARE_DEFAULT 80
 
 typedef struct sa_kv_params {
     struct sa_shape shape;      /* head_dim 128; heads_q / heads_kv <= 128 */
@@ -103,6 +110,7 @@ typedef struct sa_kv_params {
     int allow_future_blocks;
     int attend;                 /* SA_KV_ATTEND_WGMMA (default) or SA_KV_ATTEND_MMA_SYNC */
     int schedule;               /* SA_KV_SCHEDULE_KV (default) or SA_KV_SCHEDULE_HYBRID */
+    int hybrid_share;           /* 1..128, SA_KV_HYBRID_SHARE_DEFAULT (see above); HYBRID only */
 } sa_kv_params;
 SA_API void sa_kv_params_default(sa_kv_params *p);
 

@@ -287,6 +287,13 @@ typedef struct sa_gpu_attn {
     struct sa_gpu_verdict *verdict;
     int causal;              /* as sa_attn_opts.causal (default 0); stages say if they support it */
     int allow_future_blocks; /* as sa_attn_opts.allow_future_blocks (default 0) */
+    /* Optional (default NULL), stages with SA_ROLE_ROW_MASKS only: which rows of its Q tile each
+     * list entry serves, so that tile lists express per-query lists exactly (a tile's union, each
+     * block masked to the queries that chose it). Four words per entry, 16-byte aligned: entry j of
+     * list row r has words row_masks[(r * max_blocks + j) * 4 + w], w = 0..3, whose bit b says
+     * whether row 32 w + b of the tile sees the block (bits of rows past len_q are ignored). A
+     * row masked out of every block of its list gives O = 0, LSE = -inf, like an empty row. */
+    const uint32_t *row_masks;
 } sa_gpu_attn;
 SA_API void sa_gpu_attn_default(sa_gpu_attn *a);
 
@@ -315,6 +322,7 @@ enum {
     SA_ROLE_DEFAULT_DENSE = 1u << 1, /* the dense stage that tools run by default */
     SA_ROLE_DEFAULT_TILE = 1u << 2,  /* the tile-list stage that tools run by default */
     SA_ROLE_GPU_VERDICT = 1u << 3,   /* validates inside its kernel and honours a->verdict */
+    SA_ROLE_ROW_MASKS = 1u << 4,     /* honours a->row_masks (per-entry row masks of tile lists) */
 };
 
 /* The stage registry: written once, read by tests, the CLI, the benchmarks and the docs. */
@@ -335,9 +343,12 @@ typedef struct sa_stage {
  * B*Hq*Sq + row_pad and B*Hkv*Skv + row_pad at most INT32_MAX, TMA coordinates and the kernels'
  * row arithmetic being 32-bit (row_pad: how far past the last row a partial tile's load may
  * reach, 0 when every length is a multiple of the tile; SA_ERR_UNSUPPORTED); q, k, v, o 16-byte
- * aligned, lse and the lists 4-byte aligned (SA_ERR_UNSUPPORTED). `what` is a set of: */
-#define SA_CHECK_SPARSE 1 /* the stage reads tile lists */
-#define SA_CHECK_CAUSAL 2 /* the stage masks causally */
+ * aligned, lse and the lists 4-byte aligned (SA_ERR_UNSUPPORTED); row_masks NULL unless
+ * SA_CHECK_ROW_MASKS (SA_ERR_UNSUPPORTED), and then 16-byte aligned (SA_ERR_UNSUPPORTED).
+ * `what` is a set of: */
+#define SA_CHECK_SPARSE 1    /* the stage reads tile lists */
+#define SA_CHECK_CAUSAL 2    /* the stage masks causally */
+#define SA_CHECK_ROW_MASKS 4 /* the stage reads a->row_masks */
 SA_API int sa_gpu_attn_check_common(const sa_gpu_attn *a, int what, int head_dim, int row_pad);
 SA_API int sa_stage_count(void);
 SA_API const sa_stage *sa_stage_at(int i);

@@ -24,9 +24,10 @@ struct combine_args {
     float *o_f32, *lse;
     int heads_q, group, len_q, m;
     long long rows; // B * Hq * Sq
-    // The hybrid schedule (kv_plan.cu): tile_cnt NULL without it. A row's tile ran tile_cnt of
-    // its blocks Q-centric into o (BF16) and shared_lse: one more partial of this row.
-    const int32_t *tile_cnt;
+    // The hybrid schedule (kv_plan.cu): tile_cnt NULL without it. A row's tile ran tile_cnt
+    // blocks Q-centric into o (BF16) and shared_lse: one more partial of this row, whole when
+    // row_left (entries of the list row left to the KV-centric part) is 0.
+    const int32_t *tile_cnt, *row_left;
     const float *shared_lse;
     int q_tiles;
 };
@@ -64,14 +65,12 @@ __global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
         int c = a.counts ? a.counts[lrow] : a.m;
         c = c < 0 ? 0 : (c > a.m ? a.m : c); // lists were validated; this keeps reads in bounds
         const float *pl = a.part_lse + row * a.m;
-        // The hybrid's Q-centric partial: its planned blocks are in every list of the tile.
-        int planned = 0;
+        // The hybrid's Q-centric partial (each planned block masked to the queries that list it).
         float lse_s = -INFINITY;
         if (a.tile_cnt) {
-            planned = a.tile_cnt[(lrow / a.len_q) * a.q_tiles + q / SA_TILE];
-            if (planned >= c && !a.o_f32)
+            if (a.row_left[lrow] == 0 && !a.o_f32)
                 continue; // the Q-centric pass wrote this row's O and LSE whole
-            if (planned > 0)
+            if (a.tile_cnt[(lrow / a.len_q) * a.q_tiles + q / SA_TILE] > 0)
                 lse_s = a.shared_lse[row];
         }
 
@@ -160,6 +159,7 @@ extern "C" int sa_kv_combine(const sa_kv_params *p)
     a.rows = (long long)s->batch * s->heads_q * s->len_q;
     const bool hybrid = p->schedule == SA_KV_SCHEDULE_HYBRID;
     a.tile_cnt = hybrid ? w.tile_cnt : nullptr;
+    a.row_left = w.row_left;
     a.shared_lse = hybrid ? kv_shared_lse(p, &w) : nullptr;
     a.q_tiles = sa_q_tiles(s);
     long long blocks = (a.rows * kLanes + kThreads - 1) / kThreads;

@@ -59,6 +59,7 @@ struct kv_causal_args {
 // LSE = -inf, which the combine skips.
 struct kv_hybrid_args {
     const int32_t *tile_idx, *tile_cnt; // NULL: no plan
+    int cap;                            // entries per plan row
     int q_tiles, heads_q, heads_kv;
     float *part_lse;
 };
@@ -115,7 +116,7 @@ __global__ void kv_keys(const int32_t *__restrict__ idx, const int32_t *__restri
                     const long long bh = row / len_q;
                     const int q = (int)(row - bh * len_q);
                     const long long tr = bh * ha.q_tiles + q / SA_TILE;
-                    if (kv_planned(ha.tile_idx + tr * m, ha.tile_cnt[tr], blk)) {
+                    if (kv_planned(ha.tile_idx + tr * ha.cap, ha.tile_cnt[tr], blk)) {
                         key += sentinel + 1;
                         // The slot's partial, for every head of the group: nothing to add.
                         const int group = ha.heads_q / ha.heads_kv;
@@ -254,6 +255,8 @@ int kv_check_args(const sa_kv_params *p)
     // The hybrid's KV-centric part runs on the wgmma kernel (the plan's tiles are 128 queries).
     if (p->schedule == SA_KV_SCHEDULE_HYBRID && p->attend != SA_KV_ATTEND_WGMMA)
         return SA_ERR_UNSUPPORTED;
+    if (p->schedule == SA_KV_SCHEDULE_HYBRID && (p->hybrid_share < 1 || p->hybrid_share > SA_TILE))
+        return SA_ERR_ARG;
     if (p->causal && p->attend == SA_KV_ATTEND_MMA_SYNC) // only the wgmma kernel masks causally
         return SA_ERR_UNSUPPORTED;
     if (s->head_dim != KV_D || sa_kv_task_queries(s) == 0)
@@ -339,9 +342,15 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     KV_CARVE(tasks, ntask);
     KV_CARVE(tmp, (int64_t)w->tmp_bytes);
     if (p->schedule == SA_KV_SCHEDULE_HYBRID) {
+        // A tile's union has at most 128 * max_blocks blocks, and never more than there are.
+        const int64_t cap = sa_sz_mul(SA_TILE, p->lists.max_blocks);
+        w->plan_cap = (int)(cap < sa_kv_blocks(s) ? cap : sa_kv_blocks(s));
         const int64_t tiles = sa_sz_mul3(s->batch, s->heads_kv, sa_q_tiles(s));
-        KV_CARVE(tile_idx, sa_sz_mul3(tiles, p->lists.max_blocks, sizeof(int32_t)));
+        const int64_t plan = sa_sz_mul(tiles, w->plan_cap);
+        KV_CARVE(tile_idx, sa_sz_mul(plan, sizeof(int32_t)));
         KV_CARVE(tile_cnt, sa_sz_mul(tiles, sizeof(int32_t)));
+        KV_CARVE(row_masks, sa_sz_mul(plan, 4 * sizeof(uint32_t)));
+        KV_CARVE(row_left, sa_sz_mul(sa_query_rows(s), sizeof(int32_t)));
         KV_CARVE(shared_lse, sa_sz_mul(sa_sz_lse_elems(s), sizeof(float)));
     }
     KV_CARVE(part_lse, sa_sz_mul(partial_rows, sizeof(float)));
@@ -400,8 +409,8 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
     const bool hybrid = p->schedule == SA_KV_SCHEDULE_HYBRID;
     if (hybrid && (err = kv_plan(p, &w)) != SA_OK)
         return err;
-    const kv_hybrid_args ha = {hybrid ? w.tile_idx : nullptr, w.tile_cnt, sa_q_tiles(s),
-                               s->heads_q, s->heads_kv, w.part_lse};
+    const kv_hybrid_args ha = {hybrid ? w.tile_idx : nullptr, w.tile_cnt, w.plan_cap,
+                               sa_q_tiles(s), s->heads_q, s->heads_kv, w.part_lse};
     kv_keys<<<grid_for(ne), kThreads, 0, st>>>(p->lists.indices, p->lists.counts, m, s->len_q,
                                                blocks, ne, (uint32_t)nb, p->allow_empty_rows, ca,
                                                ha, w.keys_in, w.vals_in, w.err);

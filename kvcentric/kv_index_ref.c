@@ -68,6 +68,7 @@ void sa_kv_params_default(sa_kv_params *p)
     p->partial_format = SA_KV_PARTIAL_F32;
     p->validate = 1;
     p->allow_empty_rows = 1;
+    p->hybrid_share = SA_KV_HYBRID_SHARE_DEFAULT;
 }
 
 /* The reference builds the index the plain way: count per bucket, exclusive prefix sum, then a

@@ -35,10 +35,15 @@ typedef struct kv_ws {
     int32_t *tvals_in, *tvals_out;
     sa_kv_task *tasks_unsorted, *tasks;
     void *tmp;
-    // SA_KV_SCHEDULE_HYBRID only: the plan (per tile the blocks all its queries list, as tile
-    // lists with list_heads = Hkv) and the Q-centric pass's LSE when the caller gave none.
-    int32_t *tile_idx, *tile_cnt; // (B, Hkv, q_tiles, max_blocks), (B, Hkv, q_tiles)
-    float *shared_lse;             // (B, Hq, Sq)
+    // SA_KV_SCHEDULE_HYBRID only: the plan (per tile the blocks that hybrid_share / 128 of its
+    // queries list, as tile lists with list_heads = Hkv, each with the row mask of the queries
+    // that list it), how many entries of each list row are left to the KV-centric part, and the
+    // Q-centric pass's LSE when the caller gave none.
+    int plan_cap;                 // entries per plan row: min(kv blocks, 128 * max_blocks)
+    int32_t *tile_idx, *tile_cnt; // (B, Hkv, q_tiles, plan_cap), (B, Hkv, q_tiles)
+    uint32_t *row_masks;          // (B, Hkv, q_tiles, plan_cap, 4)
+    int32_t *row_left;            // (B, Hkv, Sq)
+    float *shared_lse;            // (B, Hq, Sq)
     float *part_lse;    // (B, Hq, Sq, max_blocks)
     void *part_o;       // (B, Hq, Sq, max_blocks, D), FP32 or BF16
 } kv_ws;

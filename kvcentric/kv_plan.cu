@@ -3,19 +3,24 @@
 //
 // Why: a Q-centric stage costs the per-tile UNION of its queries' lists and runs at the dense
 // rate; the KV-centric path costs each query's own list at about a third of that rate (gathered
-// Q, partials written and read back). A block that every query of a tile lists is in the union
-// at no extra cost: it is cheaper Q-centric. So each tile's intersection runs Q-centric (exact:
-// every query of the tile really selected it) and only the rest KV-centric; the combine merges
-// the Q-centric output as one more partial. Tiles whose queries agree become all Q-centric,
-// tiles whose queries share nothing all KV-centric, with no host round trip: the plan is device
-// memory that the index, the tile stage and the combine read.
+// Q, partials written and read back). A block that most queries of a tile list costs less
+// Q-centric, done once for the whole tile and masked to the rows of the queries that chose it
+// (the stage's row masks, sa_gpu_attn.row_masks), than KV-centric for each of them. So each
+// tile's blocks listed by at least hybrid_share / 128 of its queries run Q-centric (exact: each
+// row sees exactly the planned blocks its own list names) and only the rest KV-centric; the
+// combine merges the Q-centric output as one more partial. Tiles whose queries agree become all
+// Q-centric, tiles whose queries share nothing all KV-centric, with no host round trip: the plan
+// is device memory that the index, the tile stage and the combine read.
 //
 // Plan, one CTA per tile (b, hkv, t), numbered steps:
 //   1. zero a histogram of kv_blocks counters in shared memory;
 //   2. every (query, slot) of the tile's rows adds one to its block (indices out of range and
 //      slots past a row's count are skipped, so a bad list never becomes an address);
-//   3. warp 0 compacts the blocks whose count equals the tile's number of queries, in
-//      ascending order, with a ballot per 32 blocks; at most max_blocks are kept.
+//   3. warp 0 compacts the blocks whose count reaches the tile's threshold, ascending, with a
+//      ballot per 32 blocks (a tile's union fits the plan's row: plan_cap), leaves each block's
+//      plan position (or -1) in its counter, and zeroes the planned blocks' row masks;
+//   4. every (query, slot) again: a planned block sets the query's bit in its row mask, the
+//      others count towards the query's row_left (entries left to the KV-centric part).
 // With validation on, duplicates are still caught: the index keeps the planned entries in
 // their own key range (kv_index.cu), next to each other in the sort.
 #include "kv_internal.h"
@@ -25,49 +30,84 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads)
-    kv_plan_kernel(const int32_t *__restrict__ idx, const int32_t *__restrict__ counts, int m,
-                   int len_q, int q_tiles, int blocks, long long tiles, int32_t *tile_idx,
-                   int32_t *tile_cnt)
+struct plan_args {
+    const int32_t *idx, *counts;
+    int m, len_q, q_tiles, blocks, share, cap;
+    long long tiles;
+    int32_t *tile_idx, *tile_cnt, *row_left;
+    uint32_t *row_masks;
+};
+
+// The entries of the tile's rows, one per thread at a time: f(query in tile, block) for each
+// valid one (slots past a row's count and indices out of range are skipped).
+template <class F>
+__device__ __forceinline__ void for_entries(const plan_args &a, long long bh, int q0, int nq, F f)
 {
-    extern __shared__ int hist[];
-    const int lane = threadIdx.x % 32;
-    for (long long tr = blockIdx.x; tr < tiles; tr += gridDim.x) {
-        // Step 1.
-        for (int i = threadIdx.x; i < blocks; i += kThreads)
-            hist[i] = 0;
-        __syncthreads();
-        // Step 2: rows (bh * len_q + q) for the tile's queries q.
-        const long long bh = tr / q_tiles;
-        const int q0 = (int)(tr - bh * q_tiles) * SA_TILE;
-        const int nq = min(SA_TILE, len_q - q0);
-        for (int e = threadIdx.x; e < nq * m; e += kThreads) {
-            const int qi = e / m, j = e - qi * m;
-            const long long row = bh * len_q + q0 + qi;
-            int c = counts ? counts[row] : m;
-            c = c < 0 ? 0 : (c > m ? m : c);
-            if (j < c) {
-                const int b = idx[row * m + j];
-                if (b >= 0 && b < blocks)
-                    atomicAdd(&hist[b], 1);
-            }
+    for (int e = threadIdx.x; e < nq * a.m; e += kThreads) {
+        const int qi = e / a.m, j = e - qi * a.m;
+        const long long row = bh * a.len_q + q0 + qi;
+        int c = a.counts ? a.counts[row] : a.m;
+        c = c < 0 ? 0 : (c > a.m ? a.m : c);
+        if (j < c) {
+            const int b = a.idx[row * a.m + j];
+            if (b >= 0 && b < a.blocks)
+                f(qi, b);
         }
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
+{
+    extern __shared__ int hist[]; // blocks counters, then SA_TILE per-query counts
+    int *left = hist + a.blocks;
+    const int lane = threadIdx.x % 32;
+    for (long long tr = blockIdx.x; tr < a.tiles; tr += gridDim.x) {
+        const long long bh = tr / a.q_tiles;
+        const int q0 = (int)(tr - bh * a.q_tiles) * SA_TILE;
+        const int nq = min(SA_TILE, a.len_q - q0);
+        // Step 1.
+        for (int i = threadIdx.x; i < a.blocks; i += kThreads)
+            hist[i] = 0;
+        for (int i = threadIdx.x; i < SA_TILE; i += kThreads)
+            left[i] = 0;
         __syncthreads();
-        // Step 3.
+        // Step 2.
+        for_entries(a, bh, q0, nq, [&](int, int b) { atomicAdd(&hist[b], 1); });
+        __syncthreads();
+        // Step 3: at least share/128 of the tile's nq queries, rounded up, and at least one.
+        const int need = max(1, (a.share * nq + SA_TILE - 1) / SA_TILE);
+        int32_t *plan = a.tile_idx + tr * a.cap;
+        uint32_t *masks = a.row_masks + tr * a.cap * 4;
         if (threadIdx.x < 32) {
             int n = 0;
-            for (int base = 0; base < blocks; base += 32) {
+            for (int base = 0; base < a.blocks; base += 32) {
                 const int b = base + lane;
-                const bool shared = b < blocks && hist[b] == nq;
-                const unsigned bal = __ballot_sync(0xffffffffu, shared);
+                const bool take = b < a.blocks && hist[b] >= need;
+                const unsigned bal = __ballot_sync(0xffffffffu, take);
                 const int pos = n + __popc(bal & ((1u << lane) - 1));
-                if (shared && pos < m)
-                    tile_idx[tr * m + pos] = b;
+                if (b < a.blocks)
+                    hist[b] = take && pos < a.cap ? pos : -1;
+                if (take && pos < a.cap) {
+                    plan[pos] = b;
+                    *reinterpret_cast<uint4 *>(masks + 4 * pos) = make_uint4(0u, 0u, 0u, 0u);
+                }
                 n += __popc(bal);
             }
             if (lane == 0)
-                tile_cnt[tr] = n < m ? n : m;
+                a.tile_cnt[tr] = n < a.cap ? n : a.cap;
         }
+        __syncthreads(); // the positions and the zeroed masks are visible to the whole CTA
+        // Step 4.
+        for_entries(a, bh, q0, nq, [&](int qi, int b) {
+            const int pos = hist[b];
+            if (pos >= 0)
+                atomicOr(masks + 4 * pos + qi / 32, 1u << (qi % 32));
+            else
+                atomicAdd(&left[qi], 1);
+        });
+        __syncthreads();
+        for (int qi = threadIdx.x; qi < nq; qi += kThreads)
+            a.row_left[bh * a.len_q + q0 + qi] = left[qi];
         __syncthreads(); // the histogram is reused by the next tile
     }
 }
@@ -82,25 +122,43 @@ int kv_plan(const sa_kv_params *p, const kv_ws *w)
     cudaStream_t st = kv_stream(p);
     if (blocks > SA_KV_PLAN_MAX_BLOCKS) { // too many blocks for the histogram: all KV-centric
         SA_CUDA_TRY(cudaMemsetAsync(w->tile_cnt, 0, (size_t)tiles * sizeof(int32_t), st));
+        // Any nonzero row_left: every row goes through the combine's merge.
+        SA_CUDA_TRY(cudaMemsetAsync(w->row_left, 1, sa_query_rows(s) * sizeof(int32_t), st));
         return SA_OK;
     }
-    const size_t smem = (size_t)blocks * sizeof(int);
+    const size_t smem = (size_t)(blocks + SA_TILE) * sizeof(int);
     static int smem_set;
     if (!smem_set) {
         SA_CUDA_TRY(cudaFuncSetAttribute(kv_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         SA_KV_PLAN_MAX_BLOCKS * (int)sizeof(int)));
+                                         (SA_KV_PLAN_MAX_BLOCKS + SA_TILE) * (int)sizeof(int)));
         smem_set = 1;
     }
+    plan_args a;
+    a.idx = p->lists.indices;
+    a.counts = p->lists.counts;
+    a.m = m;
+    a.len_q = s->len_q;
+    a.q_tiles = q_tiles;
+    a.blocks = blocks;
+    a.share = p->hybrid_share;
+    a.cap = w->plan_cap;
+    a.tiles = tiles;
+    a.tile_idx = w->tile_idx;
+    a.tile_cnt = w->tile_cnt;
+    a.row_left = w->row_left;
+    a.row_masks = w->row_masks;
     const unsigned grid = (unsigned)(tiles < 65535 ? tiles : 65535);
-    kv_plan_kernel<<<grid, kThreads, smem, st>>>(p->lists.indices, p->lists.counts, m, s->len_q,
-                                                q_tiles, blocks, tiles, w->tile_idx, w->tile_cnt);
+    kv_plan_kernel<<<grid, kThreads, smem, st>>>(a);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }
 
 int kv_shared_pass(const sa_kv_params *p, const kv_ws *w)
 {
-    const sa_stage *st = sa_stage_with(SA_ROLE_DEFAULT_TILE);
+    // With a share below all of the tile, a planned block may serve only some of its rows.
+    const bool masked = p->hybrid_share < SA_TILE;
+    const sa_stage *st =
+        sa_stage_with(SA_ROLE_DEFAULT_TILE | (masked ? (unsigned)SA_ROLE_ROW_MASKS : 0u));
     if (!st)
         return SA_ERR_UNSUPPORTED;
     sa_gpu_attn a;
@@ -109,7 +167,8 @@ int kv_shared_pass(const sa_kv_params *p, const kv_ws *w)
     a.q = p->q;
     a.k = p->k;
     a.v = p->v;
-    a.lists = (sa_tile_lists){w->tile_idx, w->tile_cnt, p->shape.heads_kv, p->lists.max_blocks};
+    a.lists = (sa_tile_lists){w->tile_idx, w->tile_cnt, p->shape.heads_kv, w->plan_cap};
+    a.row_masks = masked ? w->row_masks : nullptr;
     a.o = p->o;
     a.lse = kv_shared_lse(p, w);
     a.validate = 0; // the plan is well formed by construction: ascending, distinct, in range

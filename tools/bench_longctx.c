@@ -15,14 +15,18 @@
 #define LC_HEAD_DIM 128
 #define LC_MIN_LEN (LC_TOPK * SA_TILE)
 #define LC_MAX_LEN (1 << 20)
-#define LC_MAX_LIST 16   /* entries of --lens and --structures */
+#define LC_MAX_LIST 16   /* entries of --lens, --structures and --contenders */
 
 typedef struct lc_flags {
     bench_flags b; /* reps (per round), warmup, json, seed */
     int rounds, samples;
     int nlens, lens[LC_MAX_LIST];
     int nstruct, structs[LC_MAX_LIST];
+    int ncont, conts[LC_MAX_LIST]; /* indices into the contender table; 0: every one */
+    int share;                     /* --share: the hybrid contender's hybrid_share */
 } lc_flags;
+
+static int one_contender(const char *flag, const char *t);
 
 static void usage(FILE *f)
 {
@@ -38,13 +42,19 @@ static void usage(FILE *f)
             "  --samples N         (head, query) rows checked against the CPU reference\n"
             "                      (default 64)\n"
             "  --seed S            seed of the inputs, lists and sampled rows (default 2026)\n"
+            "  --contenders C,...  run only these (default: every one below)\n"
+            "  --share N           hybrid_share of the hybrid contender, 1..%d (default %d)\n"
             "  --json              one JSON object per line\n"
             "shape: B=1 Hq=%d Hkv=1 D=%d, every query %d blocks of %d keys\n"
             "contenders: dense (default dense stage), qcentric-union (default tile stage on\n"
-            "  each tile's union), kvcentric-bf16 (sa_kvcentric_attention, BF16 partials, wgmma part 2),\n"
-            "  kvcentric-bf16-mma (the same, mma.sync part 2), hybrid (SA_KV_SCHEDULE_HYBRID:\n"
-            "  per tile the blocks all its queries list Q-centric, the rest KV-centric)\n",
-            LC_MIN_LEN, LC_MAX_LEN, LC_TOPK, LC_HEADS_Q, LC_HEAD_DIM, LC_TOPK, SA_TILE);
+            "  each tile's union: exact only where the queries agree), kvcentric-bf16\n"
+            "  (sa_kvcentric_attention, BF16 partials, wgmma part 2), kvcentric-bf16-mma (the\n"
+            "  same, mma.sync part 2), hybrid (SA_KV_SCHEDULE_HYBRID: per tile the blocks that\n"
+            "  --share / 128 of its queries list Q-centric with row masks, the rest KV-centric),\n"
+            "  hybrid-all (the same with share 128: only blocks every query lists), qcentric-masked\n"
+            "  (the same with share 1: each tile's whole union with row masks, exact)\n",
+            LC_MIN_LEN, LC_MAX_LEN, LC_TOPK, SA_TILE, SA_KV_HYBRID_SHARE_DEFAULT, LC_HEADS_Q,
+            LC_HEAD_DIM, LC_TOPK, SA_TILE);
 }
 
 /* Comma-separated values of one flag; each token through `one`, which exits on a bad one. */
@@ -111,6 +121,7 @@ static void parse(int argc, char **argv, lc_flags *f)
     memcpy(f->lens, lens, sizeof lens);
     f->nstruct = (int)(sizeof structs / sizeof structs[0]);
     memcpy(f->structs, structs, sizeof structs);
+    f->share = SA_KV_HYBRID_SHARE_DEFAULT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -132,6 +143,10 @@ static void parse(int argc, char **argv, lc_flags *f)
             f->nlens = parse_list(argc, argv, &i, f->lens, one_len);
         else if (!strcmp(a, "--structures"))
             f->nstruct = parse_list(argc, argv, &i, f->structs, one_struct);
+        else if (!strcmp(a, "--contenders"))
+            f->ncont = parse_list(argc, argv, &i, f->conts, one_contender);
+        else if (!strcmp(a, "--share"))
+            f->share = (int)cli_int_arg(argc, argv, &i, 1, SA_TILE);
         else
             cli_usage_error("bench longctx: unknown flag '%s' (sparseattn bench longctx --help)",
                             a);
@@ -139,6 +154,8 @@ static void parse(int argc, char **argv, lc_flags *f)
 }
 
 #ifndef SA_HAVE_CUDA
+static int one_contender(const char *flag, const char *t) { return (void)flag, (void)t, 0; }
+
 int bench_longctx(int argc, char **argv)
 {
     lc_flags f;
@@ -295,6 +312,7 @@ static void hybrid_params(const lc_cell *c, sa_kv_params *p)
 {
     kv_params(c, p);
     p->schedule = SA_KV_SCHEDULE_HYBRID;
+    p->hybrid_share = c->hybrid_share;
 }
 static int hybrid_memory(const lc_cell *c, size_t *bytes)
 {
@@ -305,6 +323,27 @@ static int hybrid_memory(const lc_cell *c, size_t *bytes)
 static int hybrid_setup(const lc_cell *c, void **state)
 {
     return kv_setup_with(c, state, hybrid_params);
+}
+/* hybrid-all: share 128, only the blocks every query of a tile lists (no row masks). */
+static void hybrid_all_params(const lc_cell *c, sa_kv_params *p)
+{
+    hybrid_params(c, p);
+    p->hybrid_share = SA_TILE;
+}
+static int hybrid_all_setup(const lc_cell *c, void **state)
+{
+    return kv_setup_with(c, state, hybrid_all_params);
+}
+/* qcentric-masked: share 1, each tile's whole union Q-centric with row masks: the exact
+ * Q-centric schedule (nothing is left to the KV-centric part). */
+static void masked_params(const lc_cell *c, sa_kv_params *p)
+{
+    hybrid_params(c, p);
+    p->hybrid_share = 1;
+}
+static int masked_setup(const lc_cell *c, void **state)
+{
+    return kv_setup_with(c, state, masked_params);
 }
 
 /* kvcentric-bf16-mma: the same with the earlier mma.sync part-2 kernel (sa_kv_params.attend). */
@@ -325,13 +364,25 @@ static const lc_contender contenders[] = {
     {"kvcentric-bf16", exact_lists, kv_memory, kv_setup, kv_run, kv_done, NULL},
     {"kvcentric-bf16-mma", exact_lists, kv_memory, kv_mma_setup, kv_run, kv_done, NULL},
     {"hybrid", exact_lists, hybrid_memory, hybrid_setup, kv_run, kv_done, NULL},
-    /* ---- MORE CONTENDERS HERE (issue 17: the hybrid and the automatic schedule), one line each:
+    {"hybrid-all", exact_lists, hybrid_memory, hybrid_all_setup, kv_run, kv_done, NULL},
+    {"qcentric-masked", exact_lists, hybrid_memory, masked_setup, kv_run, kv_done, NULL},
+    /* ---- MORE CONTENDERS HERE, one line each:
      * write their functions beside the ones above (or in a file of their own, declared in
      * bench_longctx.h and added to tools/meson.build); the lc_cell has everything a run needs.
      * The speed-up column divides by the first LC_EXACT_DENSE contender that ran; usage() names
      * the contenders. ---- */
 };
 #define NCONT (int)(sizeof contenders / sizeof contenders[0])
+
+static int one_contender(const char *flag, const char *t)
+{
+    for (int i = 0; i < NCONT; i++)
+        if (!strcmp(contenders[i].name, t))
+            return i;
+    cli_usage_error("bench longctx: %s: no contender '%s' (sparseattn bench longctx --help)",
+                    flag, t);
+    return -1;
+}
 
 /* ---------------------------------------------------------------- the sweep */
 
@@ -468,7 +519,12 @@ static int run_len(const lc_flags *f, bench_env *e, int len, int *cell, int cell
                    len, name, LC_TOPK, sa_kv_blocks(&s), c.useful_flops / 1e12, c.mean_union,
                    c.tile_max, c.union_exact ? ", equal to every query's list" : "");
         const lc_run_opts o = {f->b.reps, f->b.warmup, f->rounds, f->b.json, f->samples};
-        failed |= lc_run_cell(&o, e->g, contenders, NCONT, &c, &r);
+        c.hybrid_share = f->share;
+        lc_contender chosen[NCONT];
+        int nchosen = 0;
+        for (int i = 0; i < (f->ncont ? f->ncont : NCONT); i++)
+            chosen[nchosen++] = contenders[f->ncont ? f->conts[i] : i];
+        failed |= lc_run_cell(&o, e->g, chosen, nchosen, &c, &r);
     }
     free(qidx), free(qcnt), free(tidx), free(tcnt);
     lc_rows_free(&r);

@@ -100,6 +100,7 @@ typedef struct lc_cell {
     double mean_union;
     int union_exact;       /* every query's list equals its tile's union */
     double useful_flops, union_flops, dense_flops;
+    int hybrid_share;      /* sa_kv_params.hybrid_share of the "hybrid" contender (--share) */
 } lc_cell;
 
 typedef struct lc_contender {

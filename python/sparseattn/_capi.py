@@ -87,7 +87,8 @@ class SaGpuAttn(ctypes.Structure):
     _fields_ = [("shape", SaShape), ("q", c_void_p), ("k", c_void_p), ("v", c_void_p),
                 ("lists", SaTileLists), ("o", c_void_p), ("lse", c_void_p),
                 ("validate", c_int), ("allow_empty_rows", c_int), ("stream", c_void_p),
-                ("verdict", c_void_p), ("causal", c_int), ("allow_future_blocks", c_int)]
+                ("verdict", c_void_p), ("causal", c_int), ("allow_future_blocks", c_int),
+                ("row_masks", c_void_p)]
 
 
 STAGE_FN = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(SaGpuAttn))
@@ -125,7 +126,7 @@ class SaKvParams(ctypes.Structure):
                 ("partial_format", c_int), ("validate", c_int), ("allow_empty_rows", c_int),
                 ("workspace", c_void_p), ("workspace_bytes", c_size_t), ("stream", c_void_p),
                 ("causal", c_int), ("allow_future_blocks", c_int),
-                ("attend", c_int), ("schedule", c_int)]
+                ("attend", c_int), ("schedule", c_int), ("hybrid_share", c_int)]
 
 
 # C name -> mirror; every one is checked against the library at import.

@@ -410,6 +410,15 @@ START_TEST(test_gpu_common_check)
         b.lists.counts = (const int32_t *)((const char *)dev_lists + 2);
         ck_assert_int_eq(sa_gpu_attn_check_common(&b, sparse, 128, pad),
                          sparse ? SA_ERR_UNSUPPORTED : SA_OK);
+        /* Row masks: only for stages that read them, and 16-byte aligned. */
+        b = a;
+        b.row_masks = (const uint32_t *)dev_buf;
+        ck_assert_int_eq(sa_gpu_attn_check_common(&b, sparse, 128, pad), SA_ERR_UNSUPPORTED);
+        ck_assert_int_eq(sa_gpu_attn_check_common(&b, sparse | SA_CHECK_ROW_MASKS, 128, pad),
+                         SA_OK);
+        b.row_masks = (const uint32_t *)dev_buf + 1;
+        ck_assert_int_eq(sa_gpu_attn_check_common(&b, sparse | SA_CHECK_ROW_MASKS, 128, pad),
+                         SA_ERR_UNSUPPORTED);
         /* The list array: rows * max_blocks <= SA_MAX_ELEMS (1024 tile rows here). */
         b = gpu_args(shape(1, 1, 1, 1024 * 128, 128, 128));
         b.lists.max_blocks = 1 << 30;
@@ -474,6 +483,14 @@ START_TEST(test_stage_checks)
             ck_assert_int_eq(st->check(&a), SA_ERR_UNSUPPORTED);
             ck_assert_int_eq(st->launch(&a), SA_ERR_UNSUPPORTED);
         }
+        /* Row masks: accepted exactly by the stages with the role (no device is looked at). */
+        a = gpu_args(shape(1, 2, 1, 256, 256, 128));
+        a.row_masks = (const uint32_t *)dev_buf;
+        const int want = (st->roles & SA_ROLE_ROW_MASKS) ? SA_OK : SA_ERR_UNSUPPORTED;
+        ck_assert_msg(st->check(&a) == want, "stage %d row masks: %s", st->id,
+                      sa_strerror(st->check(&a)));
+        if (want != SA_OK)
+            ck_assert_int_eq(st->launch(&a), SA_ERR_UNSUPPORTED);
     }
 }
 END_TEST

@@ -400,14 +400,17 @@ START_TEST(test_causal)
 }
 END_TEST
 
-/* The hybrid schedule (SA_KV_SCHEDULE_HYBRID): lists where each 128-query tile shares `nshared`
- * blocks (in every row, in a random place of the row) and each row adds 0..extra blocks of its
- * own; `agree` tiles (every third) add none, so the Q-centric pass covers them whole. Causally
- * every block is drawn among those the row's query sees, the shared ones among those the tile's
- * first query sees. Against sa_ref_query_sparse, with and without o_f32 (a row covered whole is
- * then left as the Q-centric pass wrote it); the plan must have taken entries away from the
- * KV-centric part, or the test would not test it. */
-static void run_hybrid(const sa_shape *s, int m, int nshared, int causal, sa_rng *r)
+/* The hybrid schedule (SA_KV_SCHEDULE_HYBRID): lists where each 128-query tile has `nshared`
+ * blocks that each row keeps with probability keep_pct / 100 (in a random place of the row) and
+ * each row adds 0..extra blocks of its own; `agree` tiles (every third) keep every shared block
+ * and add none, so the Q-centric pass covers them whole. Causally every block is drawn among
+ * those the row's query sees, the shared ones among those the tile's first query sees. Against
+ * sa_ref_query_sparse, with and without o_f32 (a row covered whole is then left as the Q-centric
+ * pass wrote it), at the shares of `shares` (128: only blocks every query lists; 1: the tile's
+ * whole union, each block masked to its queries' rows); at share 128 the plan must have taken
+ * entries away from the KV-centric part, or the test would not test it. */
+static void run_hybrid(const sa_shape *s, int m, int nshared, int keep_pct, int causal,
+                       sa_rng *r)
 {
     kv_case c;
     case_init(&c, s, m, KV_PAT_RANDOM, r);
@@ -444,9 +447,10 @@ static void run_hybrid(const sa_shape *s, int m, int nshared, int causal, sa_rng
                 int32_t *dst = c.idx + row * m;
                 int n = 0;
                 for (int j = 0; j < ns; j++)
-                    dst[n++] = shared[j];
+                    if (agree || (int)sa_rng_below(r, 100) < keep_pct)
+                        dst[n++] = shared[j];
                 /* Own blocks among the visible ones that are not shared. */
-                int own = agree ? 0 : (int)sa_rng_below(r, (uint32_t)(m - ns) + 1);
+                int own = agree ? 0 : (int)sa_rng_below(r, (uint32_t)(m - n) + 1);
                 int np = 0;
                 for (int b = 0; b < vis; b++) {
                     int is_shared = 0;
@@ -486,10 +490,12 @@ static void run_hybrid(const sa_shape *s, int m, int nshared, int causal, sa_rng
     sa_outputs ref = {o_ref, of_ref, lse_ref};
     ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &host_l, &o, &ref), SA_OK);
     size_t ws = 0;
+    static const int shares[] = {SA_TILE, SA_KV_HYBRID_SHARE_DEFAULT, 1, 96};
     for (int run = 0; run < 4; run++) {
         sa_kv_params p;
         case_params(&c, 1, run % 2 ? SA_KV_PARTIAL_BF16 : SA_KV_PARTIAL_F32, &p);
         p.schedule = SA_KV_SCHEDULE_HYBRID;
+        p.hybrid_share = shares[run];
         p.causal = causal;
         p.validate = run < 2;
         if (run >= 2)
@@ -505,12 +511,13 @@ static void run_hybrid(const sa_shape *s, int m, int nshared, int causal, sa_rng
         sa_cmp co = sa_compare_bf16(out, o_ref, c.nq), cf = sa_compare(of, of_ref, c.nq);
         double dl = sa_lse_maxdiff(lse, lse_ref, c.nl);
         ck_assert_msg(sa_cmp_ok(&co) && (run >= 2 || sa_cmp_ok(&cf)) && dl <= LSE_TOL,
-                      "hybrid B%d Hq%d Hkv%d Sq%d Skv%d m%d shared %d causal %d run %d: O rel %.3g "
-                      "max %.3g (%zu nonfinite at %zu), O_f32 rel %.3g, LSE %.3g (seed %llu)",
-                      s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, m, nshared, causal,
-                      run, co.rel_l2, co.max_abs, co.nonfinite, co.first_bad, cf.rel_l2, dl,
-                      (unsigned long long)sa_test_seed());
-        if (run == 0) {
+                      "hybrid B%d Hq%d Hkv%d Sq%d Skv%d m%d shared %d keep %d%% causal %d share %d: "
+                      "O rel %.3g max %.3g (%zu nonfinite at %zu), O_f32 rel %.3g, LSE %.3g "
+                      "(seed %llu)",
+                      s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, m, nshared,
+                      keep_pct, causal, shares[run], co.rel_l2, co.max_abs, co.nonfinite,
+                      co.first_bad, cf.rel_l2, dl, (unsigned long long)sa_test_seed());
+        if (run == 0 && keep_pct == 100) {
             sa_kv_index_view v;
             ck_assert_int_eq(sa_kv_index_get(&p, &v), SA_OK);
             int32_t used = -1;
@@ -546,6 +553,11 @@ static void run_hybrid(const sa_shape *s, int m, int nshared, int causal, sa_rng
         p.attend = SA_KV_ATTEND_WGMMA;
         p.schedule = 2;
         ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
+        p.schedule = SA_KV_SCHEDULE_HYBRID;
+        p.hybrid_share = 0;
+        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
+        p.hybrid_share = SA_TILE + 1;
+        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_ERR_ARG);
     }
     free(o_ref);
     free(out);
@@ -561,17 +573,22 @@ START_TEST(test_hybrid)
     sa_rng r;
     sa_rng_seed(&r, sa_test_seed() ^ 0x55);
     sa_shape a = shape(1, 4, 1, 300, 1300); /* 3 tiles, 11 blocks, partial last tile */
-    run_hybrid(&a, 6, 3, 0, &r);
+    run_hybrid(&a, 6, 3, 100, 0, &r);
+    run_hybrid(&a, 6, 5, 70, 0, &r); /* shared by most queries: row masks */
     if (small_only())
         return;
     sa_shape b = shape(2, 16, 1, 700, 3000);
-    run_hybrid(&b, 8, 5, 0, &r);
-    run_hybrid(&b, 8, 0, 0, &r); /* nothing shared: all KV-centric */
-    run_hybrid(&b, 8, 8, 0, &r); /* all shared: all Q-centric */
+    run_hybrid(&b, 8, 5, 100, 0, &r);
+    run_hybrid(&b, 8, 0, 100, 0, &r); /* nothing shared: all KV-centric at share 128 */
+    run_hybrid(&b, 8, 8, 100, 0, &r); /* all shared: all Q-centric */
+    run_hybrid(&b, 8, 8, 85, 0, &r);
+    run_hybrid(&b, 8, 6, 40, 0, &r);
     sa_shape d = shape(1, 8, 2, 900, 1200); /* causal, len_kv > len_q */
-    run_hybrid(&d, 6, 3, 1, &r);
+    run_hybrid(&d, 6, 3, 100, 1, &r);
+    run_hybrid(&d, 6, 4, 60, 1, &r);
     sa_shape e = shape(1, 2, 2, 600, 600); /* GQA 1, square causal */
-    run_hybrid(&e, 4, 2, 1, &r);
+    run_hybrid(&e, 4, 2, 100, 1, &r);
+    run_hybrid(&e, 4, 3, 75, 1, &r);
 }
 END_TEST
 
