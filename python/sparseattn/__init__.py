@@ -11,7 +11,7 @@ otherwise. docs/python.md describes the API."""
 from ._errors import AbiMismatchError, LibraryNotFoundError, SparseAttnError
 from ._core import abi_sizes, library_path, strerror
 from ._capi import (SA_ROLE_DEFAULT_DENSE, SA_ROLE_DEFAULT_TILE, SA_ROLE_GPU_VERDICT,
-                    SA_ROLE_SPARSE, STATUS_NAMES, TILE)
+                    SA_ROLE_ROW_MASKS, SA_ROLE_SPARSE, STATUS_NAMES, TILE)
 from ._gpu import Stage, Verdict, gpu_available, stage_with, stages
 from ._attention import (attention_backward, block_sparse_attention, dense_attention,
                          query_sparse_attention)
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AbiMismatchError", "LibraryNotFoundError", "SparseAttnError", "abi_sizes", "library_path",
     "strerror", "SA_ROLE_DEFAULT_DENSE", "SA_ROLE_DEFAULT_TILE", "SA_ROLE_GPU_VERDICT",
-    "SA_ROLE_SPARSE", "STATUS_NAMES", "TILE", "Stage", "Verdict", "gpu_available", "stage_with",
+    "SA_ROLE_ROW_MASKS", "SA_ROLE_SPARSE", "STATUS_NAMES", "TILE", "Stage", "Verdict", "gpu_available", "stage_with",
     "stages", "block_sparse_attention", "dense_attention", "query_sparse_attention",
     "attention_backward", "block_sparse_attention_backward", "bf16_bits",
     "bf16_round", "bf16_to_float32", "Selector", "Workload", "select", "selectors", "workload",

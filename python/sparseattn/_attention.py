@@ -5,7 +5,7 @@ import ctypes
 import numpy as np
 
 from . import _gpu
-from ._capi import SaAttnOpts, SaOutputs, SaQueryLists, SaShape, SaTileLists
+from ._capi import TILE, SaAttnOpts, SaOutputs, SaQueryLists, SaShape, SaTileLists
 from ._core import check, flag, lib, library_path
 from ._errors import AbiMismatchError
 from ._tensors import (attn_shape, check_layout, check_shape, common_kind, host_bf16, host_int32,
@@ -97,20 +97,27 @@ def dense_attention(q, k, v, *, layout="bhsd", causal=False, stage=None):
 
 def query_sparse_attention(q, k, v, indices, counts=None, *, layout="bhsd", validate=True,
                            allow_empty_rows=True, causal=False, allow_future_blocks=False,
-                           partial_format="f32", schedule="kv"):
+                           partial_format="f32", schedule="kv", hybrid_share=None):
     """Attention with one block list per query -> (o, lse).
 
     indices: int32 (B, Hkv, Sq, max_blocks) (the query heads of a GQA group share their
     query's list), counts (B, Hkv, Sq) or None. Otherwise as block_sparse_attention.
     CPU: sa_ref_query_sparse. GPU: the KV-centric path (sa_kvcentric_attention; head_dim 128)
     with partials in "f32" or "bf16"; schedule "kv" (every pair KV-centric) or "hybrid" (per
-    128-query tile the blocks all its queries list run Q-centric, planned on the GPU). The CPU
-    result is the same whatever the schedule."""
+    128-query tile the blocks that at least hybrid_share / 128 of its queries list run
+    Q-centric, each masked to those queries' rows, planned on the GPU; hybrid_share an int in
+    1..128, None: the library's default, SA_KV_HYBRID_SHARE_DEFAULT). The CPU result is the same
+    whatever the schedule."""
     check_layout(layout)
     if partial_format not in ("f32", "bf16"):
         raise ValueError("partial_format must be 'f32' or 'bf16', got %r" % (partial_format,))
     if schedule not in ("kv", "hybrid"):
         raise ValueError("schedule must be 'kv' or 'hybrid', got %r" % (schedule,))
+    if hybrid_share is not None and (isinstance(hybrid_share, bool) or
+                                     not isinstance(hybrid_share, int) or
+                                     not 1 <= hybrid_share <= TILE):
+        raise ValueError("hybrid_share must be None or an int in 1..%d, got %r"
+                         % (TILE, hybrid_share))
     kind = common_kind([("q", q), ("k", k), ("v", v)])
     s = attn_shape(q, k, v, layout)
     max_blocks = query_list_dims(indices, s)
@@ -118,7 +125,7 @@ def query_sparse_attention(q, k, v, indices, counts=None, *, layout="bhsd", vali
              flag("causal", causal), flag("allow_future_blocks", allow_future_blocks))
     if kind == "cuda":
         return _gpu.query_sparse(q, k, v, indices, counts, s, max_blocks, layout, *flags,
-                                 partial_format, schedule)
+                                 partial_format, schedule, hybrid_share)
     ind = host_int32("indices", indices, (s.batch, s.heads_kv, s.len_q, max_blocks),
                      "(B, heads_kv, len_q, max_blocks)")
     cnt = host_int32("counts", counts, (s.batch, s.heads_kv, s.len_q), "(B, heads_kv, len_q)")

@@ -330,7 +330,7 @@ def dense(q, k, v, s, layout, causal, stage):
 
 
 def query_sparse(q, k, v, indices, counts, s, max_blocks, layout, validate, allow_empty_rows,
-                 causal, allow_future_blocks, partial_format, schedule):
+                 causal, allow_future_blocks, partial_format, schedule, hybrid_share=None):
     """The KV-centric GPU entry point (sa_kvcentric_attention), workspace from torch's
     allocator."""
     t = torch_mod()
@@ -351,6 +351,8 @@ def query_sparse(q, k, v, indices, counts, s, max_blocks, layout, validate, allo
         p.validate, p.allow_empty_rows = validate, allow_empty_rows
         p.causal, p.allow_future_blocks = causal, allow_future_blocks
         p.schedule = {"kv": SA_KV_SCHEDULE_KV, "hybrid": SA_KV_SCHEDULE_HYBRID}[schedule]
+        if hybrid_share is not None:  # else sa_kv_params_default's
+            p.hybrid_share = hybrid_share
         p.stream = stream_ptr()
         size = ctypes.c_size_t(0)
         rc = lib.sa_kv_workspace_size(ctypes.byref(p), ctypes.byref(size))

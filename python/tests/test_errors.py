@@ -72,6 +72,9 @@ def test_options(inputs):
         sa.query_sparse_attention(q, k, v, idx, partial_format="fp8")
     with pytest.raises(ValueError, match=r"^schedule must be"):
         sa.query_sparse_attention(q, k, v, idx, schedule="auto")
+    for bad in (0, 129, 48.0, True):
+        with pytest.raises(ValueError, match=r"^hybrid_share must be None or an int in 1..128"):
+            sa.query_sparse_attention(q, k, v, idx, schedule="hybrid", hybrid_share=bad)
 
 
 @pytest.mark.parametrize("case,code,name", [
