@@ -23,6 +23,7 @@ void sa_select_params_default(sa_select_params *p)
     X(nvfp4)                \
     X(nvfp4_query)          \
     X(nvfp4_mass)           \
+    X(nvfp4_mass_q8)        \
     X(oracle)               \
     X(random)
 

@@ -10,6 +10,11 @@
  * QK^T and softmax of dense attention cost in the index geometry; with a few index heads (MSA's
  * geometry) that is a fraction of the attention's own heads. CPU only.
  *
+ * nvfp4_mass_q8 asks the same question of every 8th query of a tile only (the tile's last query
+ * and every 8th before it: 16 of 128), for an eighth of the cost: a tile's list serves all its
+ * queries, and the block masses of neighbouring queries are close, so a sample may rank the
+ * blocks nearly as the whole tile does (docs/quality.md measures how nearly).
+ *
  * Precision: the dequantized values in FP32 (E2M1 * E4M3 is exact there, the tensor scale rounds
  * once), dots by cblas_sgemm, the softmax and the block sums in double. */
 #include <cblas.h>
@@ -39,8 +44,12 @@ static float *nvfp4_values(const uint16_t *x, size_t n, int *err)
     return out;
 }
 
-static int nvfp4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
-                          const sa_select_params *p, int32_t *indices, int32_t *counts)
+/* nvfp4_mass_q8's sample: the tile's queries m - 1, m - 1 - 8, ... (m valid ones). */
+#define SEL_MASS_SAMPLE_STRIDE 8
+
+/* The mass over the queries i = m - 1 - stride u of each tile (stride 1: every query). */
+static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                    const sa_select_params *p, int32_t *indices, int32_t *counts, int stride)
 {
     sel_ctx c;
     int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
@@ -62,9 +71,10 @@ static int nvfp4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *
     {
         double *acc = malloc((size_t)n * sizeof *acc);
         float *sc = sa_sz_malloc(sa_sz_mul(SA_TILE, s->len_kv), sizeof *sc);
+        float *qs = sa_sz_malloc(sa_sz_mul(SA_TILE, dim), sizeof *qs); /* the sampled rows */
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
-        if (!acc || !sc || w_oom)
+        if (!acc || !sc || !qs || w_oom)
             oom = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < rows; r++) {
@@ -77,19 +87,27 @@ static int nvfp4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *
                 acc[blk] = 0.0;
             int h0;
             const int nh = sel_list_qheads(&c, hkv, &h0);
+            const int ms = (m + stride - 1) / stride; /* sampled rows: i = m - 1 - stride u */
             for (int j = 0; j < nh; j++) {
                 const int h = h0 + j, hk = sel_khead_of(&c, h);
                 const float *qt = qf + (((size_t)b * c.qh + h) * s->len_q + i0) * dim;
                 const float *kt = kf + ((size_t)b * c.kh + hk) * s->len_kv * dim;
-                /* sc (m x len_kv) = Q_tile K^T, one thread's GEMM (the rows run in parallel) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, s->len_kv, dim, 1.0f, qt,
-                            dim, kt, dim, 0.0f, sc, s->len_kv);
-                for (int i = 0; i < m; i++) {
+                if (stride > 1) {
+                    for (int u = 0; u < ms; u++)
+                        for (int d = 0; d < dim; d++)
+                            qs[(size_t)u * dim + d] = qt[(size_t)(m - 1 - stride * u) * dim + d];
+                    qt = qs;
+                }
+                /* sc (ms x len_kv) = Q_rows K^T, one thread's GEMM (the rows run in parallel) */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ms, s->len_kv, dim, 1.0f,
+                            qt, dim, kt, dim, 0.0f, sc, s->len_kv);
+                for (int u = 0; u < ms; u++) {
+                    const int i = stride > 1 ? m - 1 - stride * u : u;
                     const long long lim = c.causal ? i0 + i + off + 1 : s->len_kv;
                     const int nk = lim < 0 ? 0 : lim > s->len_kv ? s->len_kv : (int)lim;
                     if (nk == 0)
                         continue; /* sees no key: no mass */
-                    const float *row = sc + (size_t)i * s->len_kv;
+                    const float *row = sc + (size_t)u * s->len_kv;
                     double mx = -INFINITY, z = 0.0;
                     for (int key = 0; key < nk; key++)
                         mx = row[key] * scale > mx ? row[key] * scale : mx;
@@ -107,6 +125,7 @@ static int nvfp4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *
         }
         free(acc);
         free(sc);
+        free(qs);
         sel_row_free(&w);
     }
     ref_blas_single_end();
@@ -115,11 +134,32 @@ static int nvfp4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *
     return oom ? SA_ERR_NOMEM : SA_OK;
 }
 
+static int nvfp4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                          const sa_select_params *p, int32_t *indices, int32_t *counts)
+{
+    return mass_cpu(s, q, k, p, indices, counts, 1);
+}
+
+static int nvfp4_mass_q8_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                             const sa_select_params *p, int32_t *indices, int32_t *counts)
+{
+    return mass_cpu(s, q, k, p, indices, counts, SEL_MASS_SAMPLE_STRIDE);
+}
+
 const sa_selector sa_selector_nvfp4_mass = {
     .name = "nvfp4_mass",
     .description = "blocks of largest softmax mass from NVFP4 index vectors (the oracle's "
                    "ranking at 4 bits; dense QK^T + softmax cost in the index geometry)",
     .per_query = 0,
     .cpu = nvfp4_mass_cpu,
+    .cuda = NULL,
+};
+
+const sa_selector sa_selector_nvfp4_mass_q8 = {
+    .name = "nvfp4_mass_q8",
+    .description = "nvfp4_mass over every 8th query of a tile (16 of 128, the last one "
+                   "included): an eighth of its cost",
+    .per_query = 0,
+    .cpu = nvfp4_mass_q8_cpu,
     .cuda = NULL,
 };

@@ -147,7 +147,7 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
     double *row = malloc((size_t)s->len_kv * sizeof *row);
     ck_assert(out && a && c && row);
     for (size_t i = 0; i < (size_t)s->batch * s->heads_kv * per * n; i++)
-        out[i] = !strcmp(name, "oracle") || !strcmp(name, "nvfp4_mass") ||
+        out[i] = !strcmp(name, "oracle") || !strncmp(name, "nvfp4_mass", 10) ||
                          !strcmp(name, "r4_mass")
                      ? 0.0
                      : -INFINITY;
@@ -259,9 +259,14 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q1
                 free(lg);
                 free(rest);
                 free(opos);
-            } else if (!strcmp(name, "oracle") || !strcmp(name, "nvfp4_mass")) {
-                /* The exact softmax mass per block (nvfp4_mass: of the dequantized vectors). */
+            } else if (!strcmp(name, "oracle") || !strncmp(name, "nvfp4_mass", 10)) {
+                /* The exact softmax mass per block (nvfp4_mass: of the dequantized vectors;
+                 * nvfp4_mass_q8: of a tile's queries m - 1, m - 9, ..., m valid ones). */
+                const int q8 = !strcmp(name, "nvfp4_mass_q8");
                 for (int i = 0; i < s->len_q; i++) {
+                    const int m_t = imin(128, s->len_q - i / 128 * 128);
+                    if (q8 && (m_t - 1 - i % 128) % 8 != 0)
+                        continue;
                     double m = -INFINITY, z = 0;
                     const int nk = !causal ? s->len_kv : i + s->len_kv - s->len_q + 1;
                     if (nk <= 0)

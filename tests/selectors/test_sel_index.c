@@ -469,7 +469,7 @@ START_TEST(test_layout_brute_force)
                         for (int x = 0; x < per; x++) {
                             /* Scores combine over the heads by max; the masses of
                              * nvfp4_mass and r4_mass add up, as the oracle's do over a group. */
-                            const int sums = !strcmp(sel->name, "nvfp4_mass") ||
+                            const int sums = !strncmp(sel->name, "nvfp4_mass", 10) ||
                                              !strcmp(sel->name, "r4_mass");
                             for (int blk = 0; blk < n; blk++) {
                                 score[blk] = sums ? 0.0 : -INFINITY;
