@@ -26,6 +26,7 @@ FLOOR = 1e-3      # deltas at or below it are drawn on the floor of the log axis
 STYLE = {"oracle": ("black", "o"), "r1": ("tab:blue", "s"), "r4": ("tab:green", "^"),
          "nvfp4": ("tab:red", "D"), "nvfp4_query": ("tab:purple", "v"),
          "gauss": ("tab:orange", "P"), "nvfp4_mass": ("tab:brown", "*"),
+         "nvfp4_mass_q8": ("tab:pink", "X"), "r4_mass": ("tab:olive", "p"),
          "oracle_query": ("dimgray", "o"), "random": ("silver", ".")}
 
 
