@@ -53,10 +53,12 @@ int kv_check_args(const sa_kv_params *p);
 // Checks the arguments and lays the workspace out; base may be NULL to size it.
 int kv_layout(const sa_kv_params *p, void *base, kv_ws *w);
 
-// The hybrid schedule's plan (kv_plan.cu): per tile, the blocks every query of the tile lists,
-// into w->tile_idx / w->tile_cnt (ascending, at most max_blocks).
+// The hybrid schedule's plan (kv_plan.cu): per tile, the blocks that hybrid_share / 128 of the
+// tile's queries list, into w->tile_idx / w->tile_cnt (ascending, at most plan_cap), their row
+// masks into w->row_masks, and per query the entries left to the KV-centric part (w->row_left).
 int kv_plan(const sa_kv_params *p, const kv_ws *w);
-// Its Q-centric pass: the default tile stage over the plan, into p->o and the shared LSE.
+// Its Q-centric pass: the default tile stage over the plan (with the row masks when
+// hybrid_share < 128), into p->o and the shared LSE.
 int kv_shared_pass(const sa_kv_params *p, const kv_ws *w);
 static inline float *kv_shared_lse(const sa_kv_params *p, const kv_ws *w)
 {
