@@ -365,7 +365,8 @@ __device__ __forceinline__ uint4 row_mask(const Params &p, const int32_t *entry)
 template <bool ROWS>
 __device__ __forceinline__ bool needs_mask(const Params &p, int tile, int blk)
 {
-    return ROWS || (blk == p.kv_blocks - 1 && p.tail < TILE) || causal_diag(p, tile, blk) < DIAG_ALL;
+    return ROWS || (blk == p.kv_blocks - 1 && p.tail < TILE) ||
+           causal_diag(p, tile, blk) < DIAG_ALL;
 }
 
 

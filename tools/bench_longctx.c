@@ -51,8 +51,9 @@ static void usage(FILE *f)
             "  (sa_kvcentric_attention, BF16 partials, wgmma part 2), kvcentric-bf16-mma (the\n"
             "  same, mma.sync part 2), hybrid (SA_KV_SCHEDULE_HYBRID: per tile the blocks that\n"
             "  --share / 128 of its queries list Q-centric with row masks, the rest KV-centric),\n"
-            "  hybrid-all (the same with share 128: only blocks every query lists), qcentric-masked\n"
-            "  (the same with share 1: each tile's whole union with row masks, exact)\n",
+            "  hybrid-all (the same with share 128: only blocks every query lists),\n"
+            "  qcentric-masked (the same with share 1: each tile's whole union with row masks,\n"
+            "  exact)\n",
             LC_MIN_LEN, LC_MAX_LEN, LC_TOPK, SA_TILE, SA_KV_HYBRID_SHARE_DEFAULT, LC_HEADS_Q,
             LC_HEAD_DIM, LC_TOPK, SA_TILE);
 }

@@ -511,8 +511,8 @@ static void run_hybrid(const sa_shape *s, int m, int nshared, int keep_pct, int 
         sa_cmp co = sa_compare_bf16(out, o_ref, c.nq), cf = sa_compare(of, of_ref, c.nq);
         double dl = sa_lse_maxdiff(lse, lse_ref, c.nl);
         ck_assert_msg(sa_cmp_ok(&co) && (run >= 2 || sa_cmp_ok(&cf)) && dl <= LSE_TOL,
-                      "hybrid B%d Hq%d Hkv%d Sq%d Skv%d m%d shared %d keep %d%% causal %d share %d: "
-                      "O rel %.3g max %.3g (%zu nonfinite at %zu), O_f32 rel %.3g, LSE %.3g "
+                      "hybrid B%d Hq%d Hkv%d Sq%d Skv%d m%d shared %d keep %d%% causal %d "
+                      "share %d: O rel %.3g max %.3g (%zu nonfinite at %zu), O_f32 rel %.3g, LSE %.3g "
                       "(seed %llu)",
                       s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, m, nshared,
                       keep_pct, causal, shares[run], co.rel_l2, co.max_abs, co.nonfinite,
