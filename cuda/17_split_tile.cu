@@ -32,6 +32,10 @@
 //   block masked to the queries that chose it: the KV-centric hybrid's Q-centric pass). Calls
 //   with row masks run a third build of the kernel (ROWS) in which every block takes step 4's
 //   mask; the other two builds keep their instructions (only shared-memory offsets moved).
+//   Version 8 applies the row mask in the softmax instead: a row left out of a block keeps its
+//   max and gets -inf for it, so all its P are 0 (4 selects per thread where version 7 wrote -inf
+//   into 64 scores), and a ROWS block needs step 4 only when a non-ROWS call would (causal
+//   diagonal, partial final block): the others run in the loop without the mask test.
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -92,12 +96,14 @@
 //   The producer counts the row's blocks that step 4 must mask (needs_mask: the partial final
 //   block, or a block that some row of the tile sees only in part) and writes the number of the
 //   others into the record (unmasked). It then walks the row twice: pass 0 issues the blocks
-//   without a mask in list order, pass 1 the masked ones (with row masks: every block). The
-//   producer does not read the row masks to sort the blocks: a version that did (a block whose
-//   mask has every row went first, unmasked) hung at scale with 16-entry rows, for a cause not
-//   found (docs/stage17.md, version 7). The consumers run blocks
+//   without a mask in list order, pass 1 the masked ones. The
+//   producer never reads the row masks to sort the blocks: a version 7 draft that did (a block
+//   whose mask has every row went first, unmasked) hung at scale with 16-entry rows, for a cause
+//   not found (docs/stage17.md, version 7). The consumers run blocks
 //   1..unmasked-1 through a copy of the loop without the mask test (the loop of the kernel
 //   without MASKS), then the rest through the copy with it; block 0 is masked when unmasked is 0.
+//   Since version 8 row masks do not enter this: both loops apply them (step 4), so the producer
+//   sorts a ROWS row exactly as it sorts a row without masks, without reading the masks.
 //   The order of a row's blocks does not change the result beyond rounding, and it is the same
 //   in every call, so repeated calls still agree bit for bit.
 //
@@ -115,11 +121,11 @@
 //   4. in the loop of the masked blocks (MASK LAST), read the block's valid keys and index that
 //      the producer left beside stage s, and mask the padding columns if it is the partial
 //      final block, the columns past each row's last visible key if it is a causal diagonal
-//      block, and (ROWS) the rows the block's row mask leaves out; arrive k-free[s]; row max;
-//      lazy rescaling
-//      as stage 14 (a new max is adopted only when it exceeds the running one by more than
-//      RESCALE_THRESHOLD); P = exp2(S * scale * log2e - max) computed in place in S's
-//      registers, row sums updated. All of it while step 2's PV runs.
+//      block; (ROWS, both loops) read the warp's word of the block's row mask; arrive k-free[s];
+//      row max (a row the row mask leaves out keeps its max); lazy rescaling as stage 14 (a new
+//      max is adopted only when it exceeds the running one by more than RESCALE_THRESHOLD);
+//      P = exp2(S * scale * log2e - max) computed in place in S's registers (-inf in place of
+//      the max of a left-out row: P = 0), row sums updated. All of it while step 2's PV runs.
 //   5. wait for the PV (wait_group 0, one copy in each arm of the rescale branch: pv_wait);
 //      rescale O if a row of this warp adopted a new max; pack P to BF16 (the A operand of the
 //      next PV); arrive v-free of block j-1's stage.
@@ -357,16 +363,12 @@ __device__ __forceinline__ uint4 row_mask(const Params &p, const int32_t *entry)
     return __ldg(p.row_masks + (entry - p.indices));
 }
 
-// Whether step 4 must mask block blk for some row of the tile: the partial final block, a block
-// that some row sees only in part (causal), or any block of a call with row masks (version 7,
-// the kernel with ROWS: every block takes the row mask its producer left beside the stage; the
-// producer does not read the masks ahead to sort them, which costs the blocks with every row
-// the masked loop). Any int is safe here (unchecked lists).
-template <bool ROWS>
+// Whether step 4 must mask block blk for some row of the tile: the partial final block, or a
+// block that some row sees only in part (causal). Row masks (ROWS) need no step-4 mask: the
+// softmax leaves the rows out (version 8), in both loops. Any int is safe here (unchecked lists).
 __device__ __forceinline__ bool needs_mask(const Params &p, int tile, int blk)
 {
-    return ROWS || (blk == p.kv_blocks - 1 && p.tail < TILE) ||
-           causal_diag(p, tile, blk) < DIAG_ALL;
+    return (blk == p.kv_blocks - 1 && p.tail < TILE) || causal_diag(p, tile, blk) < DIAG_ALL;
 }
 
 
@@ -432,8 +434,12 @@ __device__ __forceinline__ int check_row(const Params &p, const int32_t *row, in
 // P = exp2(S * scale * log2e - max) in place of S, with O's rescale deferred: O is still being
 // accumulated by the PV in flight. Returns whether any row of this warp adopted a new max (a
 // warp-uniform answer, so the rescale is skipped by the whole warp together).
+// `rows` (version 8, row masks): bit i clear means this thread's row i does not see the block:
+// its max stays, and -inf in place of its max makes every P of the row 0 (2 selects per row where
+// version 7 wrote -inf into all 32 of the row's scores).
 __device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_max)[2],
-                                                 float (&row_sum)[2], float (&factor)[2])
+                                                 float (&row_sum)[2], float (&factor)[2],
+                                                 uint32_t rows = 3u)
 {
     if (SA_STAGE17_CEILING) {
 #pragma unroll
@@ -444,14 +450,17 @@ __device__ __forceinline__ bool softmax_in_place(float (&sc)[64], float (&row_ma
         factor[0] = factor[1] = 1.f;
         return false;
     }
-    const bool need_any = softmax_row_max(sc, row_max, row_sum, factor);
+    const bool need_any = softmax_row_max(sc, row_max, row_sum, factor, rows);
     float part[2] = {0.f, 0.f}; // this block's row sums, added to the (rescaled) running ones
 #pragma unroll
     for (int jj = 0; jj < 16; jj++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             // A row that has seen no key yet (causal) keeps max -inf: its P must be 0, not NaN.
-            const float neg_max = row_max[i] == -CUDART_INF_F ? 0.f : -row_max[i];
+            // A row left out of the block (rows) gets -inf: exp2(-inf) = 0 for every score.
+            const float neg_max = !((rows >> i) & 1u)           ? -CUDART_INF_F
+                                  : row_max[i] == -CUDART_INF_F ? 0.f
+                                                                : -row_max[i];
             const float p0 = fast_exp2(fmaf(sc[4 * jj + 2 * i], SCORE_TO_LOG2, neg_max));
             const float p1 = fast_exp2(fmaf(sc[4 * jj + 2 * i + 1], SCORE_TO_LOG2, neg_max));
             part[i] += p0 + p1;
@@ -511,20 +520,14 @@ __device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
     return __shfl_sync(0xffffffffu, v, 0);
 }
 
-// Version 7: the rows of this warp (bits 0..15 of `rows`: row 16 warp + b) that the block's row
-// mask leaves out get -inf in every column; this thread holds rows lane / 4 and lane / 4 + 8.
-__device__ __forceinline__ void mask_rows(float (&sc)[64], uint32_t rows, int lane)
+// Version 8: this thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16) in the row mask
+// the producer left beside K stage s: bit i set when row i sees the block (softmax_in_place).
+// The warp's 16 rows are bits 16 (warp % 2) .. +15 of word 2c + warp / 2.
+__device__ __forceinline__ uint32_t stage_rows(const Smem &sm, int s, int c, int warp, int lane)
 {
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (!((rows >> (lane / 4 + 8 * i)) & 1u)) {
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++) {
-                sc[4 * jj + 2 * i] = -CUDART_INF_F;
-                sc[4 * jj + 2 * i + 1] = -CUDART_INF_F;
-            }
-        }
-    }
+    const uint32_t w = (uint32_t)read_lane0(&sm.k_rows[s][2 * c + warp / 2], lane) >>
+                       (16 * (warp % 2) + lane / 4);
+    return (w & 1u) | ((w >> 7) & 2u);
 }
 
 // Version 4: the A fragments of this warpgroup's 64 Q rows for the 8 k-steps of S = Q K^T (the
@@ -624,7 +627,8 @@ template <bool M> struct MaskTag {
 // MASKS = false: the call has no causal mask and no partial final block, so no block needs step
 // 4's mask: the test, the reads of the stage's valid-key count and block and the branch around
 // the mask leave the loop. ROWS (version 7, implies MASKS): the call has row masks; a kernel of
-// its own, so that the others keep their code (the producer's registers are short).
+// its own, so that the others keep their code (the producer's registers are short, and the
+// consumers of the others read no row mask).
 template <bool MASKS, bool ROWS>
 __global__ void __launch_bounds__(NTHREADS, 1)
     split_tile_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -701,7 +705,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 for (int j0 = 0; j0 < count; j0 += 32)
                     masked += __popc(__ballot_sync(
                         0xffffffffu, j0 + lane < count &&
-                                         needs_mask<ROWS>(p, it.tile, row[j0 + lane])));
+                                         needs_mask(p, it.tile, row[j0 + lane])));
             }
             // The item's Q buffer and record are free again (its previous user's last QK is done).
             const int qb = q_uses % Q_BUFFERS;
@@ -748,7 +752,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                         const int idx = j0 + lane < count ? row[j0 + lane] : 0;
                         const bool take =
                             j0 + lane < count &&
-                            needs_mask<ROWS>(p, it.tile, idx) == (pass == 1);
+                            needs_mask(p, it.tile, idx) == (pass == 1);
 #pragma unroll 1
                         for (uint32_t todo = __ballot_sync(0xffffffffu, take); todo;
                              todo &= todo - 1, kv_n++) {
@@ -824,9 +828,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         for (int r = 0; r < 64; r++)
             o[r] = 0.f;
 
-        // Step 4's mask of the block in K stage s, in the loops that may need one (M): a partial
-        // block, a causal diagonal one, or rows its row mask leaves out (version 7); any other
-        // block pays its reads and compares.
+        // Step 4's mask of the block in K stage s, in the loop that may need one (M): a partial
+        // block or a causal diagonal one; any other block pays its reads and compares.
         const auto mask_stage = [&](int s, auto m) {
             if (!decltype(m)::value)
                 return;
@@ -834,12 +837,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             const int d = causal_diag(p, tile, read_lane0(&sm.k_blk[s], lane)) + 64 * c;
             if (valid < TILE || d < DIAG_ALL)
                 mask_block(sc, valid, d, warp, lane);
-            if (ROWS) {
-                // This warp's 16 rows are bits 16 (warp % 2) .. +15 of word 2c + warp / 2.
-                const uint32_t w = (uint32_t)read_lane0(&sm.k_rows[s][2 * c + warp / 2], lane);
-                mask_rows(sc, w >> (16 * (warp % 2)), lane);
-            }
         };
+
 
         // Block 0: a turn with S alone, then its softmax (no PV in flight: rescale at once).
         {
@@ -856,10 +855,12 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_wgmma_wait<0>();
             if (MASKS && unmasked == 0)
                 mask_stage(s, MaskTag<true>{}); // before k-free: the producer rewrites the record
+            // ROWS (version 8): which of this thread's rows see the block, read before k-free.
+            const uint32_t rows = ROWS ? stage_rows(sm, s, c, warp, lane) : 3u;
             warp_arrive(&sm.k_free[s], lane);
             if (!Q_IN_REGS && count == 1)
                 warp_arrive(&sm.q_free[qb], lane);
-            const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
+            const bool moved = softmax_in_place(sc, row_max, row_sum, factor, rows);
             rescale_and_pack(moved, factor, o, sc, pa);
         }
         // Blocks 1..count-1, steps 1-5; M: the loop of the blocks that may need step 4's mask.
@@ -901,10 +902,12 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_wgmma_wait<1>();
             // ---- step 4: softmax of block j beside the PV of block j-1
             mask_stage(s, m); // before k-free: the producer rewrites the stage's record
+            // ROWS (version 8): which of this thread's rows see the block, read before k-free.
+            const uint32_t rows = ROWS ? stage_rows(sm, s, c, warp, lane) : 3u;
             warp_arrive(&sm.k_free[s], lane);
             if (!Q_IN_REGS && j == count - 1)
                 warp_arrive(&sm.q_free[qb], lane);
-            const bool moved = softmax_in_place(sc, row_max, row_sum, factor);
+            const bool moved = softmax_in_place(sc, row_max, row_sum, factor, rows);
             // ---- step 5: the wait for the PV stands in each arm of the branch (pv_wait)
             if (!SA_STAGE17_ARM_WAIT) {
                 sa_wgmma_wait<0>();

@@ -115,8 +115,12 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
 // are reduced over the quad. Lazy rescaling: a row adopts its new max only when it exceeds the
 // running one by more than RESCALE_THRESHOLD; factor[i] is then exp2(old - new) (row_sum is
 // rescaled here, O by the caller), else 1. Returns whether a row of this thread moved.
+// `rows` (stage 17, version 8: row masks): bit i clear means row i does not see this block, so
+// its block max is -inf and it keeps its running max; the default (both rows see it) compiles
+// to the form stages 14-16 had.
 __device__ __forceinline__ bool softmax_row_max(const float (&sc)[64], float (&row_max)[2],
-                                                float (&row_sum)[2], float (&factor)[2])
+                                                float (&row_sum)[2], float (&factor)[2],
+                                                uint32_t rows = 3u)
 {
     bool need_any = false;
 #pragma unroll
@@ -127,6 +131,8 @@ __device__ __forceinline__ bool softmax_row_max(const float (&sc)[64], float (&r
             mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * i], sc[4 * jj + 2 * i + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if (!((rows >> i) & 1u))
+            mx = -CUDART_INF_F;
         const float mx2 = mx * SCORE_TO_LOG2;
         const bool need = mx2 > row_max[i] + RESCALE_THRESHOLD; // always true on the first tile
         factor[i] = 1.f;

@@ -78,8 +78,14 @@ enum { SA_KV_ATTEND_WGMMA = 0, SA_KV_ATTEND_MMA_SYNC = 1 };
  *   share nothing all KV-centric. Needs attend = SA_KV_ATTEND_WGMMA and a default tile stage
  *   that takes the shape (and row masks, when hybrid_share < 128); tiles over more than
  *   SA_KV_PLAN_MAX_BLOCKS KV blocks are planned all KV-centric. The reverse index then leaves
- *   the Q-centric entries out (sa_kv_index_get shows what the KV-centric part runs). */
+ *   the Q-centric entries out (sa_kv_index_get shows what the KV-centric part runs).
+ *   With hybrid_share < 128 a tile also runs its WHOLE union Q-centric when the blocks below the
+ *   share are few for what they hold: (blocks below the share) x SA_KV_PLAN_BLOCK_COST <=
+ *   (their entries) + (queries holding one) x SA_KV_PLAN_ROW_COST (the planner's cost count in
+ *   KV-centric entries; docs/kvcentric.md has the measurements behind it). */
 enum { SA_KV_SCHEDULE_KV = 0, SA_KV_SCHEDULE_HYBRID = 1 };
+#define SA_KV_PLAN_BLOCK_COST 64 /* a block run Q-centric for a whole tile, in KV-centric entries */
+#define SA_KV_PLAN_ROW_COST 1    /* a query's row merged by the combine, in KV-centric entries */
 #define SA_KV_PLAN_MAX_BLOCKS 12288 /* the planner's per-tile histogram: 48 KB of shared memory */
 /* sa_kv_params.hybrid_share, in 128ths of a tile's queries: 128 plans only the blocks every
  * query lists, 1 the tile's whole union (Q-centric with row masks). The default, 80 (62.5%),

@@ -12,14 +12,26 @@
 // Q-centric, tiles whose queries share nothing all KV-centric, with no host round trip: the plan
 // is device memory that the index, the tile stage and the combine read.
 //
+// The share decides block by block. A tile also has fixed costs on the KV-centric side: every
+// query with an entry left there has its row merged by the combine, and the KV-centric part of
+// a tile that leaves only a few entries is mostly those fixed costs. So, with row masks (share
+// below 128), a tile runs its WHOLE union Q-centric when that costs less by the count
+// (SA_KV_PLAN_BLOCK_COST and SA_KV_PLAN_ROW_COST, sa_kvcentric.h):
+//     blocks the share leaves out x BLOCK_COST <= entries they hold + rows holding them x ROW_COST
+// (local lists: a union of 20 blocks, 4-6 of them listed by a few of its queries, goes whole;
+// random ones, a union of hundreds of blocks with one or two queries each, do not).
+//
 // Plan, one CTA per tile (b, hkv, t), numbered steps:
 //   1. zero a histogram of kv_blocks counters in shared memory;
 //   2. every (query, slot) of the tile's rows adds one to its block (indices out of range and
 //      slots past a row's count are skipped, so a bad list never becomes an address);
-//   3. warp 0 compacts the blocks whose count reaches the tile's threshold, ascending, with a
+//   3. the tile's threshold: with row masks, every (query, slot) whose block falls below the
+//      share counts towards its query; the counts and the union decide the rule above (the
+//      threshold then drops to 1: the whole union);
+//   4. warp 0 compacts the blocks whose count reaches the tile's threshold, ascending, with a
 //      ballot per 32 blocks (a tile's union fits the plan's row: plan_cap), leaves each block's
 //      plan position (or -1) in its counter, and zeroes the planned blocks' row masks;
-//   4. every (query, slot) again: a planned block sets the query's bit in its row mask, the
+//   5. every (query, slot) again: a planned block sets the query's bit in its row mask, the
 //      others count towards the query's row_left (entries left to the KV-centric part).
 // With validation on, duplicates are still caught: the index keeps the planned entries in
 // their own key range (kv_index.cu), next to each other in the sort.
@@ -33,6 +45,7 @@ constexpr int kThreads = 256;
 struct plan_args {
     const int32_t *idx, *counts;
     int m, len_q, q_tiles, blocks, share, cap;
+    int whole; // 1: the whole-union rule of step 3 (row masks: share below 128)
     long long tiles;
     int32_t *tile_idx, *tile_cnt, *row_left;
     uint32_t *row_masks;
@@ -60,6 +73,8 @@ __global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
 {
     extern __shared__ int hist[]; // blocks counters, then SA_TILE per-query counts
     int *left = hist + a.blocks;
+    // Step 3's sums: entries below the share, queries holding them, blocks below the share.
+    __shared__ int below_entries, below_rows, below_blocks;
     const int lane = threadIdx.x % 32;
     for (long long tr = blockIdx.x; tr < a.tiles; tr += gridDim.x) {
         const long long bh = tr / a.q_tiles;
@@ -74,8 +89,37 @@ __global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
         // Step 2.
         for_entries(a, bh, q0, nq, [&](int, int b) { atomicAdd(&hist[b], 1); });
         __syncthreads();
-        // Step 3: at least share/128 of the tile's nq queries, rounded up, and at least one.
-        const int need = max(1, (a.share * nq + SA_TILE - 1) / SA_TILE);
+        // Step 3: at least share/128 of the tile's nq queries, rounded up, and at least one; or 1
+        // when the tile's union goes whole.
+        int need = max(1, (a.share * nq + SA_TILE - 1) / SA_TILE);
+        if (a.whole && need > 1) {
+            if (threadIdx.x == 0)
+                below_entries = below_rows = below_blocks = 0;
+            for_entries(a, bh, q0, nq, [&](int qi, int b) {
+                if (hist[b] < need)
+                    atomicAdd(&left[qi], 1);
+            });
+            __syncthreads();
+            int e = 0, r = 0, u = 0;
+            for (int qi = threadIdx.x; qi < nq; qi += kThreads) {
+                e += left[qi];
+                r += left[qi] > 0;
+                left[qi] = 0; // step 5 counts again
+            }
+            for (int b = threadIdx.x; b < a.blocks; b += kThreads)
+                u += hist[b] > 0 && hist[b] < need;
+            if (e)
+                atomicAdd(&below_entries, e);
+            if (r)
+                atomicAdd(&below_rows, r);
+            if (u)
+                atomicAdd(&below_blocks, u);
+            __syncthreads();
+            if ((long long)below_blocks * SA_KV_PLAN_BLOCK_COST <=
+                (long long)below_entries + (long long)below_rows * SA_KV_PLAN_ROW_COST)
+                need = 1;
+        }
+        // Step 4.
         int32_t *plan = a.tile_idx + tr * a.cap;
         uint32_t *masks = a.row_masks + tr * a.cap * 4;
         if (threadIdx.x < 32) {
@@ -97,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
                 a.tile_cnt[tr] = n < a.cap ? n : a.cap;
         }
         __syncthreads(); // the positions and the zeroed masks are visible to the whole CTA
-        // Step 4.
+        // Step 5.
         for_entries(a, bh, q0, nq, [&](int qi, int b) {
             const int pos = hist[b];
             if (pos >= 0)
@@ -142,6 +186,7 @@ int kv_plan(const sa_kv_params *p, const kv_ws *w)
     a.blocks = blocks;
     a.share = p->hybrid_share;
     a.cap = w->plan_cap;
+    a.whole = p->hybrid_share < SA_TILE; // without row masks every planned block has every row
     a.tiles = tiles;
     a.tile_idx = w->tile_idx;
     a.tile_cnt = w->tile_cnt;

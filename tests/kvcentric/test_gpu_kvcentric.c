@@ -400,18 +400,65 @@ START_TEST(test_causal)
 }
 END_TEST
 
+/* The entries the hybrid's plan leaves to the KV-centric part, counted on the host from the rule
+ * in sa_kvcentric.h (SA_KV_SCHEDULE_HYBRID): per tile, the blocks at least share/128 of its
+ * queries list run Q-centric; with share < 128 the whole union does when (blocks below the
+ * share) x SA_KV_PLAN_BLOCK_COST <= (their entries) + (queries holding one) x
+ * SA_KV_PLAN_ROW_COST (whole = 0 leaves that rule out). Valid lists (every entry below its
+ * row's count in range). */
+static size_t plan_left(const sa_shape *s, const int32_t *idx, const int32_t *cnt, int m,
+                        int share, int whole)
+{
+    const int nb = sa_kv_blocks(s), tiles = sa_q_tiles(s);
+    int *hist = calloc((size_t)nb, sizeof *hist), rows_below[SA_TILE];
+    ck_assert(hist);
+    size_t left = 0;
+    for (size_t bh = 0; bh < (size_t)s->batch * s->heads_kv; bh++)
+        for (int t = 0; t < tiles; t++) {
+            const int q0 = t * SA_TILE, nq = s->len_q - q0 < SA_TILE ? s->len_q - q0 : SA_TILE;
+            const int32_t *rows = idx + (bh * s->len_q + q0) * m;
+            const int32_t *cn = cnt + bh * s->len_q + q0;
+            memset(hist, 0, (size_t)nb * sizeof *hist);
+            for (int qi = 0; qi < nq; qi++)
+                for (int j = 0; j < cn[qi]; j++)
+                    hist[rows[qi * m + j]]++;
+            int need = (share * nq + SA_TILE - 1) / SA_TILE;
+            need = need < 1 ? 1 : need;
+            long long below_e = 0, below_r = 0, below_b = 0;
+            for (int qi = 0; qi < nq; qi++) {
+                rows_below[qi] = 0;
+                for (int j = 0; j < cn[qi]; j++)
+                    rows_below[qi] += hist[rows[qi * m + j]] < need;
+                below_e += rows_below[qi];
+                below_r += rows_below[qi] > 0;
+            }
+            for (int b = 0; b < nb; b++)
+                below_b += hist[b] > 0 && hist[b] < need;
+            if (whole && share < SA_TILE &&
+                below_b * SA_KV_PLAN_BLOCK_COST <= below_e + below_r * SA_KV_PLAN_ROW_COST)
+                below_e = 0; /* the whole union Q-centric */
+            left += (size_t)below_e;
+        }
+    free(hist);
+    return left;
+}
+
 /* The hybrid schedule (SA_KV_SCHEDULE_HYBRID): lists where each 128-query tile has `nshared`
  * blocks that each row keeps with probability keep_pct / 100 (in a random place of the row) and
- * each row adds 0..extra blocks of its own; `agree` tiles (every third) keep every shared block
- * and add none, so the Q-centric pass covers them whole. Causally every block is drawn among
- * those the row's query sees, the shared ones among those the tile's first query sees. Against
+ * each row adds 0..extra blocks of its own (drawn from the first own_pool blocks that are not
+ * shared, or from all of them when own_pool is 0); `agree` tiles (every third) keep every shared
+ * block and add none, so the Q-centric pass covers them whole. Causally every block is drawn
+ * among those the row's query sees, the shared ones among those the tile's first query sees.
+ * Against
  * sa_ref_query_sparse, with and without o_f32 (a row covered whole is then left as the Q-centric
  * pass wrote it), at the shares of `shares` (128: only blocks every query lists; 1: the tile's
- * whole union, each block masked to its queries' rows); at share 128 the plan must have taken
- * entries away from the KV-centric part, or the test would not test it. */
-static void run_hybrid(const sa_shape *s, int m, int nshared, int keep_pct, int causal,
-                       sa_rng *r)
+ * whole union, each block masked to its queries' rows); the KV-centric part must hold exactly
+ * the entries the plan's rule leaves (plan_left), and at share 128 with every shared block kept
+ * the plan must have taken entries away from it, or the test would not test it. */
+static int run_hybrid(const sa_shape *s, int m, int nshared, int keep_pct, int causal,
+                      int own_pool, sa_rng *r)
 {
+    int whole_fired = 0; /* the whole-union rule changed the plan of some share */
     kv_case c;
     case_init(&c, s, m, KV_PAT_RANDOM, r);
     {
@@ -456,7 +503,7 @@ static void run_hybrid(const sa_shape *s, int m, int nshared, int keep_pct, int 
                     int is_shared = 0;
                     for (int j = 0; j < ns; j++)
                         is_shared |= shared[j] == b;
-                    if (!is_shared)
+                    if (!is_shared && (own_pool == 0 || np < own_pool))
                         pool[np++] = b;
                 }
                 for (int j = 0; j < own && np > 0; j++) {
@@ -517,14 +564,21 @@ static void run_hybrid(const sa_shape *s, int m, int nshared, int keep_pct, int 
                       s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, m, nshared,
                       keep_pct, causal, shares[run], co.rel_l2, co.max_abs, co.nonfinite,
                       co.first_bad, cf.rel_l2, dl, (unsigned long long)sa_test_seed());
-        if (run == 0 && keep_pct == 100) {
+        {
             sa_kv_index_view v;
             ck_assert_int_eq(sa_kv_index_get(&p, &v), SA_OK);
             int32_t used = -1;
             CK_CUDA(cudaMemcpy(&used, v.info, sizeof used, cudaMemcpyDeviceToHost));
-            ck_assert_msg(nshared == 0 ? (size_t)used == total : (size_t)used < total,
-                          "the plan left %d of %zu entries to the KV-centric part (seed %llu)",
-                          used, total, (unsigned long long)sa_test_seed());
+            const size_t want = plan_left(s, c.idx, c.cnt, m, shares[run], 1);
+            whole_fired |= want != plan_left(s, c.idx, c.cnt, m, shares[run], 0);
+            ck_assert_msg((size_t)used == want,
+                          "share %d: the plan left %d of %zu entries to the KV-centric part, "
+                          "the rule %zu (seed %llu)",
+                          shares[run], used, total, want, (unsigned long long)sa_test_seed());
+            if (run == 0 && keep_pct == 100)
+                ck_assert_msg(nshared == 0 ? (size_t)used == total : (size_t)used < total,
+                              "the plan left %d of %zu entries to the KV-centric part (seed %llu)",
+                              used, total, (unsigned long long)sa_test_seed());
         }
     }
     /* A row that names a planned block twice: the host validator's code, O untouched. */
@@ -566,6 +620,7 @@ static void run_hybrid(const sa_shape *s, int m, int nshared, int keep_pct, int 
     free(lse_ref);
     free(lse);
     case_free(&c);
+    return whole_fired;
 }
 
 START_TEST(test_hybrid)
@@ -573,22 +628,27 @@ START_TEST(test_hybrid)
     sa_rng r;
     sa_rng_seed(&r, sa_test_seed() ^ 0x55);
     sa_shape a = shape(1, 4, 1, 300, 1300); /* 3 tiles, 11 blocks, partial last tile */
-    run_hybrid(&a, 6, 3, 100, 0, &r);
-    run_hybrid(&a, 6, 5, 70, 0, &r); /* shared by most queries: row masks */
+    run_hybrid(&a, 6, 3, 100, 0, 0, &r);
+    run_hybrid(&a, 6, 5, 70, 0, 0, &r); /* shared by most queries: row masks */
+    /* Own blocks from 2 others: few blocks below the share hold many entries, so the tiles at
+     * shares below 128 go whole (the rule must have fired, or this tests nothing). */
+    ck_assert_msg(run_hybrid(&a, 6, 3, 100, 0, 2, &r),
+                  "the whole-union rule never fired (seed %llu)",
+                  (unsigned long long)sa_test_seed());
     if (small_only())
         return;
     sa_shape b = shape(2, 16, 1, 700, 3000);
-    run_hybrid(&b, 8, 5, 100, 0, &r);
-    run_hybrid(&b, 8, 0, 100, 0, &r); /* nothing shared: all KV-centric at share 128 */
-    run_hybrid(&b, 8, 8, 100, 0, &r); /* all shared: all Q-centric */
-    run_hybrid(&b, 8, 8, 85, 0, &r);
-    run_hybrid(&b, 8, 6, 40, 0, &r);
+    run_hybrid(&b, 8, 5, 100, 0, 0, &r);
+    run_hybrid(&b, 8, 0, 100, 0, 0, &r); /* nothing shared: all KV-centric at share 128 */
+    run_hybrid(&b, 8, 8, 100, 0, 0, &r); /* all shared: all Q-centric */
+    run_hybrid(&b, 8, 8, 85, 0, 0, &r);
+    run_hybrid(&b, 8, 6, 40, 0, 0, &r);
     sa_shape d = shape(1, 8, 2, 900, 1200); /* causal, len_kv > len_q */
-    run_hybrid(&d, 6, 3, 100, 1, &r);
-    run_hybrid(&d, 6, 4, 60, 1, &r);
+    run_hybrid(&d, 6, 3, 100, 1, 0, &r);
+    run_hybrid(&d, 6, 4, 60, 1, 0, &r);
     sa_shape e = shape(1, 2, 2, 600, 600); /* GQA 1, square causal */
-    run_hybrid(&e, 4, 2, 100, 1, &r);
-    run_hybrid(&e, 4, 3, 75, 1, &r);
+    run_hybrid(&e, 4, 2, 100, 1, 0, &r);
+    run_hybrid(&e, 4, 3, 75, 1, 0, &r);
 }
 END_TEST
 
