@@ -271,7 +271,7 @@ struct alignas(1024) Smem {
     uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], k_free[KV_STAGES], v_free[KV_STAGES];
     int32_t k_valid[KV_STAGES]; // valid keys of the block in K stage s (128 unless partial)
     int32_t k_blk[KV_STAGES];   // the block in K stage s (causal_diag needs it)
-    int32_t k_rows[KV_STAGES][4]; // version 7: the rows of the tile that see it (row masks)
+    int64_t k_entry[KV_STAGES]; // version 8: its list entry (row masks: where its mask is)
     // The item record, beside its Q buffer: the item, its count, its check's code, and how many
     // of its blocks come first that need no mask (MASK_LAST; 0 otherwise).
     int32_t item[Q_BUFFERS], count[Q_BUFFERS], error[Q_BUFFERS], unmasked[Q_BUFFERS];
@@ -356,12 +356,6 @@ __device__ __forceinline__ int last_visible_block(const Params &p, int tile)
     return key < 0 ? -1 : key / TILE;
 }
 
-// Version 7: the row mask of a list entry (given by its address in the lists); the kernel built
-// with ROWS has row masks, the others do not read them.
-__device__ __forceinline__ uint4 row_mask(const Params &p, const int32_t *entry)
-{
-    return __ldg(p.row_masks + (entry - p.indices));
-}
 
 // Whether step 4 must mask block blk for some row of the tile: the partial final block, or a
 // block that some row sees only in part (causal). Row masks (ROWS) need no step-4 mask: the
@@ -532,13 +526,25 @@ __device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
     return __shfl_sync(0xffffffffu, v, 0);
 }
 
-// Version 8: this thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16) in the row mask
-// the producer left beside K stage s: bit i set when row i sees the block (softmax_in_place).
-// The warp's 16 rows are bits 16 (warp % 2) .. +15 of word 2c + warp / 2.
-__device__ __forceinline__ uint32_t stage_rows(const Smem &sm, int s, int c, int warp, int lane)
+// Version 8: this warp's word of the row mask of the block in K stage s. The producer leaves the
+// block's list entry beside the stage; each consumer warp loads its own 32-bit word of the entry's
+// 128-bit mask (its 16 rows are bits 16 (warp % 2) .. +15 of word 2c + warp / 2) as soon as the
+// stage is ready, so the load runs under the block's QK (version 7's producer loaded the whole
+// mask before it could issue the block's copies).
+__device__ __forceinline__ uint32_t stage_row_word(const Params &p, const Smem &sm, int s, int c,
+                                                   int warp, int lane)
 {
-    const uint32_t w = (uint32_t)read_lane0(&sm.k_rows[s][2 * c + warp / 2], lane) >>
-                       (16 * (warp % 2) + lane / 4);
+    long long e = 0;
+    if (lane == 0)
+        e = *reinterpret_cast<const volatile long long *>(&sm.k_entry[s]);
+    e = __shfl_sync(0xffffffffu, e, 0);
+    return __ldg(reinterpret_cast<const uint32_t *>(p.row_masks) + 4 * e + 2 * c + warp / 2);
+}
+// This thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16) in that word: bit i set when
+// row i sees the block (softmax_in_place).
+__device__ __forceinline__ uint32_t rows_in_word(uint32_t w, int warp, int lane)
+{
+    w >>= 16 * (warp % 2) + lane / 4;
     return (w & 1u) | ((w >> 7) & 2u);
 }
 
@@ -614,13 +620,8 @@ __device__ __forceinline__ void load_block(Smem &sm, const CUtensorMap *map_k,
     if (MASKS) {
         sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
         sm.k_blk[s] = blk;
-        if (ROWS) {
-            const uint4 m = row_mask(p, entry);
-            sm.k_rows[s][0] = (int32_t)m.x;
-            sm.k_rows[s][1] = (int32_t)m.y;
-            sm.k_rows[s][2] = (int32_t)m.z;
-            sm.k_rows[s][3] = (int32_t)m.w;
-        }
+        if (ROWS)
+            sm.k_entry[s] = entry - p.indices;
     }
     sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
     sa_tma_load_2d(sm.k[s], map_k, &sm.k_ready[s], 0, krow);
@@ -859,6 +860,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             uint32_t k_desc = k_desc0 + s * STAGE_STEP;
             asm volatile("" : "+r"(q_desc), "+r"(k_desc));
             wait_phase(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
+            const uint32_t row_word = ROWS ? stage_row_word(p, sm, s, c, warp, lane) : 0u;
             turn_begin(c);
             sa_wgmma_fence();
             issue_s(sc, qa, q_desc, k_desc);
@@ -867,8 +869,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_wgmma_wait<0>();
             if (MASKS && unmasked == 0)
                 mask_stage(s, MaskTag<true>{}); // before k-free: the producer rewrites the record
-            // ROWS (version 8): which of this thread's rows see the block, read before k-free.
-            const uint32_t rows = ROWS ? stage_rows(sm, s, c, warp, lane) : 3u;
+            const uint32_t rows = ROWS ? rows_in_word(row_word, warp, lane) : 3u; // version 8
             warp_arrive(&sm.k_free[s], lane);
             if (!Q_IN_REGS && count == 1)
                 warp_arrive(&sm.q_free[qb], lane);
@@ -902,6 +903,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
             // ---- steps 1-2: S of block j and PV of block j-1 in one turn
             wait_phase(&sm.k_ready[s], ph);
+            const uint32_t row_word = ROWS ? stage_row_word(p, sm, s, c, warp, lane) : 0u;
             wait_phase(&sm.v_ready[s_prev], ph_p);
             turn_begin(c);
             sa_wgmma_fence();
@@ -914,8 +916,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             sa_wgmma_wait<1>();
             // ---- step 4: softmax of block j beside the PV of block j-1
             mask_stage(s, m); // before k-free: the producer rewrites the stage's record
-            // ROWS (version 8): which of this thread's rows see the block, read before k-free.
-            const uint32_t rows = ROWS ? stage_rows(sm, s, c, warp, lane) : 3u;
+            const uint32_t rows = ROWS ? rows_in_word(row_word, warp, lane) : 3u; // version 8
             warp_arrive(&sm.k_free[s], lane);
             if (!Q_IN_REGS && j == count - 1)
                 warp_arrive(&sm.q_free[qb], lane);

@@ -84,8 +84,11 @@ enum { SA_KV_ATTEND_WGMMA = 0, SA_KV_ATTEND_MMA_SYNC = 1 };
  *   (their entries) + (queries holding one) x SA_KV_PLAN_ROW_COST (the planner's cost count in
  *   KV-centric entries; docs/kvcentric.md has the measurements behind it). */
 enum { SA_KV_SCHEDULE_KV = 0, SA_KV_SCHEDULE_HYBRID = 1 };
-#define SA_KV_PLAN_BLOCK_COST 64 /* a block run Q-centric for a whole tile, in KV-centric entries */
-#define SA_KV_PLAN_ROW_COST 1    /* a query's row merged by the combine, in KV-centric entries */
+/* The planner's cost count, from H200 rates at 64K (docs/kvcentric.md, session 11): a block run
+ * Q-centric for a whole tile (0.21 us for 16 heads) costs what 44 KV-centric entries cost (4.7 ns
+ * each, combine included); a row merged by the combine, about one entry. */
+#define SA_KV_PLAN_BLOCK_COST 44
+#define SA_KV_PLAN_ROW_COST 1
 #define SA_KV_PLAN_MAX_BLOCKS 12288 /* the planner's per-tile histogram: 48 KB of shared memory */
 /* sa_kv_params.hybrid_share, in 128ths of a tile's queries: 128 plans only the blocks every
  * query lists, 1 the tile's whole union (Q-centric with row masks). The default, 80 (62.5%),

@@ -54,12 +54,15 @@ struct kv_causal_args {
 };
 
 // The hybrid schedule (kv_plan.cu): entries whose block is in their tile's plan run Q-centric.
-// They get the key sentinel + 1 + bucket: out of every bucket (no task), yet still sorted next to
-// each other, so kv_duplicates sees a row that names such a block twice. Their partial slots get
-// LSE = -inf, which the combine skips.
+// With validation they get the key sentinel + 1 + bucket: out of every bucket (no task), yet
+// still sorted next to each other, so kv_duplicates sees a row that names such a block twice.
+// Without it they get the sentinel itself, as unused slots do: the sort then needs no more key
+// bits than the plain schedule's (one radix pass fewer when the bucket count is a power of two
+// up to 256, measured 10 us at 16K). Their partial slots get LSE = -inf, which the combine skips.
 struct kv_hybrid_args {
     const int32_t *tile_idx, *tile_cnt; // NULL: no plan
     int cap;                            // entries per plan row
+    int own_range;                      // 1: planned keys past the sentinel (validation)
     int q_tiles, heads_q, heads_kv;
     float *part_lse;
 };
@@ -117,7 +120,7 @@ __global__ void kv_keys(const int32_t *__restrict__ idx, const int32_t *__restri
                     const int q = (int)(row - bh * len_q);
                     const long long tr = bh * ha.q_tiles + q / SA_TILE;
                     if (kv_planned(ha.tile_idx + tr * ha.cap, ha.tile_cnt[tr], blk)) {
-                        key += sentinel + 1;
+                        key = ha.own_range ? key + sentinel + 1 : sentinel;
                         // The slot's partial, for every head of the group: nothing to add.
                         const int group = ha.heads_q / ha.heads_kv;
                         const long long b = bh / ha.heads_kv, hkv = bh - b * ha.heads_kv;
@@ -410,14 +413,17 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
     if (hybrid && (err = kv_plan(p, &w)) != SA_OK)
         return err;
     const kv_hybrid_args ha = {hybrid ? w.tile_idx : nullptr, w.tile_cnt, w.plan_cap,
-                               sa_q_tiles(s), s->heads_q, s->heads_kv, w.part_lse};
+                               p->validate, sa_q_tiles(s), s->heads_q, s->heads_kv, w.part_lse};
+    // The workspace is sized for the planned keys' own range; without validation they are
+    // sentinels and the keys need only the plain schedule's bits.
+    const int entry_bits = hybrid && !p->validate ? bits_for(w.buckets) : w.entry_bits;
     kv_keys<<<grid_for(ne), kThreads, 0, st>>>(p->lists.indices, p->lists.counts, m, s->len_q,
                                                blocks, ne, (uint32_t)nb, p->allow_empty_rows, ca,
                                                ha, w.keys_in, w.vals_in, w.err);
     SA_CUDA_TRY(cudaGetLastError());
     tmp = w.tmp_bytes;
     SA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.keys_in, w.keys_out, w.vals_in,
-                                            w.entries, (int)ne, 0, w.entry_bits, st));
+                                            w.entries, (int)ne, 0, entry_bits, st));
     kv_offsets<<<grid_for(w.buckets + 1), kThreads, 0, st>>>(w.keys_out, ne, nb, w.task_queries,
                                                              w.offsets, w.task_n);
     SA_CUDA_TRY(cudaGetLastError());
