@@ -35,7 +35,10 @@
 //   Version 8 applies the row mask in the softmax instead: a row left out of a block keeps its
 //   max and gets -inf for it, so all its P are 0 (4 selects per thread where version 7 wrote -inf
 //   into 64 scores), and a ROWS block needs step 4 only when a non-ROWS call would (causal
-//   diagonal, partial final block): the others run in the loop without the mask test.
+//   diagonal, partial final block): the others run in the loop without the mask test. Each
+//   consumer warp loads its own word of the block's mask when the block's K stage is ready (the
+//   producer leaves the list entry beside the stage), and row-mask calls that need no step-4 mask
+//   at all get a fourth build, without the producer's MASK LAST passes.
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -620,9 +623,9 @@ __device__ __forceinline__ void load_block(Smem &sm, const CUtensorMap *map_k,
     if (MASKS) {
         sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
         sm.k_blk[s] = blk;
-        if (ROWS)
-            sm.k_entry[s] = entry - p.indices;
     }
+    if (ROWS)
+        sm.k_entry[s] = entry - p.indices;
     sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
     sa_tma_load_2d(sm.k[s], map_k, &sm.k_ready[s], 0, krow);
     sa_tma_load_2d(sm.k[s] + HALF_BYTES, map_k, &sm.k_ready[s], HALF_COLS, krow);
@@ -639,9 +642,10 @@ template <bool M> struct MaskTag {
 
 // MASKS = false: the call has no causal mask and no partial final block, so no block needs step
 // 4's mask: the test, the reads of the stage's valid-key count and block and the branch around
-// the mask leave the loop. ROWS (version 7, implies MASKS): the call has row masks; a kernel of
-// its own, so that the others keep their code (the producer's registers are short, and the
-// consumers of the others read no row mask).
+// the mask leave the loop. ROWS (version 7): the call has row masks; kernels of their own, so
+// that the others keep their code (the producer's registers are short, and the consumers of the
+// others read no row mask). Version 7 had only <true, true>; version 8 adds <false, true>, which
+// spares whole-block calls without causal masks (the hybrid's) the producer's MASK LAST passes.
 template <bool MASKS, bool ROWS>
 __global__ void __launch_bounds__(NTHREADS, 1)
     split_tile_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -1066,17 +1070,17 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
         if ((rc = sa_sched_counter(a->stream, &p.sched)) != SA_OK)
             return rc;
 
-    // No block of the call needs the step-4 mask: the kernel without it; row masks: the kernel
-    // that reads them (version 7).
+    // No block of the call needs the step-4 mask: a kernel without it; row masks: a kernel that
+    // reads them (version 7; version 8 has both with and without step 4's mask).
     const bool masks = !SA_STAGE17_MASK_SPECIALIZE || p.causal || p.tail != TILE;
-    const int variant = p.row_masks ? 2 : masks;
-    void (*const kernels[3])(CUtensorMap, CUtensorMap, CUtensorMap, Params) = {
+    const int variant = (p.row_masks ? 2 : 0) + masks;
+    void (*const kernels[4])(CUtensorMap, CUtensorMap, CUtensorMap, Params) = {
         split_tile_kernel<false, false>, split_tile_kernel<true, false>,
-        split_tile_kernel<true, true>};
+        split_tile_kernel<false, true>, split_tile_kernel<true, true>};
     void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, Params) = kernels[variant];
     // The shared-memory opt-in, once per process and kernel (every device of this build is sm_90
     // with the same limit; a failed attempt is retried on the next call).
-    static int smem_set[3];
+    static int smem_set[4];
     if (!smem_set[variant]) {
         SA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)SMEM_BYTES));

@@ -643,6 +643,8 @@ START_TEST(test_hybrid)
     run_hybrid(&b, 8, 8, 100, 0, 0, &r); /* all shared: all Q-centric */
     run_hybrid(&b, 8, 8, 85, 0, 0, &r);
     run_hybrid(&b, 8, 6, 40, 0, 0, &r);
+    sa_shape w = shape(1, 8, 1, 520, 1024); /* whole blocks: stage 17's build without step 4 */
+    run_hybrid(&w, 6, 4, 80, 0, 0, &r);
     sa_shape d = shape(1, 8, 2, 900, 1200); /* causal, len_kv > len_q */
     run_hybrid(&d, 6, 3, 100, 1, 0, &r);
     run_hybrid(&d, 6, 4, 60, 1, 0, &r);
