@@ -35,10 +35,10 @@
 //   Version 8 applies the row mask in the softmax instead: a row left out of a block keeps its
 //   max and gets -inf for it, so all its P are 0 (4 selects per thread where version 7 wrote -inf
 //   into 64 scores), and a ROWS block needs step 4 only when a non-ROWS call would (causal
-//   diagonal, partial final block): the others run in the loop without the mask test. Each
-//   consumer warp loads its own word of the block's mask when the block's K stage is ready (the
-//   producer leaves the list entry beside the stage), and row-mask calls that need no step-4 mask
-//   at all get a fourth build, without the producer's MASK LAST passes.
+//   diagonal, partial final block): the others run in the loop without the mask test. The
+//   producer copies a block's mask beside its K stage with cp.async, which the stage's k-ready
+//   barrier waits for (version 7's producer waited for the load itself), and row-mask calls that
+//   need no step-4 mask at all get a fourth build, without the producer's MASK LAST passes.
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -141,6 +141,7 @@
 //   | q-ready[b]     | mbarrier  | producer -> consumers   | 1 (+ 32 KB TMA bytes) | Q landed in buffer b; its item record (item, count, code, unmasked) is written
 //   | q-free[b]      | mbarrier  | consumers -> producer   | 8 (4 warps x 2 WGs)   | Q of buffer b in registers, record read
 //   | k-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | K in stage s landed; its valid-key count, block and row mask written
+//   |                |           |                         | (+1 cp.async, ROWS)   | (ROWS: the mask's cp.async adds a pending arrival made when it lands)
 //   | v-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | V in stage s landed
 //   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done, its valid-key count, block and row mask read
 //   | v-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' PV on V[s] done
@@ -274,7 +275,7 @@ struct alignas(1024) Smem {
     uint64_t k_ready[KV_STAGES], v_ready[KV_STAGES], k_free[KV_STAGES], v_free[KV_STAGES];
     int32_t k_valid[KV_STAGES]; // valid keys of the block in K stage s (128 unless partial)
     int32_t k_blk[KV_STAGES];   // the block in K stage s (causal_diag needs it)
-    int64_t k_entry[KV_STAGES]; // version 8: its list entry (row masks: where its mask is)
+    alignas(16) int32_t k_rows[KV_STAGES][4]; // the rows of the tile that see it (row masks)
     // The item record, beside its Q buffer: the item, its count, its check's code, and how many
     // of its blocks come first that need no mask (MASK_LAST; 0 otherwise).
     int32_t item[Q_BUFFERS], count[Q_BUFFERS], error[Q_BUFFERS], unmasked[Q_BUFFERS];
@@ -529,19 +530,24 @@ __device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
     return __shfl_sync(0xffffffffu, v, 0);
 }
 
-// Version 8: this warp's word of the row mask of the block in K stage s. The producer leaves the
-// block's list entry beside the stage; each consumer warp loads its own 32-bit word of the entry's
-// 128-bit mask (its 16 rows are bits 16 (warp % 2) .. +15 of word 2c + warp / 2) as soon as the
-// stage is ready, so the load runs under the block's QK (version 7's producer loaded the whole
-// mask before it could issue the block's copies).
-__device__ __forceinline__ uint32_t stage_row_word(const Params &p, const Smem &sm, int s, int c,
-                                                   int warp, int lane)
+// Version 8: the row mask of the list entry at `entry` into K stage s's record, by cp.async, with
+// the stage's k-ready barrier waiting for it too (cp.async.mbarrier.arrive adds one pending
+// arrival, made when the copy lands): the producer does not wait for the load (version 7's did,
+// before it could issue the block's copies). Lane 0 of the producer, before its own k-ready
+// arrival.
+__device__ __forceinline__ void load_rows_async(Smem &sm, int s, const Params &p,
+                                                const int32_t *entry)
 {
-    long long e = 0;
-    if (lane == 0)
-        e = *reinterpret_cast<const volatile long long *>(&sm.k_entry[s]);
-    e = __shfl_sync(0xffffffffu, e, 0);
-    return __ldg(reinterpret_cast<const uint32_t *>(p.row_masks) + 4 * e + 2 * c + warp / 2);
+    cp_async16(sa_smem_addr(sm.k_rows[s]), p.row_masks + (entry - p.indices), true);
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(
+                     sa_smem_addr(&sm.k_ready[s]))
+                 : "memory");
+}
+// This warp's word of the row mask in K stage s's record (its 16 rows are bits 16 (warp % 2) ..
+// +15 of word 2c + warp / 2), read once the stage is ready.
+__device__ __forceinline__ uint32_t stage_row_word(const Smem &sm, int s, int c, int warp, int lane)
+{
+    return (uint32_t)read_lane0(&sm.k_rows[s][2 * c + warp / 2], lane);
 }
 // This thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16) in that word: bit i set when
 // row i sees the block (softmax_in_place).
@@ -625,7 +631,7 @@ __device__ __forceinline__ void load_block(Smem &sm, const CUtensorMap *map_k,
         sm.k_blk[s] = blk;
     }
     if (ROWS)
-        sm.k_entry[s] = entry - p.indices;
+        load_rows_async(sm, s, p, entry);
     sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
     sa_tma_load_2d(sm.k[s], map_k, &sm.k_ready[s], 0, krow);
     sa_tma_load_2d(sm.k[s] + HALF_BYTES, map_k, &sm.k_ready[s], HALF_COLS, krow);
@@ -864,7 +870,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             uint32_t k_desc = k_desc0 + s * STAGE_STEP;
             asm volatile("" : "+r"(q_desc), "+r"(k_desc));
             wait_phase(&sm.k_ready[s], (kv_n / KV_STAGES) & 1);
-            const uint32_t row_word = ROWS ? stage_row_word(p, sm, s, c, warp, lane) : 0u;
+            const uint32_t row_word = ROWS ? stage_row_word(sm, s, c, warp, lane) : 0u;
             turn_begin(c);
             sa_wgmma_fence();
             issue_s(sc, qa, q_desc, k_desc);
@@ -907,7 +913,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
             // ---- steps 1-2: S of block j and PV of block j-1 in one turn
             wait_phase(&sm.k_ready[s], ph);
-            const uint32_t row_word = ROWS ? stage_row_word(p, sm, s, c, warp, lane) : 0u;
+            const uint32_t row_word = ROWS ? stage_row_word(sm, s, c, warp, lane) : 0u;
             wait_phase(&sm.v_ready[s_prev], ph_p);
             turn_begin(c);
             sa_wgmma_fence();
