@@ -48,31 +48,37 @@ __device__ __forceinline__ void load8(const __nv_bfloat16 *p, float (&v)[8])
     }
 }
 
-template <typename T>
+// Idx: the integer type of the row arithmetic, 32 bits whenever the rows fit (64-bit divisions
+// cost the hybrid's combine 113 us at 64K on rows it then skipped, H200, ncu).
+template <typename T, typename Idx>
 __global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
 {
     const int sub = threadIdx.x % kLanes;
     // Shuffle within this half-warp only: the other half may own no row on the last pass.
     const unsigned half = 0xffffu << (threadIdx.x & 16);
     const T *part = (const T *)a.part_o;
-    for (long long row = (blockIdx.x * (long long)kThreads + threadIdx.x) / kLanes; row < a.rows;
-         row += (long long)gridDim.x * kThreads / kLanes) {
+    const Idx rows = (Idx)a.rows, len_q = (Idx)a.len_q, heads_q = (Idx)a.heads_q;
+    const Idx group = (Idx)a.group, heads_kv = heads_q / group;
+    for (Idx row = (Idx)((blockIdx.x * (long long)kThreads + threadIdx.x) / kLanes); row < rows;
+         row += (Idx)((long long)gridDim.x * kThreads / kLanes)) {
         // row = (b * Hq + hq) * Sq + q; its list row is (b * Hkv + hq / group) * Sq + q.
-        long long bh = row / a.len_q;
-        int q = (int)(row - bh * a.len_q);
-        int b = (int)(bh / a.heads_q), hq = (int)(bh - (long long)b * a.heads_q);
-        long long lrow = ((long long)b * (a.heads_q / a.group) + hq / a.group) * a.len_q + q;
-        int c = a.counts ? a.counts[lrow] : a.m;
-        c = c < 0 ? 0 : (c > a.m ? a.m : c); // lists were validated; this keeps reads in bounds
-        const float *pl = a.part_lse + row * a.m;
+        const Idx bh = row / len_q;
+        const int q = (int)(row - bh * len_q);
+        const Idx b = bh / heads_q, hq = bh - b * heads_q;
+        const Idx lbh = b * heads_kv + hq / group; // the list row's (batch, kv head)
+        const long long lrow = (long long)(lbh * len_q + q);
+        const long long r = row; // addresses in 64 bits: rows x slots x D exceeds 2^31
         // The hybrid's Q-centric partial (each planned block masked to the queries that list it).
         float lse_s = -INFINITY;
         if (a.tile_cnt) {
             if (a.row_left[lrow] == 0 && !a.o_f32)
                 continue; // the Q-centric pass wrote this row's O and LSE whole
-            if (a.tile_cnt[(lrow / a.len_q) * a.q_tiles + q / SA_TILE] > 0)
-                lse_s = a.shared_lse[row];
+            if (a.tile_cnt[(long long)lbh * a.q_tiles + q / SA_TILE] > 0)
+                lse_s = a.shared_lse[r];
         }
+        int c = a.counts ? a.counts[lrow] : a.m;
+        c = c < 0 ? 0 : (c > a.m ? a.m : c); // lists were validated; this keeps reads in bounds
+        const float *pl = a.part_lse + r * a.m;
 
         float mx = lse_s;
         for (int j = sub; j < c; j += kLanes)
@@ -97,13 +103,13 @@ __global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (c && lse_s > -INFINITY) {
             float v[8];
-            load8(reinterpret_cast<const __nv_bfloat16 *>(a.o) + row * KV_D + sub * 8, v);
+            load8(reinterpret_cast<const __nv_bfloat16 *>(a.o) + r * KV_D + sub * 8, v);
             const float w = __expf(lse_s - lse);
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 acc[i] = w * v[i];
         }
-        const T *src = part + row * a.m * KV_D + sub * 8;
+        const T *src = part + r * a.m * KV_D + sub * 8;
 #pragma unroll 4
         for (int j = 0; j < c; j++) {
             // A slot of LSE -inf adds nothing and may never have been written (the hybrid's
@@ -123,14 +129,14 @@ __global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-        *(uint4 *)(a.o + row * KV_D + sub * 8) = ob;
+        *(uint4 *)(a.o + r * KV_D + sub * 8) = ob;
         if (a.o_f32) {
-            float4 *of = (float4 *)(a.o_f32 + row * KV_D + sub * 8);
+            float4 *of = (float4 *)(a.o_f32 + r * KV_D + sub * 8);
             of[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
             of[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
         }
         if (a.lse && sub == 0)
-            a.lse[row] = lse;
+            a.lse[r] = lse;
     }
 }
 
@@ -165,12 +171,17 @@ extern "C" int sa_kv_combine(const sa_kv_params *p)
     // A grid that fills the GPU once, each half-warp striding over rows: one CTA per 16 rows
     // cost 33 us at 16K (16384 CTAs) when the hybrid had left no row to merge (H200, ncu).
     const bool f32 = p->partial_format == SA_KV_PARTIAL_F32;
-    void (*const kernel)(combine_args) = f32 ? kv_combine<float> : kv_combine<__nv_bfloat16>;
+    // The list rows B * Hkv * Sq are at most the output rows; the half that int32 leaves above
+    // the rows keeps the grid-stride step from overflowing.
+    const bool narrow = a.rows <= INT32_MAX / 2;
+    void (*const kernel)(combine_args) =
+        f32 ? (narrow ? kv_combine<float, int> : kv_combine<float, long long>)
+            : (narrow ? kv_combine<__nv_bfloat16, int> : kv_combine<__nv_bfloat16, long long>);
     int sms = 0, major = 0;
     if (sa_cuda_device_info(&sms, &major) != SA_OK)
         return SA_ERR_NO_DEVICE;
-    static int per_sm_of[2]; // per format, asked once (the same on every sm_90 device)
-    int &per_sm = per_sm_of[f32];
+    static int per_sm_of[2][2]; // per format and width, asked once (the same on every sm_90)
+    int &per_sm = per_sm_of[f32][narrow];
     if (!per_sm)
         SA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
     const long long blocks = (a.rows * kLanes + kThreads - 1) / kThreads;

@@ -63,6 +63,9 @@ struct kv_hybrid_args {
     const int32_t *tile_idx, *tile_cnt; // NULL: no plan
     int cap;                            // entries per plan row
     int own_range;                      // 1: planned keys past the sentinel (validation)
+    // Rows the combine skips (all of their entries planned, no o_f32): their planned slots' LSE
+    // is never read, so it is not written. NULL: every planned slot gets it.
+    const int32_t *row_left;
     int q_tiles, heads_q, heads_kv;
     float *part_lse;
 };
@@ -121,10 +124,12 @@ __global__ void kv_keys(const int32_t *__restrict__ idx, const int32_t *__restri
                     const long long tr = bh * ha.q_tiles + q / SA_TILE;
                     if (kv_planned(ha.tile_idx + tr * ha.cap, ha.tile_cnt[tr], blk)) {
                         key = ha.own_range ? key + sentinel + 1 : sentinel;
-                        // The slot's partial, for every head of the group: nothing to add.
+                        // The slot's partial, for every head of the group: nothing to add
+                        // (unless the combine skips the row).
                         const int group = ha.heads_q / ha.heads_kv;
+                        const bool skipped = ha.row_left && ha.row_left[row] == 0;
                         const long long b = bh / ha.heads_kv, hkv = bh - b * ha.heads_kv;
-                        for (int g = 0; g < group; g++) {
+                        for (int g = 0; g < (skipped ? 0 : group); g++) {
                             const long long head = b * ha.heads_q + hkv * group + g;
                             ha.part_lse[(head - bh) * len_q * m + i] = -INFINITY;
                         }
@@ -413,7 +418,8 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
     if (hybrid && (err = kv_plan(p, &w)) != SA_OK)
         return err;
     const kv_hybrid_args ha = {hybrid ? w.tile_idx : nullptr, w.tile_cnt, w.plan_cap,
-                               p->validate, sa_q_tiles(s), s->heads_q, s->heads_kv, w.part_lse};
+                               p->validate, p->o_f32 ? nullptr : w.row_left, sa_q_tiles(s),
+                               s->heads_q, s->heads_kv, w.part_lse};
     // The workspace is sized for the planned keys' own range; without validation they are
     // sentinels and the keys need only the plain schedule's bits.
     const int entry_bits = hybrid && !p->validate ? bits_for(w.buckets) : w.entry_bits;
