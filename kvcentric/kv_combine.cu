@@ -6,7 +6,9 @@
 // of a BF16 partial is one 16-byte load per lane (two for FP32), coalesced across the row. Slots
 // at or past the row's count were never written and are never read. Loads are streaming
 // (.cs): partials are read once. With the hybrid schedule the Q-centric pass's output (already
-// in o) is one more partial, weighed by its LSE; a row it covered whole is left as it is.
+// in o) is one more partial, weighed by its LSE; a row it covered whole is left as it is, and
+// without o_f32 the combine walks only the plan's list of rows with entries left (the grid fills
+// the GPU once either way: a pass over every row cost 76-113 us at 64K when none was left).
 #include <cuda_bf16.h>
 
 #include "kv_internal.h"
@@ -30,6 +32,9 @@ struct combine_args {
     const int32_t *tile_cnt, *row_left;
     const float *shared_lse;
     int q_tiles;
+    // Without o_f32 the hybrid's combine walks only the list rows with entries left (merge_n of
+    // them in merge_rows, kv_plan.cu), each for every head of its group; NULL: every row.
+    const int32_t *merge_rows, *merge_n;
 };
 
 __device__ __forceinline__ void load8(const float *p, float (&v)[8])
@@ -59,19 +64,33 @@ __global__ void __launch_bounds__(kThreads) kv_combine(const combine_args a)
     const T *part = (const T *)a.part_o;
     const Idx rows = (Idx)a.rows, len_q = (Idx)a.len_q, heads_q = (Idx)a.heads_q;
     const Idx group = (Idx)a.group, heads_kv = heads_q / group;
-    for (Idx row = (Idx)((blockIdx.x * (long long)kThreads + threadIdx.x) / kLanes); row < rows;
-         row += (Idx)((long long)gridDim.x * kThreads / kLanes)) {
+    const bool listed = a.merge_rows != nullptr;
+    // Work item i: output row i, or head i % group of listed row i / group (at most the rows).
+    const Idx items = listed ? (Idx)*a.merge_n * group : rows;
+    for (Idx i = (Idx)((blockIdx.x * (long long)kThreads + threadIdx.x) / kLanes); i < items;
+         i += (Idx)((long long)gridDim.x * kThreads / kLanes)) {
         // row = (b * Hq + hq) * Sq + q; its list row is (b * Hkv + hq / group) * Sq + q.
-        const Idx bh = row / len_q;
-        const int q = (int)(row - bh * len_q);
-        const Idx b = bh / heads_q, hq = bh - b * heads_q;
-        const Idx lbh = b * heads_kv + hq / group; // the list row's (batch, kv head)
+        Idx row, lbh; // the output row; the list row's (batch, kv head)
+        int q;
+        if (listed) {
+            const Idx lr = a.merge_rows[i / group], g = i % group;
+            lbh = lr / len_q;
+            q = (int)(lr - lbh * len_q);
+            const Idx b = lbh / heads_kv, hkv = lbh - b * heads_kv;
+            row = (b * heads_q + hkv * group + g) * len_q + q;
+        } else {
+            row = i;
+            const Idx bh = row / len_q;
+            q = (int)(row - bh * len_q);
+            const Idx b = bh / heads_q, hq = bh - b * heads_q;
+            lbh = b * heads_kv + hq / group;
+        }
         const long long lrow = (long long)(lbh * len_q + q);
         const long long r = row; // addresses in 64 bits: rows x slots x D exceeds 2^31
         // The hybrid's Q-centric partial (each planned block masked to the queries that list it).
         float lse_s = -INFINITY;
         if (a.tile_cnt) {
-            if (a.row_left[lrow] == 0 && !a.o_f32)
+            if (!listed && a.row_left[lrow] == 0 && !a.o_f32)
                 continue; // the Q-centric pass wrote this row's O and LSE whole
             if (a.tile_cnt[(long long)lbh * a.q_tiles + q / SA_TILE] > 0)
                 lse_s = a.shared_lse[r];
@@ -167,6 +186,11 @@ extern "C" int sa_kv_combine(const sa_kv_params *p)
     a.tile_cnt = hybrid ? w.tile_cnt : nullptr;
     a.row_left = w.row_left;
     a.shared_lse = hybrid ? kv_shared_lse(p, &w) : nullptr;
+    // The plan's list of rows to merge (without o_f32, which the combine writes for every row;
+    // not when the plan was skipped for too many blocks, kv_plan).
+    const bool listed = hybrid && !p->o_f32 && sa_kv_blocks(s) <= SA_KV_PLAN_MAX_BLOCKS;
+    a.merge_rows = listed ? w.merge_rows : nullptr;
+    a.merge_n = w.merge_n;
     a.q_tiles = sa_q_tiles(s);
     // A grid that fills the GPU once, each half-warp striding over rows: one CTA per 16 rows
     // cost 33 us at 16K (16384 CTAs) when the hybrid had left no row to merge (H200, ncu).

@@ -43,6 +43,9 @@ typedef struct kv_ws {
     int32_t *tile_idx, *tile_cnt; // (B, Hkv, q_tiles, plan_cap), (B, Hkv, q_tiles)
     uint32_t *row_masks;          // (B, Hkv, q_tiles, plan_cap, 4)
     int32_t *row_left;            // (B, Hkv, Sq)
+    // The list rows that have entries left (row_left > 0), in no particular order, and their
+    // number: the rows the combine merges (without o_f32; the others the Q-centric pass wrote).
+    int32_t *merge_rows, *merge_n; // (B, Hkv, Sq), 1
     float *shared_lse;            // (B, Hq, Sq)
     float *part_lse;    // (B, Hq, Sq, max_blocks)
     void *part_o;       // (B, Hq, Sq, max_blocks, D), FP32 or BF16

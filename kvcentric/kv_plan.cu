@@ -32,7 +32,8 @@
 //      ballot per 32 blocks (a tile's union fits the plan's row: plan_cap), leaves each block's
 //      plan position (or -1) in its counter, and zeroes the planned blocks' row masks;
 //   5. every (query, slot) again: a planned block sets the query's bit in its row mask, the
-//      others count towards the query's row_left (entries left to the KV-centric part).
+//      others count towards the query's row_left (entries left to the KV-centric part); a query
+//      with entries left goes on the combine's list (merge_rows: the only rows it reads).
 // With validation on, duplicates are still caught: the index keeps the planned entries in
 // their own key range (kv_index.cu), next to each other in the sort.
 #include "kv_internal.h"
@@ -47,7 +48,7 @@ struct plan_args {
     int m, len_q, q_tiles, blocks, share, cap;
     int whole; // 1: the whole-union rule of step 3 (row masks: share below 128)
     long long tiles;
-    int32_t *tile_idx, *tile_cnt, *row_left;
+    int32_t *tile_idx, *tile_cnt, *row_left, *merge_rows, *merge_n;
     uint32_t *row_masks;
 };
 
@@ -150,8 +151,12 @@ __global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
                 atomicAdd(&left[qi], 1);
         });
         __syncthreads();
-        for (int qi = threadIdx.x; qi < nq; qi += kThreads)
-            a.row_left[bh * a.len_q + q0 + qi] = left[qi];
+        for (int qi = threadIdx.x; qi < nq; qi += kThreads) {
+            const long long row = bh * a.len_q + q0 + qi;
+            a.row_left[row] = left[qi];
+            if (left[qi] > 0) // for the combine, which need not look at the other rows
+                a.merge_rows[atomicAdd(a.merge_n, 1)] = (int32_t)row;
+        }
         __syncthreads(); // the histogram is reused by the next tile
     }
 }
@@ -192,6 +197,9 @@ int kv_plan(const sa_kv_params *p, const kv_ws *w)
     a.tile_cnt = w->tile_cnt;
     a.row_left = w->row_left;
     a.row_masks = w->row_masks;
+    a.merge_rows = w->merge_rows;
+    a.merge_n = w->merge_n;
+    SA_CUDA_TRY(cudaMemsetAsync(w->merge_n, 0, sizeof(int32_t), st));
     const unsigned grid = (unsigned)(tiles < 65535 ? tiles : 65535);
     kv_plan_kernel<<<grid, kThreads, smem, st>>>(a);
     SA_CUDA_TRY(cudaGetLastError());
