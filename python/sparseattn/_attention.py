@@ -105,8 +105,9 @@ def query_sparse_attention(q, k, v, indices, counts=None, *, layout="bhsd", vali
     CPU: sa_ref_query_sparse. GPU: the KV-centric path (sa_kvcentric_attention; head_dim 128)
     with partials in "f32" or "bf16"; schedule "kv" (every pair KV-centric) or "hybrid" (per
     128-query tile the blocks that at least hybrid_share / 128 of its queries list run
-    Q-centric, each masked to those queries' rows, planned on the GPU; hybrid_share an int in
-    1..128, None: the library's default, SA_KV_HYBRID_SHARE_DEFAULT). The CPU result is the same
+    Q-centric, each masked to those queries' rows, planned on the GPU, and below 128 a tile
+    whose other blocks hold few entries runs its whole union so; hybrid_share an int in 1..128,
+    None: the library's default, SA_KV_HYBRID_SHARE_DEFAULT). The CPU result is the same
     whatever the schedule."""
     check_layout(layout)
     if partial_format not in ("f32", "bf16"):
