@@ -29,7 +29,8 @@ Configurations measured (each one forward over the whole text):
     bit (checks that the masks reach the custom path);
   - full: every layer through the library with every block: the floor that the library's BF16
     rounding of Q, K, V alone costs;
-  - <selector>@<k>: k blocks of 128 keys per query tile (a row that sees fewer keeps them all);
+  - <selector>@<k>: k blocks of 128 keys per query tile (a row that sees fewer keeps them all),
+    one list per GQA group; <selector>/ph@<k> with --per-head-lists: one per query head;
   - with --ablate-layers L: <selector>@<k> L<n> for each listed layer n, that layer alone sparse
     and every other one dense: which layers a selector's loss comes from.
 Loss is the mean next-token cross entropy, nats per token, over the text's tokens."""
@@ -101,12 +102,26 @@ def full_causal_lists(batch, heads_kv, seq_len):
     return idx, cnt
 
 
+def per_head_lists(sa, mode, q, k, topk, keep_sink):
+    """--per-head-lists: one list per query head (list_heads = Hq), each chosen by the selector
+    from that head alone (its queries against its KV head's keys), instead of one list per GQA
+    group. The attention then costs the same per head: topk blocks each."""
+    import numpy as np
+    hq, hkv = q.shape[1], k.shape[1]
+    group = hq // hkv
+    parts = [sa.select(mode, q[:, h:h + 1], k[:, h // group:h // group + 1], topk=topk,
+                       causal=True, keep_sink=keep_sink) for h in range(hq)]
+    return (np.ascontiguousarray(np.concatenate([p[0] for p in parts], axis=1)),
+            np.ascontiguousarray(np.concatenate([p[1] for p in parts], axis=1)))
+
+
 class SparseAttention:
     """The function registered under IMPL. mode: 'sdpa' (passthrough), 'full' or a selector."""
 
     def __init__(self, torch, sa, sdpa_forward):
         self.torch, self.sa, self.sdpa = torch, sa, sdpa_forward
         self.mode, self.k, self.keep_sink = "sdpa", None, False
+        self.per_head = False  # --per-head-lists
         self.only = None  # None: every full-attention layer sparse; else a set of layer indices
         self.t_select = self.t_attn = 0.0
         self.calls = self.sliding_calls = self.all_calls = 0
@@ -135,6 +150,8 @@ class SparseAttention:
         t0 = time.time()
         if self.mode == "full":
             idx, cnt = full_causal_lists(b, k.shape[1], s)
+        elif self.per_head:
+            idx, cnt = per_head_lists(sa, self.mode, q, k, min(self.k, n_blocks), self.keep_sink)
         else:
             idx, cnt = sa.select(self.mode, q, k, topk=min(self.k, n_blocks), causal=True,
                                  keep_sink=self.keep_sink)
@@ -159,6 +176,9 @@ def main():
     ap.add_argument("--keep-sink", action="store_true",
                     help="every selector keeps block 0 too (select(keep_sink=True)); names "
                          "get +sink")
+    ap.add_argument("--per-head-lists", action="store_true",
+                    help="one list per query head, each chosen from that head alone, instead of "
+                         "one per GQA group (the same attention cost); names get /ph")
     ap.add_argument("--no-controls", action="store_true", help="skip passthrough and full")
     ap.add_argument("--cache", default="/tmp/sparseattn-models", help="where gemma3 is assembled")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -198,6 +218,7 @@ def main():
 
     fn = SparseAttention(torch, sa, sdpa_attention_forward)
     fn.keep_sink = a.keep_sink
+    fn.per_head = a.per_head_lists
     AttentionInterface.register(IMPL, fn)
     AttentionMaskInterface.register(IMPL, sdpa_mask)
 
@@ -214,6 +235,7 @@ def main():
             losses = cap.token_losses(torch, model, ids)
         r = dict(config=name, selector=mode if impl == IMPL else "sdpa", budget=k,
                  keep_sink=bool(a.keep_sink and k is not None),
+                 per_head_lists=bool(a.per_head_lists and k is not None),
                  loss=float(losses.mean()), seconds=round(time.time() - t, 2),
                  select_s=round(fn.t_select, 2), attn_s=round(fn.t_attn, 2),
                  calls=fn.all_calls, sparse_layers=fn.calls,
@@ -267,7 +289,8 @@ def main():
                      "(it has %d layers)" % (bad, len(types)))
     for name in parse_list(a.selectors):
         for k in budgets:
-            config = "%s%s@%d" % (name, "+sink" if a.keep_sink else "", k)
+            config = "%s%s%s@%d" % (name, "+sink" if a.keep_sink else "",
+                                    "/ph" if a.per_head_lists else "", k)
             for layer in ablate if ablate is not None else [None]:
                 if layer is None:
                     run(config, IMPL, name, k)

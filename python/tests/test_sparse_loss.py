@@ -1,6 +1,6 @@
 """tools/sparse_loss.py's pure helpers (the script itself needs a model and torch): the block
-counts behind its density column, and its all-blocks causal lists, which must make the CPU
-reference's block-sparse attention equal causal dense attention."""
+counts behind its density column, its all-blocks causal lists, which must make the CPU
+reference's block-sparse attention equal causal dense attention, and its per-head lists."""
 import importlib.util
 from pathlib import Path
 
@@ -52,3 +52,25 @@ def test_parse_layers_and_gate():
     assert sl.sparse_here(None, 4) and sl.sparse_here(None, None)
     assert sl.sparse_here({4}, 4) and not sl.sparse_here({4}, 5)
     assert not sl.sparse_here({4}, None)
+
+
+def test_per_head_lists(rng):
+    # GQA 2: head h's list is the selector's answer for head h alone (its KV head's keys).
+    q = rng.standard_normal((1, 4, 520, 64), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 520, 64), dtype=np.float32)
+    v = rng.standard_normal((1, 2, 520, 64), dtype=np.float32)
+    idx, cnt = sl.per_head_lists(sa, "oracle", q, k, 2, False)
+    assert idx.shape == (1, 4, 5, 2) and cnt.shape == (1, 4, 5)
+    for h in range(4):
+        hi, hc = sa.select("oracle", q[:, h:h + 1], k[:, h // 2:h // 2 + 1], topk=2, causal=True)
+        assert (idx[:, h:h + 1] == hi).all() and (cnt[:, h:h + 1] == hc).all()
+    # The heads of a group disagree somewhere (else the test would not tell the geometries apart).
+    gi, _ = sa.select("oracle", q, k, topk=2, causal=True)
+    assert not all((idx[:, 2 * g + j] == gi[:, g]).all() for g in range(2) for j in range(2))
+    # list_heads = Hq reaches the attention; at every block it is dense attention.
+    o, _ = sa.block_sparse_attention(q, k, v, idx, cnt, causal=True)
+    assert np.isfinite(o).all()
+    fi, fc = sl.per_head_lists(sa, "oracle", q, k, 5, False)
+    o, lse = sa.block_sparse_attention(q, k, v, fi, fc, causal=True)
+    od, lsed = sa.dense_attention(q, k, v, causal=True)
+    np.testing.assert_allclose(o, od, rtol=0, atol=1e-5)
