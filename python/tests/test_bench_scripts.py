@@ -44,3 +44,19 @@ def test_peers_refuses_a_stage_that_is_not_a_number():
     r = run_bench(os.path.join(BENCH, "peers.py"), "--self-test", "--stages", "17,x")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--stages takes stage ids" in r.stderr
+
+
+def test_list_heads_skips_cleanly_or_runs():
+    # Without torch or CUDA (CI): the skip code and a reason; with a GPU: one short run.
+    r = run_bench(os.path.join(BENCH, "list_heads.py"), "--lens", "2048", "--reps", "1",
+                  "--rounds", "1")
+    if r.returncode == 77:
+        assert "skipped" in r.stdout, r.stdout + r.stderr
+    else:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "one list per head" in r.stdout and "one list per group" in r.stdout
+
+
+def test_list_heads_refuses_bad_lengths():
+    r = run_bench(os.path.join(BENCH, "list_heads.py"), "--lens", "1000")
+    assert r.returncode == 2 and "--lens" in r.stderr, r.stdout + r.stderr
