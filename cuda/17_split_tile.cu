@@ -117,16 +117,17 @@
 //   WG2  consumer of rows 64..127 (c = 1).
 //
 // DATAFLOW PER KV BLOCK j >= 1 (consumer c; stage s = n % KV_STAGES for the CTA's n-th block)
-//   1. wait k-ready[s]; wait v-ready of block j-1's stage; wait turn[c].
+//   1. wait k-ready[s] (ROWS: read the warp's word of the block's row mask, beside the stage);
+//      wait v-ready of block j-1's stage; wait turn[c].
 //   2. S = Q_c K_j^T (8 wgmma, A = Q from registers, commit); O += P_{j-1} V_{j-1} (8 wgmma,
 //      A = P from registers, commit). pass turn.
 //   3. wait for S only (wgmma.wait_group 1).
 //   4. in the loop of the masked blocks (MASK LAST), read the block's valid keys and index that
 //      the producer left beside stage s, and mask the padding columns if it is the partial
 //      final block, the columns past each row's last visible key if it is a causal diagonal
-//      block; (ROWS, both loops) read the warp's word of the block's row mask; arrive k-free[s];
-//      row max (a row the row mask leaves out keeps its max); lazy rescaling as stage 14 (a new
-//      max is adopted only when it exceeds the running one by more than RESCALE_THRESHOLD);
+//      block; arrive k-free[s]; row max (ROWS, both loops: a row the word of step 1 leaves out
+//      keeps its max); lazy rescaling as stage 14 (a new max is adopted only when it exceeds
+//      the running one by more than RESCALE_THRESHOLD);
 //      P = exp2(S * scale * log2e - max) computed in place in S's registers (-inf in place of
 //      the max of a left-out row: P = 0), row sums updated. All of it while step 2's PV runs.
 //   5. wait for the PV (wait_group 0, one copy in each arm of the rescale branch: pv_wait);
@@ -359,7 +360,6 @@ __device__ __forceinline__ int last_visible_block(const Params &p, int tile)
     const int key = min(tile * TILE + TILE - 1, p.len_q - 1) + p.q_off;
     return key < 0 ? -1 : key / TILE;
 }
-
 
 // Whether step 4 must mask block blk for some row of the tile: the partial final block, or a
 // block that some row sees only in part (causal). Row masks (ROWS) need no step-4 mask: the
@@ -861,7 +861,6 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             if (valid < TILE || d < DIAG_ALL)
                 mask_block(sc, valid, d, warp, lane);
         };
-
 
         // Block 0: a turn with S alone, then its softmax (no PV in flight: rescale at once).
         {

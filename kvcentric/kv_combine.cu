@@ -188,7 +188,7 @@ extern "C" int sa_kv_combine(const sa_kv_params *p)
     a.shared_lse = hybrid ? kv_shared_lse(p, &w) : nullptr;
     // The plan's list of rows to merge (without o_f32, which the combine writes for every row;
     // not when the plan was skipped for too many blocks, kv_plan).
-    const bool listed = hybrid && !p->o_f32 && sa_kv_blocks(s) <= SA_KV_PLAN_MAX_BLOCKS;
+    const bool listed = hybrid && !p->o_f32 && kv_plan_fits(s);
     a.merge_rows = listed ? w.merge_rows : nullptr;
     a.merge_n = w.merge_n;
     a.q_tiles = sa_q_tiles(s);

@@ -60,6 +60,12 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w);
 // tile's queries list, into w->tile_idx / w->tile_cnt (ascending, at most plan_cap), their row
 // masks into w->row_masks, and per query the entries left to the KV-centric part (w->row_left).
 int kv_plan(const sa_kv_params *p, const kv_ws *w);
+// Whether kv_plan plans this shape on the GPU (its per-tile histogram holds the KV blocks); if
+// not, every entry is left to the KV-centric part and the plan's lists of rows are not written.
+static inline bool kv_plan_fits(const sa_shape *s)
+{
+    return sa_kv_blocks(s) <= SA_KV_PLAN_MAX_BLOCKS;
+}
 // Its Q-centric pass: the default tile stage over the plan (with the row masks when
 // hybrid_share < 128), into p->o and the shared LSE.
 int kv_shared_pass(const sa_kv_params *p, const kv_ws *w);

@@ -169,7 +169,7 @@ int kv_plan(const sa_kv_params *p, const kv_ws *w)
     const int blocks = sa_kv_blocks(s), q_tiles = sa_q_tiles(s), m = p->lists.max_blocks;
     const long long tiles = (long long)s->batch * s->heads_kv * q_tiles;
     cudaStream_t st = kv_stream(p);
-    if (blocks > SA_KV_PLAN_MAX_BLOCKS) { // too many blocks for the histogram: all KV-centric
+    if (!kv_plan_fits(s)) { // too many blocks for the histogram: all KV-centric
         SA_CUDA_TRY(cudaMemsetAsync(w->tile_cnt, 0, (size_t)tiles * sizeof(int32_t), st));
         // Any nonzero row_left: every row goes through the combine's merge.
         SA_CUDA_TRY(cudaMemsetAsync(w->row_left, 1, sa_query_rows(s) * sizeof(int32_t), st));

@@ -25,8 +25,8 @@ __all__ = [
     "AbiMismatchError", "LibraryNotFoundError", "SparseAttnError", "abi_sizes", "library_path",
     "strerror", "SA_ROLE_DEFAULT_DENSE", "SA_ROLE_DEFAULT_TILE", "SA_ROLE_GPU_VERDICT",
     "SA_ROLE_ROW_MASKS", "SA_ROLE_SPARSE", "STATUS_NAMES", "TILE", "Stage", "Verdict",
-    "gpu_available", "stage_with", "stages", "block_sparse_attention", "dense_attention", "query_sparse_attention",
-    "attention_backward", "block_sparse_attention_backward", "bf16_bits",
+    "gpu_available", "stage_with", "stages", "block_sparse_attention", "dense_attention",
+    "query_sparse_attention", "attention_backward", "block_sparse_attention_backward", "bf16_bits",
     "bf16_round", "bf16_to_float32", "Selector", "Workload", "select", "selectors", "workload",
     "workloads",
 ]
