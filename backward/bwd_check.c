@@ -32,6 +32,9 @@ int bwd_check_args(const sa_gpu_attn_bwd *a)
     if (!sa_flag_ok(a->validate) || !sa_flag_ok(a->allow_empty_rows) || !sa_flag_ok(a->causal) ||
         !sa_flag_ok(a->allow_future_blocks))
         return SA_ERR_ARG;
+    if (a->dq_pass != SA_BWD_DQ_AUTO && a->dq_pass != SA_BWD_DQ_RECOMPUTE &&
+        a->dq_pass != SA_BWD_DQ_STORED)
+        return SA_ERR_ARG;
     if (a->workspace && a->workspace_bytes == 0)
         return SA_ERR_ARG;
     /* 16-byte copies of BF16 rows (cp.async) and 16-byte stores of the summed dK, dV. */

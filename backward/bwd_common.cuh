@@ -17,6 +17,8 @@ struct Args {
     const int32_t *offsets, *entries; // the reverse index (kernel 2)
     float *dq, *dk, *dv;
     float *dk_part, *dv_part; // kernel 2's per-split sums when splits > 1, else NULL
+    uint16_t *ds;             // the stored path: dS^T blocks (kernel 2 writes, kernel 3 reads);
+                              // NULL: kernel 3 recomputes dS
     int splits;               // kernel-2 CTAs per (batch, KV head, block): the group's heads split
     int heads_q, heads_kv, group, list_heads, list_div;
     int len_q, len_kv, q_tiles, kv_blocks, max_blocks;
@@ -28,6 +30,8 @@ struct Args {
 // (batch, KV head, block, split); dQ, one per (batch, query head, Q tile).
 int launch_dkdv_wgmma(const Args &g, int ctas, cudaStream_t st);
 int launch_dq_wgmma(const Args &g, int ctas, cudaStream_t st);
+// dQ from the stored dS^T (g.ds), one CTA per (batch, query head, Q tile).
+int launch_dq_stored(const Args &g, int ctas, cudaStream_t st);
 
 } // namespace sa_bwd
 

@@ -119,7 +119,8 @@ sa_kv_params index_params(const sa_gpu_attn_bwd *a, void *ws)
 
 struct Layout {
     int splits;
-    size_t dsum_bytes, part_off, part_bytes, index_off, index_bytes, total;
+    int stored; // 1: the dQ pass reads dS^T stored by the dK/dV kernel (SA_BWD_DQ_STORED)
+    size_t dsum_bytes, part_off, part_bytes, index_off, index_bytes, ds_off, total;
 };
 
 // Kernel-2 CTAs a (batch, KV head, block) is split into: enough to give about SPLIT_TARGET CTAs
@@ -147,13 +148,23 @@ int layout(const sa_gpu_attn_bwd *a, Layout *l)
                                         : sa_sz_round_up(sa_sz_mul3((int64_t)sa_kv_elems(&a->shape),
                                                                     l->splits, 4),
                                                          ALIGN);
-    const int64_t total = sa_sz_add(sa_sz_add(dsum, sa_sz_mul(part, 2)), (int64_t)l->index_bytes);
+    // dS^T on the stored path: one TILE x TILE BF16 block per (batch, query head, tile, slot).
+    const int64_t ds = sa_sz_mul(sa_sz_mul3(sa_sz_mul(a->shape.batch, a->shape.heads_q),
+                                            sa_q_tiles(&a->shape), a->lists.max_blocks),
+                                 (int64_t)SA_TILE * SA_TILE * 2);
+    l->stored = a->dq_pass == SA_BWD_DQ_STORED ||
+                (a->dq_pass == SA_BWD_DQ_AUTO && sa_sz_within(ds, (int64_t)SA_BWD_STORED_DS_AUTO_MAX));
+    const int64_t index_end = sa_sz_round_up(sa_sz_add(sa_sz_add(dsum, sa_sz_mul(part, 2)),
+                                                       (int64_t)l->index_bytes),
+                                             ALIGN);
+    const int64_t total = l->stored ? sa_sz_add(index_end, ds) : index_end;
     if (!sa_sz_fits_size_t(total))
         return SA_ERR_UNSUPPORTED;
     l->dsum_bytes = (size_t)dsum;
     l->part_off = (size_t)dsum;
     l->part_bytes = (size_t)part;
     l->index_off = (size_t)(dsum + 2 * part);
+    l->ds_off = (size_t)index_end;
     l->total = (size_t)total;
     return SA_OK;
 }
@@ -215,6 +226,7 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
     g.dk_part = l.splits == 1 ? nullptr : reinterpret_cast<float *>(ws + l.part_off);
     g.dv_part = l.splits == 1 ? nullptr
                               : reinterpret_cast<float *>(ws + l.part_off + l.part_bytes);
+    g.ds = l.stored ? reinterpret_cast<uint16_t *>(ws + l.ds_off) : nullptr;
     g.heads_q = s->heads_q;
     g.heads_kv = s->heads_kv;
     g.group = s->heads_q / s->heads_kv;
@@ -247,7 +259,7 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
             per_split);
         SA_CUDA_TRY(cudaGetLastError());
     }
-    if ((err = sa_bwd::launch_dq_wgmma(g, q_ctas, st)))
+    if ((err = l.stored ? sa_bwd::launch_dq_stored(g, q_ctas, st) : sa_bwd::launch_dq_wgmma(g, q_ctas, st)))
         return err;
     return SA_OK;
 }

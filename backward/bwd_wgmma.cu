@@ -160,6 +160,7 @@ __device__ __forceinline__ int last_key_of(const Args &a, int q_last)
 struct Chunk {
     int head; // query head
     int q0;   // first query row of the chunk
+    int slot; // the block's position in the tile's list (the stored path's dS^T block)
 };
 struct ChunkWalk {
     int h, h_end, i, end, half; // heads [h, h_end) of the group still to walk
@@ -181,7 +182,7 @@ __device__ bool next_chunk(const Args &a, int b, int g, int blk, ChunkWalk &w, C
             const int q0 = t * TILE + half * CHUNK;
             if (a.causal && blk * TILE > last_key_of(a, q0 + CHUNK - 1))
                 continue; // no row of the half sees any key of the block
-            out = {g * a.group + w.h - 1, q0};
+            out = {g * a.group + w.h - 1, q0, e % a.max_blocks};
             return true;
         }
         if (w.h == w.h_end)
@@ -253,6 +254,15 @@ __device__ __forceinline__ void issue_scores(float (&st)[32], float (&dpt)[32], 
     sa_wgmma_commit();
 }
 
+// The stored path's dS^T block of (batch b, query head, Q tile, list slot): TILE key rows x TILE
+// queries, BF16, two 64-query panels of 128-byte rows in the 128-byte swizzle, the image the dQ
+// pass copies into shared memory as is.
+__device__ __forceinline__ size_t ds_block(const Args &a, int b, int head, int tile, int slot)
+{
+    return ((((size_t)b * a.heads_q + head) * a.q_tiles + tile) * a.max_blocks + slot) * TILE_BYTES;
+}
+
+template <bool STORE_DS>
 __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
 {
     extern __shared__ uint8_t smem_raw[];
@@ -338,6 +348,19 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
                 dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - dsum[8 * jj + 2 * (lane % 4) + (e % 2)]);
         uint32_t dst[16];
         pack_a(dpt, dst);
+        if (STORE_DS) { // 4b. dS^T of this warpgroup's keys x the chunk's queries, for the dQ pass
+            const int tile = c0.q0 / TILE, half = (c0.q0 % TILE) / CHUNK;
+            uint8_t *out = reinterpret_cast<uint8_t *>(a.ds) + ds_block(a, b, c0.head, tile, c0.slot) +
+                           half * TILE_PANEL + (KEYS_PER_WG * wg + 16 * warp + lane / 4) * PANEL_ROW +
+                           4 * (lane % 4);
+            // Row r's 16-byte chunk jj sits at jj ^ (r % 8), and r % 8 = lane / 4 for both rows.
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int jj = 0; jj < 8; jj++)
+                    *reinterpret_cast<uint32_t *>(out + 8 * i * PANEL_ROW + ((jj ^ (lane / 4)) << 4)) =
+                        dst[(jj / 2) * 4 + (jj % 2) * 2 + i];
+        }
         // 5. dK += dS^T Q; it runs on into the next chunk's scores (step 2 waits for it).
         sa_wgmma_fence();
         gemm_rs(dk, dst, sa_desc_lo(sq, CHUNK_PANEL), n > 0);
@@ -502,9 +525,117 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_wgmma(const Args a)
     }
 }
 
+// ------------------------------------------------------------------ dQ from the stored dS^T
+// A CTA owns dQ of one 128-row Q tile (warpgroup c: rows 64c..64c+63) and walks the tile's list
+// in list order: per block, dQ_c += dS_c K, one GEMM of 8 wgmma (both operands MN-major in shared
+// memory: dS^T's panel c, K's two panels). Per listed block n (stage n % 3):
+//   1. wait for this thread's copies of block n; fence.proxy.async; barrier (everyone's copies,
+//      and every warpgroup done with block n - 1, whose stage block n + 2 now fills);
+//   2. issue block n + 2's copies: dS^T (32 KB, copied as stored) and K (swizzled on the way);
+//   3. the GEMM, waited for (its stage is refilled after the next barrier).
+// A warpgroup whose 64 rows did not enter the dK/dV walk for the block (past len_q, or causally
+// blind to every key of it) has no stored dS^T there: it multiplies a zero panel instead.
+constexpr int DQ_STAGES = 3;
+
+struct alignas(1024) SmemDS {
+    uint8_t ds[DQ_STAGES][TILE_BYTES], k[DQ_STAGES][TILE_BYTES];
+    uint8_t zero[TILE_PANEL];
+};
+
+__global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
+{
+    extern __shared__ uint8_t smem_raw[];
+    SmemDS &sm = aligned_smem<SmemDS>(smem_raw);
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int t = blockIdx.x % a.q_tiles, bh = blockIdx.x / a.q_tiles; // bh = b * Hq + head
+    const int b = bh / a.heads_q, h = bh % a.heads_q;
+    const size_t kv_bh = (size_t)b * a.heads_kv + h / a.group;
+    const size_t q_row0 = (size_t)bh * a.len_q + (size_t)t * TILE;
+    const int rows = min(TILE, a.len_q - t * TILE);
+    const int list_row = (b * a.list_heads + h / a.list_div) * a.q_tiles + t;
+    const int32_t *row = a.indices + (size_t)list_row * a.max_blocks;
+    const int raw = a.counts ? a.counts[list_row] : a.max_blocks;
+    const int count = raw < 0 || raw > a.max_blocks ? 0 : raw; // as the reverse index has it
+    const int last_blk = a.causal ? last_block_of(a, t) : a.kv_blocks - 1;
+    const uint8_t *ds_tile = reinterpret_cast<const uint8_t *>(a.ds) + ds_block(a, b, h, t, 0);
+
+    for (int i = threadIdx.x; i < (int)(TILE_PANEL / 16); i += WG_THREADS)
+        reinterpret_cast<uint4 *>(sm.zero)[i] = make_uint4(0, 0, 0, 0);
+    auto load = [&](int stage, int j) {
+        const uint32_t dst = sa_smem_addr(sm.ds[stage]);
+        const uint8_t *src = ds_tile + (size_t)j * TILE_BYTES;
+#pragma unroll
+        for (int i = 0; i < TILE_BYTES / 16 / WG_THREADS; i++) {
+            const int c = threadIdx.x + i * WG_THREADS;
+            cp_async16(dst + 16 * c, src + 16 * c, true);
+        }
+        const int blk = row[j];
+        load_rows_sw128<TILE>(sa_smem_addr(sm.k[stage]), a.k + (kv_bh * a.len_kv + (size_t)blk * TILE) * D,
+                              min(TILE, a.len_kv - blk * TILE));
+    };
+
+    float dq[64];
+#pragma unroll
+    for (int r = 0; r < 64; r++)
+        dq[r] = 0.f;
+    int j = next_block(a, row, count, 0, last_blk);
+    if (j < count)
+        load(0, j);
+    cp_async_commit();
+    int jn = j < count ? next_block(a, row, count, j + 1, last_blk) : count;
+    if (jn < count)
+        load(1, jn);
+    cp_async_commit();
+    const int first_row = t * TILE + 64 * wg; // this warpgroup's rows: the dK/dV walk's half wg
+    for (int n = 0; j < count; n++) {
+        // 1. Block n has landed (block n + 1 may still fly); the zero panel's and the copies'
+        //    generic-proxy writes made visible to wgmma.
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        // 2. Block n + 2 into the stage block n - 1 left.
+        const int jn2 = jn < count ? next_block(a, row, count, jn + 1, last_blk) : count;
+        if (jn2 < count)
+            load((n + 2) % DQ_STAGES, jn2);
+        cp_async_commit();
+        // 3. dQ_wg += dS_wg K
+        const int stage = n % DQ_STAGES, blk = row[j];
+        const bool walked = 64 * wg < rows &&
+                            !(a.causal && blk * TILE > last_key_of(a, first_row + CHUNK - 1));
+        const uint32_t a_lo = sa_desc_lo(walked ? sa_smem_addr(sm.ds[stage]) + wg * TILE_PANEL
+                                                : sa_smem_addr(sm.zero),
+                                         TILE_PANEL);
+        const uint32_t b_lo = sa_desc_lo(sa_smem_addr(sm.k[stage]), TILE_PANEL);
+        sa_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) // keys 16kk..16kk+15: two 8-row atoms of both operands
+            sa_wgmma_m64n128k16_ss<1, 1>(dq, sa_desc_join(a_lo + ((kk * 2 * ATOM) >> 4), DESC_HI),
+                                         sa_desc_join(b_lo + ((kk * 2 * ATOM) >> 4), DESC_HI), 1);
+        sa_wgmma_commit();
+        sa_wgmma_wait<0>();
+        j = jn;
+        jn = jn2;
+    }
+    cp_async_wait_all(); // nothing is left but empty groups; kept as the other kernels end
+
+    const int r0 = 64 * wg + 16 * warp + lane / 4;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (r0 + 8 * i >= rows)
+            continue;
+        float *dst = a.dq + (q_row0 + r0 + 8 * i) * D;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+            *reinterpret_cast<float2 *>(dst + 8 * jj + 2 * (lane % 4)) =
+                make_float2(dq[4 * jj + 2 * i] * a.scale, dq[4 * jj + 2 * i + 1] * a.scale);
+    }
+}
+
 constexpr size_t SMEM_KV = sizeof(SmemKV) + 1024; // + room to align the dynamic base
 constexpr size_t SMEM_Q = sizeof(SmemQ) + 1024;
-static_assert(SMEM_Q <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+constexpr size_t SMEM_DS = sizeof(SmemDS) + 1024;
+static_assert(SMEM_Q <= 227 * 1024 && SMEM_DS <= 227 * 1024,
+              "shared memory over the sm_90 per-block limit");
 
 } // namespace
 
@@ -525,12 +656,20 @@ static int launch(Kernel kernel, int &opted_in, size_t smem, const Args &g, int 
 
 int sa_bwd::launch_dkdv_wgmma(const Args &g, int ctas, cudaStream_t st)
 {
-    static int opted_in;
-    return launch(bwd_dkdv_wgmma, opted_in, SMEM_KV, g, ctas, st);
+    static int opted_in, opted_in_ds;
+    if (g.ds)
+        return launch(bwd_dkdv_wgmma<true>, opted_in_ds, SMEM_KV, g, ctas, st);
+    return launch(bwd_dkdv_wgmma<false>, opted_in, SMEM_KV, g, ctas, st);
 }
 
 int sa_bwd::launch_dq_wgmma(const Args &g, int ctas, cudaStream_t st)
 {
     static int opted_in;
     return launch(bwd_dq_wgmma, opted_in, SMEM_Q, g, ctas, st);
+}
+
+int sa_bwd::launch_dq_stored(const Args &g, int ctas, cudaStream_t st)
+{
+    static int opted_in;
+    return launch(bwd_dq_stored, opted_in, SMEM_DS, g, ctas, st);
 }

@@ -43,8 +43,9 @@ def random_lists(torch, B, LH, T, nb, K, seed):
     return torch.stack(rows).to(torch.int32).reshape(B, LH, T, K).cuda()
 
 
-def ours_calls(torch, sa, q, k, v, o, lse, do, lists):
-    """(call validated, call unvalidated) of our backward into preallocated gradients."""
+def ours_calls(torch, sa, q, k, v, o, lse, do, lists, dq_pass="auto"):
+    """(call validated, call unvalidated) of our backward into preallocated gradients, through
+    the dQ pass `dq_pass` (auto, stored or recompute: docs/backward.md)."""
     from sparseattn import _backward_gpu as bg
     bg._bind()
     lib = sa._core.lib
@@ -61,6 +62,7 @@ def ours_calls(torch, sa, q, k, v, o, lse, do, lists):
         a.lists = sa._capi.SaTileLists(lists.data_ptr(), None, lists.shape[1], lists.shape[3])
         a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         a.validate = validate
+        a.dq_pass = bg.DQ_PASSES[dq_pass]
         a.stream = torch.cuda.current_stream().cuda_stream
         size = ctypes.c_size_t()
         rc = lib.sa_gpu_backward_workspace_size(ctypes.byref(a), ctypes.byref(size))
@@ -127,6 +129,14 @@ def run_shape(torch, sa, args, hkv, skv, summary):
     ours_val()
     torch.cuda.synchronize()
     timers = {"ours": [ours]}
+    notes = {}
+    if args.recompute:  # the 7-GEMM dQ pass beside the default, in the same interleaved rounds
+        _, ours_rc = ours_calls(torch, sa, q, k, v, o, lse, do, lists, "recompute")
+        r = ours_rc()
+        torch.cuda.synchronize()
+        notes["ours-rc"] = "dQ %.1e dK %.1e dV %.1e vs ours" % (
+            rel(torch, r[0], dq), rel(torch, r[1], dk), rel(torch, r[2], dv))
+        timers["ours-rc"] = [ours_rc]
     if args.profile:  # where our time goes, kernel by kernel (torch's profiler, CUPTI)
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -137,7 +147,6 @@ def run_shape(torch, sa, args, hkv, skv, summary):
             us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
             if us > 0:
                 log("  profile: %-40s %8.3f ms per call" % (ev.key[:40], us / 3e3))
-    notes = {}
     # FA4
     if "fa4" in args.peers:
         try:
@@ -228,7 +237,8 @@ def run_shape(torch, sa, args, hkv, skv, summary):
         if name not in times:
             log("  %-6s %s" % (name, n))
             row["results"][name] = {"note": n}
-    best = max((r["tflops"] for n, r in row["results"].items() if n != "ours" and "tflops" in r),
+    best = max((r["tflops"] for n, r in row["results"].items()
+                if not n.startswith("ours") and "tflops" in r),
                default=None)
     if best:
         log("  ours / best peer: %.2f" % (row["results"]["ours"]["tflops"] / best))
@@ -245,6 +255,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--profile", action="store_true", help="our kernels' times (torch.profiler)")
+    ap.add_argument("--recompute", action="store_true",
+                    help="also time our backward with dq_pass=recompute (ours-rc)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     args.peers = set(args.peers.split(","))

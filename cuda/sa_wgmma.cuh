@@ -60,9 +60,11 @@ template <int N> __device__ __forceinline__ void sa_wgmma_wait()
     SA_WGMMA_D8(C, 0), SA_WGMMA_D8(C, 8), SA_WGMMA_D8(C, 16), SA_WGMMA_D8(C, 24),                 \
         SA_WGMMA_D8(C, 32), SA_WGMMA_D8(C, 40), SA_WGMMA_D8(C, 48), SA_WGMMA_D8(C, 56)
 
-// d (64 x 128, fp32) = A (64 x 16, smem, K-major) * B (16 x 128, smem) + (accumulate ? d : 0);
-// B is K-major for TRANS_B = 0 and MN-major for TRANS_B = 1.
-template <int TRANS_B = 0>
+// d (64 x 128, fp32) = A (64 x 16, smem) * B (16 x 128, smem) + (accumulate ? d : 0);
+// B is K-major for TRANS_B = 0 and MN-major for TRANS_B = 1. A is K-major for TRANS_A = 0 and
+// MN-major for TRANS_A = 1 (introduced by the backward's stored-dS dQ pass, backward/bwd_wgmma.cu,
+// whose A is dS^T as the dK/dV kernel wrote it: rows of keys, the queries contiguous).
+template <int TRANS_B = 0, int TRANS_A = 0>
 __device__ __forceinline__ void sa_wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a,
                                                        uint64_t desc_b, int accumulate)
 {
@@ -71,10 +73,10 @@ __device__ __forceinline__ void sa_wgmma_m64n128k16_ss(float (&d)[64], uint64_t 
         "setp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
         SA_WGMMA_D64_REGS
-        "%64, %65, p, 1, 1, 0, %67;\n"
+        "%64, %65, p, 1, 1, %68, %67;\n"
         "}\n"
         : SA_WGMMA_D64("+f")
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B), "n"(TRANS_A));
 }
 
 // d = A * B, ignoring d's old value. The outputs are write-only ("=f"), so the compiler need not

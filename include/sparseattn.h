@@ -365,7 +365,19 @@ SA_API const sa_stage *sa_stage_with(unsigned roles);
  * summed over the group's heads), per-head or group-shared lists, counts NULL = max_blocks, empty
  * rows, partial blocks, causal. Deterministic: no atomics, the same inputs give the same bits.
  * Every output element is written (a query with no key gets dQ = 0, a key no query chose dK =
- * dV = 0). */
+ * dV = 0).
+ *
+ * dQ comes from one of two passes (dq_pass), both deterministic. SA_BWD_DQ_STORED: the dK/dV
+ * kernel stores dS^T (BF16, TILE x TILE per query head, tile and list slot) in the workspace and
+ * dQ = dS K reads it back, one GEMM per listed block (5 in all); the workspace grows by
+ * B * Hq * q_tiles * max_blocks * 32 KiB. SA_BWD_DQ_RECOMPUTE: dQ's pass recomputes S and dP (7
+ * GEMMs in all) in a small workspace. SA_BWD_DQ_AUTO (default): stored when that buffer is at
+ * most SA_BWD_STORED_DS_AUTO_MAX bytes, else recompute. The two give dQ equal up to FP32
+ * rounding (dS is summed in another order before its BF16 rounding). */
+#define SA_BWD_DQ_AUTO 0
+#define SA_BWD_DQ_RECOMPUTE 1
+#define SA_BWD_DQ_STORED 2
+#define SA_BWD_STORED_DS_AUTO_MAX ((size_t)2 << 30) /* 2 GiB */
 typedef struct sa_gpu_attn_bwd {
     sa_shape shape;            /* head_dim 128 */
     const uint16_t *q, *k, *v; /* device BF16, BHSD */
@@ -386,9 +398,11 @@ typedef struct sa_gpu_attn_bwd {
     void *workspace;         /* device, sa_gpu_backward_workspace_size bytes; NULL: per call */
     size_t workspace_bytes;
     void *stream;            /* cudaStream_t; NULL is the default stream */
+    int dq_pass;             /* SA_BWD_DQ_AUTO (default), _RECOMPUTE or _STORED (above) */
 } sa_gpu_attn_bwd;
 SA_API void sa_gpu_attn_bwd_default(sa_gpu_attn_bwd *a);
-/* Device workspace of a call: D (B * Hq * Sq floats) and the reverse index of the lists. */
+/* Device workspace of a call: D (B * Hq * Sq floats), the reverse index of the lists, the dK/dV
+ * split sums (GQA) and, on the stored path, dS^T. */
 SA_API int sa_gpu_backward_workspace_size(const sa_gpu_attn_bwd *a, size_t *bytes);
 /* Checks the arguments (and the lists when a->validate), then queues its kernels (the reverse
  * index of the lists, D, dK/dV, dQ) on a->stream. SA_ERR_NOT_BUILT without CUDA, SA_ERR_NO_DEVICE without an sm_90 GPU. */

@@ -7,7 +7,9 @@ q, k, v, o, d_o: torch.bfloat16 CUDA tensors in `layout` ("bhsd" or "bshd"); lse
 (B, Hq, Sq) as the forward returned it; indices/counts the forward's tile lists. dq, dk, dv are
 float32 tensors in the same layout (dk, dv summed over each GQA group). Exact and deterministic
 (docs/backward.md); on torch's current stream. validate=True checks the lists on the host
-(one synchronization)."""
+(one synchronization). dq_pass: "auto" (default), "stored" (dS^T kept in the workspace, 5 GEMMs)
+or "recompute" (7 GEMMs, a small workspace); the workspace comes from torch's caching
+allocator."""
 import ctypes
 from ctypes import c_int, c_size_t, c_void_p
 
@@ -22,7 +24,11 @@ class SaGpuAttnBwd(ctypes.Structure):
                 ("o", c_void_p), ("lse", c_void_p), ("d_o", c_void_p), ("lists", SaTileLists),
                 ("dq", c_void_p), ("dk", c_void_p), ("dv", c_void_p), ("validate", c_int),
                 ("allow_empty_rows", c_int), ("causal", c_int), ("allow_future_blocks", c_int),
-                ("workspace", c_void_p), ("workspace_bytes", c_size_t), ("stream", c_void_p)]
+                ("workspace", c_void_p), ("workspace_bytes", c_size_t), ("stream", c_void_p),
+                ("dq_pass", c_int)]
+
+# sparseattn.h's SA_BWD_DQ_*
+DQ_PASSES = {"auto": 0, "recompute": 1, "stored": 2}
 
 
 _checked = False
@@ -62,9 +68,11 @@ def _lse(name, x, s, device):
 
 def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, *,
                                     layout="bhsd", validate=True, allow_empty_rows=True,
-                                    causal=False, allow_future_blocks=False):
+                                    causal=False, allow_future_blocks=False, dq_pass="auto"):
     """Gradients (dq, dk, dv) of block_sparse_attention on CUDA tensors; see the module."""
     t = torch_mod()
+    if dq_pass not in DQ_PASSES:
+        raise ValueError("dq_pass must be one of %s, got %r" % (sorted(DQ_PASSES), dq_pass))
     from ._gpu import require_gpu, stream_ptr, tile_lists
     require_gpu()
     _bind()
@@ -95,6 +103,13 @@ def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, 
         a.causal = flag("causal", causal)
         a.allow_future_blocks = flag("allow_future_blocks", allow_future_blocks)
         a.stream = stream_ptr()
+        a.dq_pass = DQ_PASSES[dq_pass]
+        size = c_size_t(0)
+        check(lib.sa_gpu_backward_workspace_size(ctypes.byref(a), ctypes.byref(size)),
+              "sa_gpu_backward_workspace_size")
+        # The caching allocator keeps the block for this stream until the queued work is done.
+        ws = t.empty(max(size.value, 1), dtype=t.uint8, device=dev)
+        a.workspace, a.workspace_bytes = ws.data_ptr(), size.value
         check(lib.sa_gpu_tile_sparse_backward(ctypes.byref(a)), "sa_gpu_tile_sparse_backward")
     if layout == "bshd":
         return tuple(x.transpose(1, 2).contiguous() for x in (dq, dk, dv))

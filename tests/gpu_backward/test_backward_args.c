@@ -80,6 +80,12 @@ START_TEST(errors)
         *flags[i] = 2;
         expect(&a, SA_ERR_ARG, "a flag of 2");
     }
+    int passes[] = {-1, 3};
+    for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++) {
+        a = valid_args();
+        a.dq_pass = passes[i];
+        expect(&a, SA_ERR_ARG, "a dq_pass outside AUTO, RECOMPUTE, STORED");
+    }
     a = valid_args();
     a.workspace = FAKE(12);
     a.workspace_bytes = 0;

@@ -5,7 +5,8 @@
  * call; each must pass the project's tolerance (rel L2 <= 1e-2, max error <= 3e-2 of the largest
  * reference value), an element the reference leaves at exactly 0 (a key no query chose, a query
  * with no key) must be exactly 0, and a second call (with a caller's workspace) must give the
- * same bits. Cases: GQA 1/2/4/16, per-head and group-shared lists, variable counts with empty
+ * same bits. Every case runs both dQ passes (dS^T stored by the dK/dV kernel, and recomputed);
+ * the workspace of AUTO is that of STORED at these sizes, and RECOMPUTE's is smaller. Cases: GQA 1/2/4/16, per-head and group-shared lists, variable counts with empty
  * rows, partial last Q tile and partial final block, every block (dense), causal with len_q =
  * len_kv and len_q < len_kv, future blocks allowed; then bad lists (each code), a short
  * workspace and unchecked bad lists (no fault, finite outputs). SA_SMALL=1: first case and the
@@ -187,33 +188,52 @@ static void run_case(const bwd_case *c, uint64_t salt)
     sa_gpu_attn_bwd a = bwd_args(&s, &d, list_heads, kk);
     a.causal = c->causal;
     a.allow_future_blocks = c->future;
-    poison(&s, &d);
-    int rc = sa_gpu_tile_sparse_backward(&a);
-    ck_assert_msg(rc == SA_OK, "%s: %s (seed %llu)", what, sa_strerror(rc), SEED);
-    CK_CUDA(cudaDeviceSynchronize());
-    fetch(dq, d.dq, nq), fetch(dk, d.dk, nkv), fetch(dv, d.dv, nkv);
-    unsigned char *no_q = nv_malloc(nl), *no_k = untouched_keys(&s, &l, c->causal);
-    for (size_t i = 0; i < nl; i++)
-        no_q[i] = lse[i] == -INFINITY; /* the query sees no selected key */
-    expect_close("dQ", what, dq, dq_ref, nq, no_q);
-    expect_close("dK", what, dk, dk_ref, nkv, no_k);
-    expect_close("dV", what, dv, dv_ref, nkv, no_k);
-    free(no_q);
-    free(no_k);
+    size_t ws_auto = 0, ws_stored = 0, ws_recompute = 0;
+    ck_assert_int_eq(sa_gpu_backward_workspace_size(&a, &ws_auto), SA_OK);
+    a.dq_pass = SA_BWD_DQ_STORED;
+    ck_assert_int_eq(sa_gpu_backward_workspace_size(&a, &ws_stored), SA_OK);
+    a.dq_pass = SA_BWD_DQ_RECOMPUTE;
+    ck_assert_int_eq(sa_gpu_backward_workspace_size(&a, &ws_recompute), SA_OK);
+    ck_assert_msg(ws_auto == ws_stored && ws_recompute < ws_stored,
+                  "%s: workspace auto %zu stored %zu recompute %zu", what, ws_auto, ws_stored,
+                  ws_recompute);
+    static const int passes[] = {SA_BWD_DQ_STORED, SA_BWD_DQ_RECOMPUTE};
+    for (int pi = 0; pi < 2; pi++) {
+        a.dq_pass = passes[pi];
+        snprintf(what, sizeof what, "B%d Hq%d Hkv%d Sq%d Skv%d %s k=%d%s%s %s", c->batch, c->hq,
+                 c->hkv, c->len_q, c->len_kv, c->per_head ? "per-head" : "group", c->k,
+                 c->causal ? " causal" : "", c->future ? " future" : "",
+                 pi == 0 ? "stored" : "recompute");
+        a.workspace = NULL;
+        a.workspace_bytes = 0;
+        poison(&s, &d);
+        int rc = sa_gpu_tile_sparse_backward(&a);
+        ck_assert_msg(rc == SA_OK, "%s: %s (seed %llu)", what, sa_strerror(rc), SEED);
+        CK_CUDA(cudaDeviceSynchronize());
+        fetch(dq, d.dq, nq), fetch(dk, d.dk, nkv), fetch(dv, d.dv, nkv);
+        unsigned char *no_q = nv_malloc(nl), *no_k = untouched_keys(&s, &l, c->causal);
+        for (size_t i = 0; i < nl; i++)
+            no_q[i] = lse[i] == -INFINITY; /* the query sees no selected key */
+        expect_close("dQ", what, dq, dq_ref, nq, no_q);
+        expect_close("dK", what, dk, dk_ref, nkv, no_k);
+        expect_close("dV", what, dv, dv_ref, nkv, no_k);
+        free(no_q);
+        free(no_k);
 
-    /* Again, through a workspace of the caller: the same bits. */
-    size_t bytes = 0;
-    ck_assert_int_eq(sa_gpu_backward_workspace_size(&a, &bytes), SA_OK);
-    ck_assert(bytes > 0);
-    CK_CUDA(cudaMalloc(&a.workspace, bytes));
-    a.workspace_bytes = bytes;
-    poison(&s, &d);
-    ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_OK);
-    CK_CUDA(cudaDeviceSynchronize());
-    fetch(dq2, d.dq, nq), fetch(dk2, d.dk, nkv), fetch(dv2, d.dv, nkv);
-    ck_assert_msg(!memcmp(dq, dq2, nq * 4) && !memcmp(dk, dk2, nkv * 4) && !memcmp(dv, dv2, nkv * 4),
-                  "%s: a second call differs (not deterministic) (seed %llu)", what, SEED);
-    CK_CUDA(cudaFree(a.workspace));
+        /* Again, through a workspace of the caller: the same bits. */
+        size_t bytes = 0;
+        ck_assert_int_eq(sa_gpu_backward_workspace_size(&a, &bytes), SA_OK);
+        ck_assert(bytes > 0);
+        CK_CUDA(cudaMalloc(&a.workspace, bytes));
+        a.workspace_bytes = bytes;
+        poison(&s, &d);
+        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_OK);
+        CK_CUDA(cudaDeviceSynchronize());
+        fetch(dq2, d.dq, nq), fetch(dk2, d.dk, nkv), fetch(dv2, d.dv, nkv);
+        ck_assert_msg(!memcmp(dq, dq2, nq * 4) && !memcmp(dk, dk2, nkv * 4) && !memcmp(dv, dv2, nkv * 4),
+                      "%s: a second call differs (not deterministic) (seed %llu)", what, SEED);
+        CK_CUDA(cudaFree(a.workspace));
+    }
 
     dev_free(&d);
     void *h[] = {q, k, v, o, d_o, of, lse, dq_ref, dk_ref, dv_ref, dq, dk, dv, dq2, dk2, dv2, idx, cnt};
