@@ -223,11 +223,35 @@ __device__ __forceinline__ int next_block(const Args &a, const int32_t *row, int
 // one barrier a chunk both publishes chunk n and frees chunk n - 2's buffer.
 constexpr int Q_BUFS = 4;
 
+// The stored path's dS^T staging: per warpgroup two 8 KB images of its 64 keys x the chunk's 64
+// queries, alternating, each sent to global memory by one bulk copy.
+constexpr int DS_STAGE_BYTES = KEYS_PER_WG * PANEL_ROW;
+
 struct alignas(1024) SmemKV {
     uint8_t k[TILE_BYTES], v[TILE_BYTES];
     uint8_t q[Q_BUFS][CHUNK_BYTES], d_o[Q_BUFS][CHUNK_BYTES];
+    uint8_t ds[2][2][DS_STAGE_BYTES]; // [warpgroup][chunk parity]
     float lse2[Q_BUFS][CHUNK], dsum[Q_BUFS][CHUNK];
 };
+
+// Bulk copies of the copy engine from shared to global memory (the stored path's dS^T).
+__device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk copies but the last N have read their shared-memory sources.
+template <int N> __device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Named barrier `id` over `threads` threads (ids 1, 2: one per warpgroup).
+__device__ __forceinline__ void wg_barrier(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 __device__ __forceinline__ void load_chunk(const Args &a, SmemKV &sm, int buf, int b, Chunk c)
 {
@@ -349,17 +373,29 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
         uint32_t dst[16];
         pack_a(dpt, dst);
         if (STORE_DS) { // 4b. dS^T of this warpgroup's keys x the chunk's queries, for the dQ pass
-            const int tile = c0.q0 / TILE, half = (c0.q0 % TILE) / CHUNK;
-            uint8_t *out = reinterpret_cast<uint8_t *>(a.ds) + ds_block(a, b, c0.head, tile, c0.slot) +
-                           half * TILE_PANEL + (KEYS_PER_WG * wg + 16 * warp + lane / 4) * PANEL_ROW +
-                           4 * (lane % 4);
-            // Row r's 16-byte chunk jj sits at jj ^ (r % 8), and r % 8 = lane / 4 for both rows.
+            // Staged in shared memory as the 8 KB of the stored image they fill (row r's 16-byte
+            // chunk jj at jj ^ (r % 8), and r % 8 = lane / 4 for both rows: no bank conflict),
+            // then one bulk copy. The buffer was read by the copy of two chunks back: its issuer
+            // waited for that before the barrier at the top of this chunk.
+            const uint32_t stage = sa_smem_addr(sm.ds[wg][n & 1]);
+            const uint32_t row = stage + (16 * warp + lane / 4) * PANEL_ROW + 4 * (lane % 4);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++)
-                    *reinterpret_cast<uint32_t *>(out + 8 * i * PANEL_ROW + ((jj ^ (lane / 4)) << 4)) =
-                        dst[(jj / 2) * 4 + (jj % 2) * 2 + i];
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row + 8 * i * PANEL_ROW +
+                                                              ((jj ^ (lane / 4)) << 4)),
+                                 "r"(dst[(jj / 2) * 4 + (jj % 2) * 2 + i])
+                                 : "memory");
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            wg_barrier(1 + wg, 128);
+            if (threadIdx.x % 128 == 0) {
+                const int tile = c0.q0 / TILE, half = (c0.q0 % TILE) / CHUNK;
+                bulk_store(reinterpret_cast<uint8_t *>(a.ds) + ds_block(a, b, c0.head, tile, c0.slot) +
+                               half * TILE_PANEL + KEYS_PER_WG * wg * PANEL_ROW,
+                           stage, DS_STAGE_BYTES);
+                bulk_wait_read<1>(); // the previous chunk's copy is done with its buffer
+            }
         }
         // 5. dK += dS^T Q; it runs on into the next chunk's scores (step 2 waits for it).
         sa_wgmma_fence();
@@ -372,6 +408,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
     }
     sa_wgmma_wait<0>();
     cp_async_wait_all(); // a CTA with no chunk still has its K/V copies in flight
+    if (STORE_DS && threadIdx.x % 128 == 0) // every dS^T copy done before the CTA ends
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     if (!any) // no query saw this block: dK = dV = 0
 #pragma unroll
         for (int r = 0; r < 64; r++)
@@ -533,13 +571,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_wgmma(const Args a)
 //      and every warpgroup done with block n - 1, whose stage block n + 2 now fills);
 //   2. issue block n + 2's copies: dS^T (32 KB, copied as stored) and K (swizzled on the way);
 //   3. the GEMM, waited for (its stage is refilled after the next barrier).
-// A warpgroup whose 64 rows did not enter the dK/dV walk for the block (past len_q, or causally
-// blind to every key of it) has no stored dS^T there: it multiplies a zero panel instead.
+// A 64-row half of the tile that did not enter the dK/dV walk for the block (past len_q, or
+// causally blind to every key of it) has no stored dS^T there: its panel is zero-filled by the
+// copy instead of read.
 constexpr int DQ_STAGES = 3;
 
 struct alignas(1024) SmemDS {
     uint8_t ds[DQ_STAGES][TILE_BYTES], k[DQ_STAGES][TILE_BYTES];
-    uint8_t zero[TILE_PANEL];
 };
 
 __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
@@ -559,17 +597,21 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
     const int last_blk = a.causal ? last_block_of(a, t) : a.kv_blocks - 1;
     const uint8_t *ds_tile = reinterpret_cast<const uint8_t *>(a.ds) + ds_block(a, b, h, t, 0);
 
-    for (int i = threadIdx.x; i < (int)(TILE_PANEL / 16); i += WG_THREADS)
-        reinterpret_cast<uint4 *>(sm.zero)[i] = make_uint4(0, 0, 0, 0);
+    // Whether half hf (rows 64 hf..) of the tile entered the dK/dV walk for block blk.
+    auto walked = [&](int hf, int blk) {
+        return CHUNK * hf < rows &&
+               !(a.causal && blk * TILE > last_key_of(a, t * TILE + CHUNK * hf + CHUNK - 1));
+    };
     auto load = [&](int stage, int j) {
+        const int blk = row[j];
         const uint32_t dst = sa_smem_addr(sm.ds[stage]);
         const uint8_t *src = ds_tile + (size_t)j * TILE_BYTES;
+        const bool w0 = walked(0, blk), w1 = walked(1, blk);
 #pragma unroll
         for (int i = 0; i < TILE_BYTES / 16 / WG_THREADS; i++) {
-            const int c = threadIdx.x + i * WG_THREADS;
-            cp_async16(dst + 16 * c, src + 16 * c, true);
+            const int c = threadIdx.x + i * WG_THREADS; // panel c / 1024
+            cp_async16(dst + 16 * c, src + 16 * c, c < (int)(TILE_PANEL / 16) ? w0 : w1);
         }
-        const int blk = row[j];
         load_rows_sw128<TILE>(sa_smem_addr(sm.k[stage]), a.k + (kv_bh * a.len_kv + (size_t)blk * TILE) * D,
                               min(TILE, a.len_kv - blk * TILE));
     };
@@ -586,10 +628,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
     if (jn < count)
         load(1, jn);
     cp_async_commit();
-    const int first_row = t * TILE + 64 * wg; // this warpgroup's rows: the dK/dV walk's half wg
     for (int n = 0; j < count; n++) {
-        // 1. Block n has landed (block n + 1 may still fly); the zero panel's and the copies'
-        //    generic-proxy writes made visible to wgmma.
+        // 1. Block n has landed (block n + 1 may still fly); the copies' generic-proxy writes
+        //    made visible to wgmma.
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
@@ -599,12 +640,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
             load((n + 2) % DQ_STAGES, jn2);
         cp_async_commit();
         // 3. dQ_wg += dS_wg K
-        const int stage = n % DQ_STAGES, blk = row[j];
-        const bool walked = 64 * wg < rows &&
-                            !(a.causal && blk * TILE > last_key_of(a, first_row + CHUNK - 1));
-        const uint32_t a_lo = sa_desc_lo(walked ? sa_smem_addr(sm.ds[stage]) + wg * TILE_PANEL
-                                                : sa_smem_addr(sm.zero),
-                                         TILE_PANEL);
+        const int stage = n % DQ_STAGES;
+        const uint32_t a_lo = sa_desc_lo(sa_smem_addr(sm.ds[stage]) + wg * TILE_PANEL, TILE_PANEL);
         const uint32_t b_lo = sa_desc_lo(sa_smem_addr(sm.k[stage]), TILE_PANEL);
         sa_wgmma_fence();
 #pragma unroll
@@ -634,7 +671,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
 constexpr size_t SMEM_KV = sizeof(SmemKV) + 1024; // + room to align the dynamic base
 constexpr size_t SMEM_Q = sizeof(SmemQ) + 1024;
 constexpr size_t SMEM_DS = sizeof(SmemDS) + 1024;
-static_assert(SMEM_Q <= 227 * 1024 && SMEM_DS <= 227 * 1024,
+static_assert(SMEM_KV <= 227 * 1024 && SMEM_Q <= 227 * 1024 && SMEM_DS <= 227 * 1024,
               "shared memory over the sm_90 per-block limit");
 
 } // namespace

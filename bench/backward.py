@@ -139,14 +139,15 @@ def run_shape(torch, sa, args, hkv, skv, summary):
         timers["ours-rc"] = [ours_rc]
     if args.profile:  # where our time goes, kernel by kernel (torch's profiler, CUPTI)
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                ours()
-            torch.cuda.synchronize()
-        for ev in prof.key_averages():
-            us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-            if us > 0:
-                log("  profile: %-40s %8.3f ms per call" % (ev.key[:40], us / 3e3))
+        for name, (fn,) in timers.items():
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    fn()
+                torch.cuda.synchronize()
+            for ev in prof.key_averages():
+                us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+                if us > 0:
+                    log("  profile %s: %-40s %8.3f ms per call" % (name, ev.key[:40], us / 3e3))
     # FA4
     if "fa4" in args.peers:
         try:
