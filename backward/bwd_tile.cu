@@ -15,10 +15,11 @@
 //        (sa_kv_build_index on a shape whose "queries" are the list rows, kvcentric/), so the
 //        sums over the heads and the tiles stay on chip.
 //     2b. bwd_reduce (splits > 1): dK, dV = the splits' partial sums, added in split order.
-//     3. bwd_dq_wgmma: one CTA per (batch, query head, Q tile) walks the tile's own list in list
-//        order and owns dQ of its 128 rows. It recomputes S and dP (2 of its 3 GEMMs) instead of
-//        taking dQ from kernel 2 by atomics: deterministic, at 7 GEMMs per (tile, block) instead
-//        of 5; fused atomics were measured no faster (docs/backward.md).
+//     3. dQ: one CTA per (batch, query head, Q tile) walks the tile's own list in list order and
+//        owns dQ of its 128 rows, by one of two passes (sa_gpu_attn_bwd.dq_pass):
+//        bwd_dq_stored reads the dS^T that kernel 2 stored in the workspace (one GEMM per block,
+//        5 in all); bwd_dq_wgmma recomputes S and dP (2 of its 3 GEMMs, 7 in all) in a small
+//        workspace. Both deterministic; fused atomics were measured no faster (docs/backward.md).
 //
 // ASSUMPTIONS
 //   head_dim 128; any len_q and len_kv (rows past len_q and keys past len_kv are zero-filled on

@@ -1,5 +1,5 @@
-// The wgmma kernels of the GPU backward (docs/backward.md): dK/dV and dQ, the tensor core reading
-// its operands from shared memory itself. bwd_tile.cu holds the entry point, D and the splits' sum.
+// The wgmma kernels of the GPU backward (docs/backward.md): dK/dV and two dQ passes, the tensor
+// core reading its operands from shared memory itself. bwd_tile.cu holds the entry point, D and the splits' sum.
 //
 // FOCUS
 //   The first backward used mma.sync, which needs every B operand (and every A operand of a
@@ -14,7 +14,8 @@
 //     in registers (2 x 64 fp32 a thread). A step is a chunk of 64 query rows: score tiles are
 //     64 keys x 64 queries (m64n64, 32 registers each), so S^T, dP^T, dK and dV fit together.
 //   dQ: a CTA owns one 128-row Q tile; warpgroup c owns rows 64c..64c+63 and their dQ (64 fp32 a
-//     thread). A listed block is taken in two halves of 64 keys (m64n64 score tiles again).
+//     thread). Recompute pass: a listed block is taken in two halves of 64 keys (m64n64 score
+//     tiles again). Stored pass: one GEMM per block from the dS^T the dK/dV kernel stored.
 //
 // DATAFLOW, dK/dV per chunk n (warpgroup c, keys K_c, V_c; the chunk's Q, dO in buffer n % 4)
 //   1. wait for this thread's copies of chunk n; barrier (every thread's copies, and chunk n-2's
@@ -25,6 +26,8 @@
 //      log2e), masked (partial block, causal) in one warp-uniform branch; packed to BF16.
 //   3. dV += P^T dO: 4 wgmma (RS, dO MN-major), committed; it runs during step 4.
 //   4. wait_group 1: dP^T done; dS^T = P^T (dP^T - D), packed.
+//   4b. (stored path) dS^T into this warpgroup's staging buffer, then one bulk copy to the
+//      workspace (see ds_block for the layout).
 //   5. dK += dS^T Q: 4 wgmma (RS); not waited for: it runs into the next chunk's step 1.
 //   dK and dV start from the first chunk's GEMMs with scale-d 0. Zeros written by the threads
 //   into accumulators that a wgmma holds across the loop's back edge make ptxas serialize every
@@ -43,11 +46,16 @@
 //   | cp.async.wait_group + fence.proxy.async + __syncthreads | both | a buffer's copies, by every thread, visible to wgmma (async proxy)
 //   | the same barrier, one chunk later     | dK/dV  | chunk n-2's buffer: each thread saw its GEMMs complete at step 2 of chunk n-1
 //   | wait_group 0 + trailing __syncthreads | dQ     | a K/V buffer, refilled two blocks on (a wgmma reads shared memory until it completes)
+//   | fence.proxy.async + bar.sync 1 + wg   | dK/dV stored | a warpgroup's dS^T staging writes, before its bulk copy
+//   | bulk wait_group.read 1 + the next chunk's __syncthreads | dK/dV stored | a staging buffer, rewritten two chunks on
+//   | cp.async.wait_group 1 + fence.proxy.async + __syncthreads, after the GEMM's wait_group 0 | dQ stored | a stage's copies, and the stage of block n - 1 free for n + 2
 //
 // SHARED MEMORY (the 128-byte swizzle TMA writes: 64-column panels of 128-byte rows, 16-byte
 // chunk c of row r at c ^ (r % 8), so one descriptor layout serves K-major and MN-major reads)
-//   dK/dV: K, V 32 KB each; Q, dO 4 x 16 KB each; LSE', D 4 x 64 floats each: 194 KB.
-//   dQ: Q, dO 32 KB each; K, V 2 x 32 KB each: 192 KB.
+//   dK/dV: K, V 32 KB each; Q, dO 4 x 16 KB each; dS^T staging 2 x 2 x 8 KB; LSE', D 4 x 64
+//     floats each: 226 KB (the sm_90 limit with the alignment slack: 227 KB).
+//   dQ recompute: Q, dO 32 KB each; K, V 2 x 32 KB each: 192 KB.
+//   dQ stored: dS^T and K, 3 stages of 32 KB each: 192 KB.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
