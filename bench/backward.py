@@ -122,7 +122,9 @@ def run_shape(torch, sa, args, hkv, skv, summary):
     fwd_useful = 4.0 * B * Hq * Sq * K * TILE * D
     flops = 2.5 * fwd_useful
     label = "B%d Hq%d Hkv%d Sq%d Skv%d K%d" % (B, Hq, hkv, Sq, skv, K)
-    log("%s: backward useful %.2f TFLOP per call" % (label, flops / 1e12))
+    floor = flops / (args.gemm * 1e9)  # the 5 GEMMs of the useful FLOPs at the GEMM rate
+    log("%s: backward useful %.2f TFLOP per call; floor %.3f ms at the GEMM rate" % (
+        label, flops / 1e12, floor))
     o, lse = sa.block_sparse_attention(q, k, v, lists)
     ours_val, ours = ours_calls(torch, sa, q, k, v, o, lse, do, lists)
     dq, dk, dv = (x.clone() for x in ours())
@@ -223,15 +225,16 @@ def run_shape(torch, sa, args, hkv, skv, summary):
     times = peers.time_interleaved(torch, timers, 3, args.reps, args.rounds, 0.3, None, 0.0,
                                    info)
     host_val = peers.host_us_per_call(torch, [ours_val], 8)
-    row = {"shape": label, "hkv": hkv, "len_kv": skv, "flops": flops, "results": {}}
+    row = {"shape": label, "hkv": hkv, "len_kv": skv, "flops": flops, "floor_ms": floor,
+           "results": {}}
     for name, (ms, spread) in times.items():
         tf = flops / (ms * 1e9)
         row["results"][name] = {"ms": ms, "tflops": tf, "spread": spread,
                                 "host_us": info.get(name, {}).get("host_us"),
                                 "note": notes.get(name, "")}
-        log("  %-6s %8.3f ms %7.1f useful TFLOP/s (spread %.1f%%, host %.0f us/call) %s" % (
-            name, ms, tf, 100 * spread, info.get(name, {}).get("host_us") or 0,
-            notes.get(name, "")))
+        log("  %-6s %8.3f ms %7.1f useful TFLOP/s, %2.0f%% of the GEMM rate (spread %.1f%%, "
+            "host %.0f us/call) %s" % (name, ms, tf, 100 * tf / args.gemm, 100 * spread,
+                                       info.get(name, {}).get("host_us") or 0, notes.get(name, "")))
     log("  ours validated: host %.0f us per call (lists checked on the host)" % host_val)
     row["results"]["ours"]["host_us_validated"] = host_val
     for name, n in notes.items():
@@ -266,13 +269,15 @@ def main(argv=None):
     import torch
     import sparseattn as sa
     summary = []
+    args.gemm, copy = peers.measure_ceilings(torch, args)
     for hkv in (int(x) for x in args.heads_kv.split(",")):
         for skv in (int(x) for x in args.len_kv.split(",")):
             run_shape(torch, sa, args, hkv, skv, summary)
             torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": summary}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "gemm_tflops": args.gemm,
+                       "copy_bytes_per_s": copy, "rows": summary}, f, indent=1)
     return 0
 
 
