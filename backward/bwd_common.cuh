@@ -19,6 +19,8 @@ struct Args {
     float *dk_part, *dv_part; // kernel 2's per-split sums when splits > 1, else NULL
     uint16_t *ds;             // the stored path: dS^T blocks (kernel 2 writes, kernel 3 reads);
                               // NULL: kernel 3 recomputes dS
+    const int32_t *order;     // kernel 2's CTA of each launch slot, longest walk first; NULL:
+                              // launch order
     int splits;               // kernel-2 CTAs per (batch, KV head, block): the group's heads split
     int heads_q, heads_kv, group, list_heads, list_div;
     int len_q, len_kv, q_tiles, kv_blocks, max_blocks;

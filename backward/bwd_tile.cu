@@ -93,6 +93,58 @@ __global__ void __launch_bounds__(THREADS) bwd_reduce(const float4 *__restrict__
     }
 }
 
+// ------------------------------------------------------------------ kernel 2's launch order
+// Kernel 2's CTAs walk lists of different lengths (a block listed by few tiles or many, and with
+// random lists the spread is wide), and the GPU hands CTAs to SMs about in launch order: long
+// walks that start in the last wave set the kernel's end. This kernel orders the CTAs longest
+// walk first (an LPT schedule), counted in list entries and binned (lengths from LPT_BINS - 1 up
+// share the top bin). Within a bin the order comes from atomics: it decides only when a CTA
+// starts, never what it computes, so the gradients keep their bits. One CTA.
+constexpr int LPT_BINS = 1024, LPT_THREADS = 1024;
+#ifndef SA_BWD_LPT
+#define SA_BWD_LPT 1 // 0: launch order (an A/B)
+#endif
+constexpr bool LPT = SA_BWD_LPT != 0;
+static_assert(LPT_THREADS == LPT_BINS, "one bin per thread in the prefix sum");
+
+__device__ int walk_length(const Args &a, int cta)
+{
+    const int blk = cta % a.kv_blocks, sp = (cta / a.kv_blocks) % a.splits;
+    const int bg = cta / a.kv_blocks / a.splits, g = bg % a.heads_kv, b = bg / a.heads_kv;
+    int n = 0;
+    for (int h = sp * a.group / a.splits; h < (sp + 1) * a.group / a.splits; h++) {
+        const int lh = (g * a.group + h) / a.list_div;
+        const int bucket = (b * a.list_heads + lh) * a.kv_blocks + blk;
+        n += a.offsets[bucket + 1] - a.offsets[bucket];
+    }
+    return n;
+}
+
+__global__ void __launch_bounds__(LPT_THREADS) bwd_lpt_order(const Args a, int ctas, int32_t *order)
+{
+    __shared__ int bin_start[LPT_BINS];
+    const int tid = threadIdx.x;
+    bin_start[tid] = 0; // LPT_THREADS == LPT_BINS
+    __syncthreads();
+    auto bin_of = [&](int cta) { return LPT_BINS - 1 - min(walk_length(a, cta), LPT_BINS - 1); };
+    for (int c = tid; c < ctas; c += LPT_THREADS)
+        atomicAdd(&bin_start[bin_of(c)], 1);
+    __syncthreads();
+    // Exclusive prefix sum over the bins (Hillis-Steele on the inclusive sums, then shifted).
+    for (int d = 1; d < LPT_BINS; d *= 2) {
+        const int x = tid >= d ? bin_start[tid - d] : 0;
+        __syncthreads();
+        bin_start[tid] += x;
+        __syncthreads();
+    }
+    const int excl = tid ? bin_start[tid - 1] : 0;
+    __syncthreads();
+    bin_start[tid] = excl;
+    __syncthreads();
+    for (int c = tid; c < ctas; c += LPT_THREADS)
+        order[atomicAdd(&bin_start[bin_of(c)], 1)] = c;
+}
+
 // ------------------------------------------------------------------ host
 // The reverse index is the KV-centric one over a shape whose queries are the list rows: batch B,
 // heads_q = heads_kv = list_heads, len_q = q_tiles, the lists as per-query lists. Unvalidated
@@ -121,7 +173,8 @@ sa_kv_params index_params(const sa_gpu_attn_bwd *a, void *ws)
 struct Layout {
     int splits;
     int stored; // 1: the dQ pass reads dS^T stored by the dK/dV kernel (SA_BWD_DQ_STORED)
-    size_t dsum_bytes, part_off, part_bytes, index_off, index_bytes, ds_off, total;
+    int kv_ctas;
+    size_t dsum_bytes, part_off, part_bytes, index_off, index_bytes, order_off, ds_off, total;
 };
 
 // Kernel-2 CTAs a (batch, KV head, block) is split into: enough to give about SPLIT_TARGET CTAs
@@ -158,14 +211,23 @@ int layout(const sa_gpu_attn_bwd *a, Layout *l)
     const int64_t index_end = sa_sz_round_up(sa_sz_add(sa_sz_add(dsum, sa_sz_mul(part, 2)),
                                                        (int64_t)l->index_bytes),
                                              ALIGN);
-    const int64_t total = l->stored ? sa_sz_add(index_end, ds) : index_end;
+    // Kernel 2's launch order (bwd_lpt_order): one int per CTA.
+    const int64_t kv_ctas = sa_sz_mul(sa_sz_mul3(a->shape.batch, a->shape.heads_kv,
+                                                 sa_kv_blocks(&a->shape)),
+                                      l->splits);
+    if (!sa_sz_within(kv_ctas, INT32_MAX))
+        return SA_ERR_UNSUPPORTED;
+    l->kv_ctas = (int)kv_ctas;
+    const int64_t order_end = sa_sz_add(index_end, sa_sz_round_up(sa_sz_mul(kv_ctas, 4), ALIGN));
+    const int64_t total = l->stored ? sa_sz_add(order_end, ds) : order_end;
     if (!sa_sz_fits_size_t(total))
         return SA_ERR_UNSUPPORTED;
     l->dsum_bytes = (size_t)dsum;
     l->part_off = (size_t)dsum;
     l->part_bytes = (size_t)part;
     l->index_off = (size_t)(dsum + 2 * part);
-    l->ds_off = (size_t)index_end;
+    l->order_off = (size_t)index_end;
+    l->ds_off = (size_t)order_end;
     l->total = (size_t)total;
     return SA_OK;
 }
@@ -248,8 +310,15 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
                                                                   reinterpret_cast<float *>(ws), rows);
     SA_CUDA_TRY(cudaGetLastError());
 
-    const int kv_ctas = s->batch * s->heads_kv * g.kv_blocks * l.splits;
+    const int kv_ctas = l.kv_ctas;
     const int q_ctas = s->batch * s->heads_q * g.q_tiles;
+    g.order = nullptr;
+    if (LPT && kv_ctas > sms) { // one wave needs no order
+        int32_t *order = reinterpret_cast<int32_t *>(ws + l.order_off);
+        bwd_lpt_order<<<1, LPT_THREADS, 0, st>>>(g, kv_ctas, order);
+        SA_CUDA_TRY(cudaGetLastError());
+        g.order = order;
+    }
     if ((err = sa_bwd::launch_dkdv_wgmma(g, kv_ctas, st)))
         return err;
     if (l.splits > 1) {

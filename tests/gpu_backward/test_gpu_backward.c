@@ -8,7 +8,8 @@
  * same bits. Every case runs both dQ passes (dS^T stored by the dK/dV kernel, and recomputed);
  * the workspace of AUTO is that of STORED at these sizes, and RECOMPUTE's is smaller. Cases: GQA 1/2/4/16, per-head and group-shared lists, variable counts with empty
  * rows, partial last Q tile and partial final block, every block (dense), causal with len_q =
- * len_kv and len_q < len_kv, future blocks allowed; then bad lists (each code), a short
+ * len_kv and len_q < len_kv, future blocks allowed, more dK/dV CTAs than SMs (their launch
+ * order longest walk first); then bad lists (each code), a short
  * workspace and unchecked bad lists (no fault, finite outputs). SA_SMALL=1: first case and the
  * error cases. */
 #include <cuda_runtime_api.h>
@@ -258,6 +259,9 @@ START_TEST(shapes)
         {2, 4, 2, 300, 1000, 1, 4, 1, 1, 3.0f},    /* causal, chunked prefill, future blocks */
         {1, 4, 4, 600, 256, 0, 2, 1, 0, 3.0f},     /* causal, the first queries see nothing */
         {1, 8, 2, 768, 768, 0, 0, 1, 0, 4.0f},     /* causal, every visible block */
+        /* More dK/dV CTAs than an H200 has SMs, so their launch order is the LPT one: */
+        {1, 2, 2, 384, 17920, 1, 5, 0, 0, 2.0f},   /* 280 CTAs, per-head lists */
+        {1, 8, 1, 256, 16384, 0, 6, 0, 0, 2.0f},   /* 128 blocks x 2 splits of the group */
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
         run_case(&more[i], 10 + i);
