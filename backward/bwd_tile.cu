@@ -98,8 +98,11 @@ __global__ void __launch_bounds__(THREADS) bwd_reduce(const float4 *__restrict__
 // random lists the spread is wide), and the GPU hands CTAs to SMs about in launch order: long
 // walks that start in the last wave set the kernel's end. This kernel orders the CTAs longest
 // walk first (an LPT schedule), counted in list entries and binned (lengths from LPT_BINS - 1 up
-// share the top bin). Within a bin the order comes from atomics: it decides only when a CTA
-// starts, never what it computes, so the gradients keep their bits. One CTA.
+// share the top bin), within each segment of kv_blocks CTAs (one batch, KV head and split):
+// CTAs that run together then still read the same heads' Q and dO, which stay in L2 (ordering
+// all CTAs at once made MHA at 16K keys 12% slower). Within a bin the order comes from atomics:
+// it decides only when a CTA starts, never what it computes, so the gradients keep their bits.
+// One CTA per segment.
 constexpr int LPT_BINS = 1024, LPT_THREADS = 1024;
 #ifndef SA_BWD_LPT
 #define SA_BWD_LPT 1 // 0: launch order (an A/B)
@@ -120,14 +123,14 @@ __device__ int walk_length(const Args &a, int cta)
     return n;
 }
 
-__global__ void __launch_bounds__(LPT_THREADS) bwd_lpt_order(const Args a, int ctas, int32_t *order)
+__global__ void __launch_bounds__(LPT_THREADS) bwd_lpt_order(const Args a, int32_t *order)
 {
     __shared__ int bin_start[LPT_BINS];
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, first = blockIdx.x * a.kv_blocks;
     bin_start[tid] = 0; // LPT_THREADS == LPT_BINS
     __syncthreads();
     auto bin_of = [&](int cta) { return LPT_BINS - 1 - min(walk_length(a, cta), LPT_BINS - 1); };
-    for (int c = tid; c < ctas; c += LPT_THREADS)
+    for (int c = first + tid; c < first + a.kv_blocks; c += LPT_THREADS)
         atomicAdd(&bin_start[bin_of(c)], 1);
     __syncthreads();
     // Exclusive prefix sum over the bins (Hillis-Steele on the inclusive sums, then shifted).
@@ -139,9 +142,9 @@ __global__ void __launch_bounds__(LPT_THREADS) bwd_lpt_order(const Args a, int c
     }
     const int excl = tid ? bin_start[tid - 1] : 0;
     __syncthreads();
-    bin_start[tid] = excl;
+    bin_start[tid] = first + excl;
     __syncthreads();
-    for (int c = tid; c < ctas; c += LPT_THREADS)
+    for (int c = first + tid; c < first + a.kv_blocks; c += LPT_THREADS)
         order[atomicAdd(&bin_start[bin_of(c)], 1)] = c;
 }
 
@@ -315,7 +318,7 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
     g.order = nullptr;
     if (LPT && kv_ctas > sms) { // one wave needs no order
         int32_t *order = reinterpret_cast<int32_t *>(ws + l.order_off);
-        bwd_lpt_order<<<1, LPT_THREADS, 0, st>>>(g, kv_ctas, order);
+        bwd_lpt_order<<<kv_ctas / g.kv_blocks, LPT_THREADS, 0, st>>>(g, order);
         SA_CUDA_TRY(cudaGetLastError());
         g.order = order;
     }

@@ -227,6 +227,9 @@ static void run_case(const bwd_case *c, uint64_t salt)
         ck_assert(bytes > 0);
         CK_CUDA(cudaMalloc(&a.workspace, bytes));
         a.workspace_bytes = bytes;
+        /* A workspace of NaNs (0xffff is a BF16 NaN): a stored dS^T the dQ pass read but the
+         * dK/dV kernel never wrote would turn its dQ rows to NaN. */
+        CK_CUDA(cudaMemset(a.workspace, 0xff, bytes));
         poison(&s, &d);
         ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_OK);
         CK_CUDA(cudaDeviceSynchronize());
