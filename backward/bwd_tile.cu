@@ -98,8 +98,9 @@ __global__ void __launch_bounds__(THREADS) bwd_reduce(const float4 *__restrict__
 // random lists the spread is wide), and the GPU hands CTAs to SMs about in launch order: long
 // walks that start in the last wave set the kernel's end. This kernel orders the CTAs longest
 // walk first (an LPT schedule), counted in list entries and binned (lengths from LPT_BINS - 1 up
-// share the top bin), within each segment of kv_blocks CTAs (one batch, KV head and split):
-// CTAs that run together then still read the same heads' Q and dO, which stay in L2 (ordering
+// share the top bin), within each segment of kv_blocks x splits CTAs (one batch and KV head;
+// a block's splits are neighbours in the default launch order, and with group lists their
+// walks have one length, so they mostly stay close): CTAs that run together then still read one group's Q and dO, which stay in L2 (ordering
 // all CTAs at once made MHA at 16K keys 12% slower). Within a bin the order comes from atomics:
 // it decides only when a CTA starts, never what it computes, so the gradients keep their bits.
 // One CTA per segment.
@@ -112,8 +113,8 @@ static_assert(LPT_THREADS == LPT_BINS, "one bin per thread in the prefix sum");
 
 __device__ int walk_length(const Args &a, int cta)
 {
-    const int blk = cta % a.kv_blocks, sp = (cta / a.kv_blocks) % a.splits;
-    const int bg = cta / a.kv_blocks / a.splits, g = bg % a.heads_kv, b = bg / a.heads_kv;
+    const int sp = cta % a.splits, blk = (cta / a.splits) % a.kv_blocks; // as kernel 2
+    const int bg = cta / a.splits / a.kv_blocks, g = bg % a.heads_kv, b = bg / a.heads_kv;
     int n = 0;
     for (int h = sp * a.group / a.splits; h < (sp + 1) * a.group / a.splits; h++) {
         const int lh = (g * a.group + h) / a.list_div;
@@ -126,11 +127,11 @@ __device__ int walk_length(const Args &a, int cta)
 __global__ void __launch_bounds__(LPT_THREADS) bwd_lpt_order(const Args a, int32_t *order)
 {
     __shared__ int bin_start[LPT_BINS];
-    const int tid = threadIdx.x, first = blockIdx.x * a.kv_blocks;
+    const int tid = threadIdx.x, seg = a.kv_blocks * a.splits, first = blockIdx.x * seg;
     bin_start[tid] = 0; // LPT_THREADS == LPT_BINS
     __syncthreads();
     auto bin_of = [&](int cta) { return LPT_BINS - 1 - min(walk_length(a, cta), LPT_BINS - 1); };
-    for (int c = first + tid; c < first + a.kv_blocks; c += LPT_THREADS)
+    for (int c = first + tid; c < first + seg; c += LPT_THREADS)
         atomicAdd(&bin_start[bin_of(c)], 1);
     __syncthreads();
     // Exclusive prefix sum over the bins (Hillis-Steele on the inclusive sums, then shifted).
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(LPT_THREADS) bwd_lpt_order(const Args a, int32
     __syncthreads();
     bin_start[tid] = first + excl;
     __syncthreads();
-    for (int c = first + tid; c < first + a.kv_blocks; c += LPT_THREADS)
+    for (int c = first + tid; c < first + seg; c += LPT_THREADS)
         order[atomicAdd(&bin_start[bin_of(c)], 1)] = c;
 }
 
@@ -318,7 +319,7 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
     g.order = nullptr;
     if (LPT && kv_ctas > sms) { // one wave needs no order
         int32_t *order = reinterpret_cast<int32_t *>(ws + l.order_off);
-        bwd_lpt_order<<<kv_ctas / g.kv_blocks, LPT_THREADS, 0, st>>>(g, order);
+        bwd_lpt_order<<<kv_ctas / (g.kv_blocks * g.splits), LPT_THREADS, 0, st>>>(g, order);
         SA_CUDA_TRY(cudaGetLastError());
         g.order = order;
     }

@@ -301,8 +301,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
     SmemKV &sm = aligned_smem<SmemKV>(smem_raw);
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int cta = a.order ? a.order[blockIdx.x] : (int)blockIdx.x; // longest walks first
-    const int blk = cta % a.kv_blocks, sp = (cta / a.kv_blocks) % a.splits;
-    const int bg = cta / a.kv_blocks / a.splits, g = bg % a.heads_kv, b = bg / a.heads_kv;
+    const int sp = cta % a.splits, blk = (cta / a.splits) % a.kv_blocks; // splits innermost
+    const int bg = cta / a.splits / a.kv_blocks, g = bg % a.heads_kv, b = bg / a.heads_kv;
     const int keys = min(TILE, a.len_kv - blk * TILE);
     const size_t kv_row0 = (size_t)bg * a.len_kv + (size_t)blk * TILE;
     const uint32_t sk = sa_smem_addr(sm.k), sv = sa_smem_addr(sm.v);
