@@ -447,6 +447,48 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
 }
 
 // ------------------------------------------------------------------ dQ
+// What both dQ kernels know of their CTA's tile: (batch b, query head h, Q tile t) from the CTA
+// index, its valid rows and its list row, read as the reverse index reads it.
+struct DqTile {
+    int t, b, h, rows, count, last_blk;
+    size_t kv_bh, q_row0; // K/V head row block; the tile's first Q row
+    const int32_t *row;   // the tile's list
+};
+
+__device__ __forceinline__ DqTile dq_tile(const Args &a)
+{
+    DqTile d;
+    d.t = blockIdx.x % a.q_tiles;
+    const int bh = blockIdx.x / a.q_tiles; // b * Hq + h
+    d.b = bh / a.heads_q, d.h = bh % a.heads_q;
+    d.kv_bh = (size_t)d.b * a.heads_kv + d.h / a.group;
+    d.q_row0 = (size_t)bh * a.len_q + (size_t)d.t * TILE;
+    d.rows = min(TILE, a.len_q - d.t * TILE);
+    const int list_row = (d.b * a.list_heads + d.h / a.list_div) * a.q_tiles + d.t;
+    d.row = a.indices + (size_t)list_row * a.max_blocks;
+    const int raw = a.counts ? a.counts[list_row] : a.max_blocks;
+    d.count = raw < 0 || raw > a.max_blocks ? 0 : raw; // as the reverse index has it
+    d.last_blk = a.causal ? last_block_of(a, d.t) : a.kv_blocks - 1;
+    return d;
+}
+
+// dq = scale * acc for this thread's rows r0 and r0 + 8 of the tile (r0 = 64 wg + 16 warp +
+// lane / 4), those below len_q.
+__device__ __forceinline__ void store_dq(const Args &a, const DqTile &d, const float (&dq)[64],
+                                         int r0, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (r0 + 8 * i >= d.rows)
+            continue;
+        float *dst = a.dq + (d.q_row0 + r0 + 8 * i) * D;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+            *reinterpret_cast<float2 *>(dst + 8 * jj + 2 * (lane % 4)) =
+                make_float2(dq[4 * jj + 2 * i] * a.scale, dq[4 * jj + 2 * i + 1] * a.scale);
+    }
+}
+
 struct alignas(1024) SmemQ {
     uint8_t q[TILE_BYTES], d_o[TILE_BYTES];
     uint8_t k[2][TILE_BYTES], v[2][TILE_BYTES];
@@ -466,22 +508,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_wgmma(const Args a)
     extern __shared__ uint8_t smem_raw[];
     SmemQ &sm = aligned_smem<SmemQ>(smem_raw);
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int t = blockIdx.x % a.q_tiles, bh = blockIdx.x / a.q_tiles; // bh = b * Hq + head
-    const int b = bh / a.heads_q, h = bh % a.heads_q;
-    const size_t kv_bh = (size_t)b * a.heads_kv + h / a.group;
-    const size_t q_row0 = (size_t)bh * a.len_q + (size_t)t * TILE;
-    const int rows = min(TILE, a.len_q - t * TILE);
+    const DqTile tile = dq_tile(a);
+    const int t = tile.t, rows = tile.rows;
+    const size_t kv_bh = tile.kv_bh, q_row0 = tile.q_row0;
     const uint32_t sq = sa_smem_addr(sm.q), sdo = sa_smem_addr(sm.d_o);
     load_rows_sw128<TILE>(sq, a.q + q_row0 * D, rows);
     load_rows_sw128<TILE>(sdo, a.d_o + q_row0 * D, rows);
     const uint32_t q_lo = sa_desc_lo(sq + wg * 64 * PANEL_ROW, 16);
     const uint32_t do_lo = sa_desc_lo(sdo + wg * 64 * PANEL_ROW, 16);
 
-    const int list_row = (b * a.list_heads + h / a.list_div) * a.q_tiles + t;
-    const int32_t *row = a.indices + (size_t)list_row * a.max_blocks;
-    const int raw = a.counts ? a.counts[list_row] : a.max_blocks;
-    const int count = raw < 0 || raw > a.max_blocks ? 0 : raw; // as the reverse index has it
-    const int last_blk = a.causal ? last_block_of(a, t) : a.kv_blocks - 1;
+    const int32_t *row = tile.row;
+    const int count = tile.count, last_blk = tile.last_blk;
 
     // This thread's rows: r0 = 64 wg + 16 warp + lane / 4 and r0 + 8 of the tile.
     const int r0 = 64 * wg + 16 * warp + lane / 4;
@@ -562,16 +599,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_wgmma(const Args a)
     }
     cp_async_wait_all(); // a row with no block still has its Q/dO copies in flight
 
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (r0 + 8 * i >= rows)
-            continue;
-        float *dst = a.dq + (q_row0 + r0 + 8 * i) * D;
-#pragma unroll
-        for (int jj = 0; jj < 16; jj++)
-            *reinterpret_cast<float2 *>(dst + 8 * jj + 2 * (lane % 4)) =
-                make_float2(dq[4 * jj + 2 * i] * a.scale, dq[4 * jj + 2 * i + 1] * a.scale);
-    }
+    store_dq(a, tile, dq, r0, lane);
 }
 
 // ------------------------------------------------------------------ dQ from the stored dS^T
@@ -596,17 +624,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
     extern __shared__ uint8_t smem_raw[];
     SmemDS &sm = aligned_smem<SmemDS>(smem_raw);
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int t = blockIdx.x % a.q_tiles, bh = blockIdx.x / a.q_tiles; // bh = b * Hq + head
-    const int b = bh / a.heads_q, h = bh % a.heads_q;
-    const size_t kv_bh = (size_t)b * a.heads_kv + h / a.group;
-    const size_t q_row0 = (size_t)bh * a.len_q + (size_t)t * TILE;
-    const int rows = min(TILE, a.len_q - t * TILE);
-    const int list_row = (b * a.list_heads + h / a.list_div) * a.q_tiles + t;
-    const int32_t *row = a.indices + (size_t)list_row * a.max_blocks;
-    const int raw = a.counts ? a.counts[list_row] : a.max_blocks;
-    const int count = raw < 0 || raw > a.max_blocks ? 0 : raw; // as the reverse index has it
-    const int last_blk = a.causal ? last_block_of(a, t) : a.kv_blocks - 1;
-    const uint8_t *ds_tile = reinterpret_cast<const uint8_t *>(a.ds) + ds_block(a, b, h, t, 0);
+    const DqTile tile = dq_tile(a);
+    const int t = tile.t, rows = tile.rows;
+    const size_t kv_bh = tile.kv_bh;
+    const int32_t *row = tile.row;
+    const int count = tile.count, last_blk = tile.last_blk;
+    const uint8_t *ds_tile = reinterpret_cast<const uint8_t *>(a.ds) + ds_block(a, tile.b, tile.h, t, 0);
 
     // Whether half hf (rows 64 hf..) of the tile entered the dK/dV walk for block blk.
     auto walked = [&](int hf, int blk) {
@@ -667,16 +690,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
     cp_async_wait_all(); // nothing is left but empty groups; kept as the other kernels end
 
     const int r0 = 64 * wg + 16 * warp + lane / 4;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (r0 + 8 * i >= rows)
-            continue;
-        float *dst = a.dq + (q_row0 + r0 + 8 * i) * D;
-#pragma unroll
-        for (int jj = 0; jj < 16; jj++)
-            *reinterpret_cast<float2 *>(dst + 8 * jj + 2 * (lane % 4)) =
-                make_float2(dq[4 * jj + 2 * i] * a.scale, dq[4 * jj + 2 * i + 1] * a.scale);
-    }
+    store_dq(a, tile, dq, r0, lane);
 }
 
 constexpr size_t SMEM_KV = sizeof(SmemKV) + 1024; // + room to align the dynamic base
