@@ -31,6 +31,8 @@ Configurations measured (each one forward over the whole text):
     rounding of Q, K, V alone costs;
   - <selector>@<k>: k blocks of 128 keys per query tile (a row that sees fewer keeps them all),
     one list per GQA group; <selector>/ph@<k> with --per-head-lists: one per query head;
+    <selector>/pool@<k> with --pooled-lists: one per query head, lengths varying, the group's
+    H x k blocks per tile pooled across its heads by estimated mass (nvfp4_mass, oracle);
   - with --ablate-layers L: <selector>@<k> L<n> for each listed layer n, that layer alone sparse
     and every other one dense: which layers a selector's loss comes from.
 Loss is the mean next-token cross entropy, nats per token, over the text's tokens."""
@@ -115,6 +117,114 @@ def per_head_lists(sa, mode, q, k, topk, keep_sink):
             np.ascontiguousarray(np.concatenate([p[1] for p in parts], axis=1)))
 
 
+def nvfp4_round(sa, x):
+    """x (float32, a multiple of 16 elements) through the library's NVFP4 quantizer and back:
+    sa_nvfp4_quantize_f32 then sa_nvfp4_dequantize over the whole array (one tensor scale), as
+    the nvfp4 selectors see their index vectors."""
+    import ctypes
+    import numpy as np
+
+    class Nvfp4(ctypes.Structure):
+        _fields_ = [("values", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                    ("tensor_scale", ctypes.c_float), ("n", ctypes.c_size_t)]
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = x.size
+    values, scales = np.empty(n // 2, np.uint8), np.empty(n // 16, np.uint8)
+    z = Nvfp4(values.ctypes.data, scales.ctypes.data, 0.0, 0)
+    out = np.empty_like(x)
+    lib = sa._core.lib
+    f = ctypes.c_void_p
+    sa._core.check(lib.sa_nvfp4_quantize_f32(f(x.ctypes.data), ctypes.c_size_t(n),
+                                             ctypes.byref(z)), "sa_nvfp4_quantize_f32")
+    sa._core.check(lib.sa_nvfp4_dequantize(ctypes.byref(z), f(out.ctypes.data)),
+                   "sa_nvfp4_dequantize")
+    return out
+
+
+def tile_block_mass(q, k):
+    """Causal (Sq == Skv) softmax mass per (query tile, key block) of one head: m[t, b] = the sum
+    over tile t's queries of the probability each puts in block b, the softmax over the query's
+    visible keys with scores q.k (the scale already folded into q), in float64. q, k: (S, D)
+    float32. Returns (tiles, blocks) float64; each row sums to the tile's query count."""
+    import numpy as np
+    s = q.shape[0]
+    n = -(-s // TILE)
+    m = np.zeros((n, n))
+    for t in range(n):
+        q0, q1 = t * TILE, min(s, t * TILE + TILE)
+        sc = (q[q0:q1] @ k[:q1].T).astype(np.float64)  # keys past the tile's last query unseen
+        sc[np.arange(q1 - q0)[:, None] + q0 < np.arange(q1)[None, :]] = -np.inf
+        p = np.exp(sc - sc.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        pad = np.zeros((q1 - q0, (t + 1) * TILE))
+        pad[:, :q1] = p
+        m[t, :t + 1] = pad.reshape(q1 - q0, t + 1, TILE).sum(axis=(0, 2))
+    return m
+
+
+def pool_budget(mass, topk, cap):
+    """Pooled lists of one GQA group: mass (H, tiles, blocks) per head as tile_block_mass gives
+    it; per tile t the group's heads share H * min(topk, t + 1) blocks, each head at least its
+    diagonal block t and at most min(cap, t + 1), taken in descending mass across the heads (the
+    allocation that keeps the most attention mass at that total, since each head's best-c sum is
+    concave in c). Returns idx (H, tiles, cap) int32 ascending with -1 past count, cnt (H, tiles)."""
+    import numpy as np
+    h, n, _ = mass.shape
+    idx = np.full((h, n, cap), -1, np.int32)
+    cnt = np.zeros((h, n), np.int32)
+    for t in range(n):
+        vis = t + 1
+        total, hi = h * min(topk, vis), min(cap, vis)
+        take = [{t} for _ in range(h)]  # the diagonal block, always
+        order = np.argsort(-mass[:, t, :vis], axis=None, kind="stable")
+        left = total - h
+        for flat in order:
+            if left <= 0:
+                break
+            hh, b = divmod(int(flat), vis)
+            if b in take[hh] or len(take[hh]) >= hi:
+                continue
+            take[hh].add(b)
+            left -= 1
+        for hh in range(h):
+            row = sorted(take[hh])
+            idx[hh, t, :len(row)] = row
+            cnt[hh, t] = len(row)
+    return idx, cnt
+
+
+def pooled_lists(sa, mode, q, k, topk, cap_factor=2):
+    """--pooled-lists: one list per query head whose lengths vary, the group's budget pooled
+    (pool_budget): H * topk blocks per tile and group, as --per-head-lists spends, so the
+    attention costs the same. mode nvfp4_mass scores with each head's NVFP4-rounded Q and its KV
+    head's K (nvfp4_round, per head as --per-head-lists quantizes them), oracle with the
+    BF16-rounded values themselves."""
+    import numpy as np
+    if mode not in ("nvfp4_mass", "oracle"):
+        raise ValueError("--pooled-lists: nvfp4_mass or oracle, not %s" % mode)
+    hq, hkv = q.shape[1], k.shape[1]
+    group = hq // hkv
+    cap = cap_factor * topk
+    n = -(-q.shape[2] // TILE)
+    idx = np.full((1, hq, n, cap), -1, np.int32)
+    cnt = np.zeros((1, hq, n), np.int32)
+    for g in range(hkv):
+        kk = sa.bf16_round(k[0, g])
+        if mode == "nvfp4_mass":
+            kk = nvfp4_round(sa, kk)
+        masses = []
+        for h in range(g * group, (g + 1) * group):
+            qq = sa.bf16_round(q[0, h])
+            if mode == "nvfp4_mass":
+                qq = nvfp4_round(sa, qq)
+            # The library's scale, 1/sqrt(D), after the rounding (as sel_nvfp4_mass.c scores).
+            masses.append(tile_block_mass(qq / np.float32(math.sqrt(q.shape[3])), kk))
+        i, c = pool_budget(np.stack(masses), topk, cap)
+        idx[0, g * group:(g + 1) * group] = i
+        cnt[0, g * group:(g + 1) * group] = c
+    return idx, cnt
+
+
 class SparseAttention:
     """The function registered under IMPL. mode: 'sdpa' (passthrough), 'full' or a selector."""
 
@@ -122,6 +232,7 @@ class SparseAttention:
         self.torch, self.sa, self.sdpa = torch, sa, sdpa_forward
         self.mode, self.k, self.keep_sink = "sdpa", None, False
         self.per_head = False  # --per-head-lists
+        self.pooled = False  # --pooled-lists
         self.only = None  # None: every full-attention layer sparse; else a set of layer indices
         self.t_select = self.t_attn = 0.0
         self.calls = self.sliding_calls = self.all_calls = 0
@@ -150,6 +261,8 @@ class SparseAttention:
         t0 = time.time()
         if self.mode == "full":
             idx, cnt = full_causal_lists(b, k.shape[1], s)
+        elif self.pooled:
+            idx, cnt = pooled_lists(sa, self.mode, q, k, min(self.k, n_blocks))
         elif self.per_head:
             idx, cnt = per_head_lists(sa, self.mode, q, k, min(self.k, n_blocks), self.keep_sink)
         else:
@@ -179,6 +292,11 @@ def main():
     ap.add_argument("--per-head-lists", action="store_true",
                     help="one list per query head, each chosen from that head alone, instead of "
                          "one per GQA group (the same attention cost); names get /ph")
+    ap.add_argument("--pooled-lists", action="store_true",
+                    help="one list per query head with the GQA group's budget pooled: the group "
+                         "keeps H x k blocks per tile, each head at least its diagonal and at "
+                         "most 2k, taken by estimated mass across the heads (nvfp4_mass, oracle "
+                         "only; the same attention cost as --per-head-lists); names get /pool")
     ap.add_argument("--no-controls", action="store_true", help="skip passthrough and full")
     ap.add_argument("--cache", default="/tmp/sparseattn-models", help="where gemma3 is assembled")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -219,6 +337,9 @@ def main():
     fn = SparseAttention(torch, sa, sdpa_attention_forward)
     fn.keep_sink = a.keep_sink
     fn.per_head = a.per_head_lists
+    fn.pooled = a.pooled_lists
+    if a.pooled_lists and (a.per_head_lists or a.keep_sink):
+        ap.error("--pooled-lists: not with --per-head-lists or --keep-sink")
     AttentionInterface.register(IMPL, fn)
     AttentionMaskInterface.register(IMPL, sdpa_mask)
 
@@ -236,6 +357,7 @@ def main():
         r = dict(config=name, selector=mode if impl == IMPL else "sdpa", budget=k,
                  keep_sink=bool(a.keep_sink and k is not None),
                  per_head_lists=bool(a.per_head_lists and k is not None),
+                 pooled_lists=bool(a.pooled_lists and k is not None),
                  loss=float(losses.mean()), seconds=round(time.time() - t, 2),
                  select_s=round(fn.t_select, 2), attn_s=round(fn.t_attn, 2),
                  calls=fn.all_calls, sparse_layers=fn.calls,
@@ -290,7 +412,8 @@ def main():
     for name in parse_list(a.selectors):
         for k in budgets:
             config = "%s%s%s@%d" % (name, "+sink" if a.keep_sink else "",
-                                    "/ph" if a.per_head_lists else "", k)
+                                    "/ph" if a.per_head_lists else
+                                    "/pool" if a.pooled_lists else "", k)
             for layer in ablate if ablate is not None else [None]:
                 if layer is None:
                     run(config, IMPL, name, k)
