@@ -51,7 +51,8 @@ def load(paths):
             if r.get("budget") is None:  # dense and the controls
                 continue
             label = r["selector"] + (" +sink" if r.get("keep_sink") else "") + \
-                (" per-head" if r.get("per_head_lists") else "")
+                (" per-head" if r.get("per_head_lists") else "") + \
+                (" pooled" if r.get("pooled_lists") else "")
             data[m][doc["tokens"]].setdefault(label, {})[r["budget"]] = r["delta"]
     return data, names
 
@@ -100,7 +101,8 @@ def load_recall(paths):
 def draw(model, by_len, name, out_dir, plt, kind):
     """One PNG for a model: a panel per length, a line per selector label. kind "loss": loss -
     dense on a log axis with the 0.02 mark, sink variants dashed, per-head lists dash-dotted
-    (tools/sparse_loss.py --per-head-lists); "recall": mean recall on a
+    (tools/sparse_loss.py --per-head-lists), pooled ones dotted (--pooled-lists); "recall": mean
+    recall on a
     linear axis, the per-query selectors dotted."""
     loss = kind == "loss"
 
@@ -118,7 +120,8 @@ def draw(model, by_len, name, out_dir, plt, kind):
             color, marker = STYLE.get(sel, ("gray", "x"))
             if loss:
                 ys = [max(d, FLOOR) for _, d in pts]
-                style = "--" if "+sink" in label else "-." if "per-head" in label else "-"
+                style = "--" if "+sink" in label else "-." if "per-head" in label else \
+                    ":" if "pooled" in label else "-"
             else:
                 ys, style = [r for _, r in pts], ":" if sel.endswith("_query") else "-"
             ax.plot([b for b, _ in pts], ys, marker=marker, color=color, linestyle=style,

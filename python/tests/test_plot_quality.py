@@ -1,7 +1,7 @@
 """tools/plot_quality.py's reading of tools/sparse_loss.py --json files (the plotting itself
 needs matplotlib, which the test environment need not have): runs of one model and length merge,
-dense and the controls are left out, the sink and per-head variants get their own lines, and a
-file that is not such a result is refused."""
+dense and the controls are left out, the sink, per-head and pooled variants get their own lines,
+and a file that is not such a result is refused."""
 import importlib.util
 import json
 from pathlib import Path
@@ -20,9 +20,9 @@ def _run(path, tokens, results):
     return str(path)
 
 
-def _res(selector, budget, delta, sink=False, per_head=False):
+def _res(selector, budget, delta, sink=False, per_head=False, pooled=False):
     return {"selector": selector, "budget": budget, "delta": delta, "keep_sink": sink,
-            "per_head_lists": per_head}
+            "per_head_lists": per_head, "pooled_lists": pooled}
 
 
 def test_load_merges_runs(tmp_path):
@@ -31,11 +31,13 @@ def test_load_merges_runs(tmp_path):
     b = _run(tmp_path / "b.json", 2048, [_res("sdpa", None, 0.0), _res("oracle", 8, 0.01),
                                          _res("r1", 8, 0.03, sink=True)])
     c = _run(tmp_path / "c.json", 4096, [_res("oracle", 8, 0.02)])
-    d = _run(tmp_path / "d.json", 2048, [_res("r1", 8, 0.07, per_head=True)])
+    d = _run(tmp_path / "d.json", 2048, [_res("r1", 8, 0.07, per_head=True),
+                                         _res("oracle", 8, 0.004, pooled=True)])
     data, names = pq.load([a, b, c, d])
     assert names == {"tiny-lm": "Tiny LM"}
     assert data["tiny-lm"][2048] == {"oracle": {4: 0.05, 8: 0.01}, "r1": {4: 0.2, 8: 0.1},
-                                     "r1 +sink": {8: 0.03}, "r1 per-head": {8: 0.07}}
+                                     "r1 +sink": {8: 0.03}, "r1 per-head": {8: 0.07},
+                                     "oracle pooled": {8: 0.004}}
     assert data["tiny-lm"][4096] == {"oracle": {8: 0.02}}
 
 
