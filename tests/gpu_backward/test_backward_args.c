@@ -42,6 +42,7 @@ START_TEST(defaults)
     ck_assert_int_eq(a.allow_empty_rows, 1);
     ck_assert_int_eq(a.causal, 0);
     ck_assert_int_eq(a.allow_future_blocks, 0);
+    ck_assert_int_eq(a.dq_pass, SA_BWD_DQ_AUTO);
     ck_assert_ptr_null(a.workspace);
     sa_gpu_attn_bwd_default(NULL); /* a no-op */
 }

@@ -9,7 +9,8 @@
  * the workspace of AUTO is that of STORED at these sizes, and RECOMPUTE's is smaller. Cases: GQA 1/2/4/16, per-head and group-shared lists, variable counts with empty
  * rows, partial last Q tile and partial final block, every block (dense), causal with len_q =
  * len_kv and len_q < len_kv, future blocks allowed, more dK/dV CTAs than SMs (their launch
- * order longest walk first); then bad lists (each code), a short
+ * order longest walk first); the workspace AUTO picks (STORED's below 2 GiB of dS^T,
+ * RECOMPUTE's above, no kernel run); then bad lists (each code), a short
  * workspace and unchecked bad lists (no fault, finite outputs). SA_SMALL=1: first case and the
  * error cases. */
 #include <cuda_runtime_api.h>
@@ -354,6 +355,47 @@ START_TEST(bad_lists)
 }
 END_TEST
 
+/* Aligned addresses that are never dereferenced. */
+#define FAKE(n) ((void *)(uintptr_t)(0x100000u * (n)))
+
+/* The dQ pass AUTO takes, seen through the workspace size (no kernel runs; the pointers are
+ * fake and never read): STORED while
+ * its dS^T (32 KiB per query head, tile and list slot) fits in SA_BWD_STORED_DS_AUTO_MAX,
+ * RECOMPUTE past it, and the stored workspace holds all of dS^T. */
+START_TEST(auto_dq_pass)
+{
+    static const struct {
+        int heads_q, len_q, max_blocks, stored;
+    } cases[] = {
+        {4, 256, 3, 1},       /* 24 blocks of dS^T: 768 KiB */
+        {16, 4096, 16, 1},    /* the study's shape at batch 1: 256 MiB */
+        {32, 65536, 64, 0},   /* 32 x 512 x 64 blocks: 32 GiB */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        sa_gpu_attn_bwd a;
+        sa_gpu_attn_bwd_default(&a);
+        a.shape = (sa_shape){1, cases[i].heads_q, 1, cases[i].len_q, cases[i].len_q, 128};
+        a.q = FAKE(1), a.k = FAKE(2), a.v = FAKE(3), a.o = FAKE(4), a.lse = FAKE(5);
+        a.d_o = FAKE(6), a.dq = FAKE(7), a.dk = FAKE(8), a.dv = FAKE(9);
+        a.lists = (sa_tile_lists){FAKE(10), FAKE(11), 1, cases[i].max_blocks};
+        size_t sizes[3] = {0, 0, 0};
+        const int passes[3] = {SA_BWD_DQ_AUTO, SA_BWD_DQ_STORED, SA_BWD_DQ_RECOMPUTE};
+        for (int p = 0; p < 3; p++) {
+            a.dq_pass = passes[p];
+            const int rc = sa_gpu_backward_workspace_size(&a, &sizes[p]);
+            ck_assert_msg(rc == SA_OK, "case %zu pass %d: %s", i, passes[p], sa_strerror(rc));
+        }
+        const uint64_t ds = (uint64_t)cases[i].heads_q * (cases[i].len_q / 128) *
+                            cases[i].max_blocks * 32768u;
+        ck_assert_msg(sizes[1] >= sizes[2] + ds, "case %zu: stored %zu, recompute %zu, dS %llu", i,
+                      sizes[1], sizes[2], (unsigned long long)ds);
+        ck_assert_msg(sizes[0] == sizes[cases[i].stored ? 1 : 2],
+                      "case %zu: AUTO's workspace %zu is not %s's", i, sizes[0],
+                      cases[i].stored ? "STORED" : "RECOMPUTE");
+    }
+}
+END_TEST
+
 int main(void)
 {
     sa_test_require_gpu();
@@ -362,6 +404,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, shapes);
     tcase_add_test(tc, bad_lists);
+    tcase_add_test(tc, auto_dq_pass);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
