@@ -6,13 +6,13 @@
  * reference value), an element the reference leaves at exactly 0 (a key no query chose, a query
  * with no key) must be exactly 0, and a second call (with a caller's workspace) must give the
  * same bits. Every case runs both dQ passes (dS^T stored by the dK/dV kernel, and recomputed);
- * the workspace of AUTO is that of STORED at these sizes, and RECOMPUTE's is smaller. Cases: GQA 1/2/4/16, per-head and group-shared lists, variable counts with empty
- * rows, partial last Q tile and partial final block, every block (dense), causal with len_q =
- * len_kv and len_q < len_kv, future blocks allowed, more dK/dV CTAs than SMs (their launch
- * order longest walk first); the workspace AUTO picks (STORED's below 2 GiB of dS^T,
- * RECOMPUTE's above, no kernel run); then bad lists (each code), a short
- * workspace and unchecked bad lists (no fault, finite outputs). SA_SMALL=1: first case and the
- * error cases. */
+ * the workspace of AUTO is that of STORED at these sizes, and RECOMPUTE's is smaller. Cases:
+ * GQA 1/2/4/16, per-head and group-shared lists, variable counts with empty rows, partial last
+ * Q tile and partial final block, every block (dense), causal with len_q = len_kv and len_q <
+ * len_kv, future blocks allowed, more dK/dV CTAs than SMs (their launch order longest walk
+ * first); the workspace AUTO picks (STORED's below 2 GiB of dS^T, RECOMPUTE's above, no kernel
+ * run); then bad lists (each code), a short workspace and unchecked bad lists (no fault, finite
+ * outputs). SA_SMALL=1: first case and the error cases. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
