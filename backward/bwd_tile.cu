@@ -98,12 +98,12 @@ __global__ void __launch_bounds__(THREADS) bwd_reduce(const float4 *__restrict__
 // random lists the spread is wide), and the GPU hands CTAs to SMs about in launch order: long
 // walks that start in the last wave set the kernel's end. This kernel orders the CTAs longest
 // walk first (an LPT schedule), counted in list entries and binned (lengths from LPT_BINS - 1 up
-// share the top bin), within each segment of kv_blocks x splits CTAs (one batch and KV head;
-// a block's splits are neighbours in the default launch order, and with group lists their
-// walks have one length, so they mostly stay close): CTAs that run together then still read one group's Q and dO, which stay in L2 (ordering
-// all CTAs at once made MHA at 16K keys 12% slower). Within a bin the order comes from atomics:
-// it decides only when a CTA starts, never what it computes, so the gradients keep their bits.
-// One CTA per segment.
+// share the top bin), within each segment of kv_blocks x splits CTAs (one batch and KV head; a
+// block's splits are neighbours in the default launch order, and with group lists their walks
+// have one length, so they mostly stay close). CTAs that run together then still read one
+// group's Q and dO, which stay in L2 (ordering all CTAs at once made MHA at 16K keys 12%
+// slower). Within a bin the order comes from atomics: it decides only when a CTA starts, never
+// what it computes, so the gradients keep their bits. One CTA per segment.
 constexpr int LPT_BINS = 1024, LPT_THREADS = 1024;
 #ifndef SA_BWD_LPT
 #define SA_BWD_LPT 1 // 0: launch order (an A/B)
@@ -211,7 +211,8 @@ int layout(const sa_gpu_attn_bwd *a, Layout *l)
                                             sa_q_tiles(&a->shape), a->lists.max_blocks),
                                  (int64_t)SA_TILE * SA_TILE * 2);
     l->stored = a->dq_pass == SA_BWD_DQ_STORED ||
-                (a->dq_pass == SA_BWD_DQ_AUTO && sa_sz_within(ds, (int64_t)SA_BWD_STORED_DS_AUTO_MAX));
+                (a->dq_pass == SA_BWD_DQ_AUTO &&
+                 sa_sz_within(ds, (int64_t)SA_BWD_STORED_DS_AUTO_MAX));
     const int64_t index_end = sa_sz_round_up(sa_sz_add(sa_sz_add(dsum, sa_sz_mul(part, 2)),
                                                        (int64_t)l->index_bytes),
                                              ALIGN);
@@ -333,7 +334,8 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
             per_split);
         SA_CUDA_TRY(cudaGetLastError());
     }
-    if ((err = l.stored ? sa_bwd::launch_dq_stored(g, q_ctas, st) : sa_bwd::launch_dq_wgmma(g, q_ctas, st)))
+    err = l.stored ? sa_bwd::launch_dq_stored(g, q_ctas, st) : sa_bwd::launch_dq_wgmma(g, q_ctas, st);
+    if (err)
         return err;
     return SA_OK;
 }

@@ -1,5 +1,6 @@
 // The wgmma kernels of the GPU backward (docs/backward.md): dK/dV and two dQ passes, the tensor
-// core reading its operands from shared memory itself. bwd_tile.cu holds the entry point, D and the splits' sum.
+// core reading its operands from shared memory itself. bwd_tile.cu holds the entry point, D,
+// the splits' sum and the dK/dV CTAs' launch order.
 //
 // FOCUS
 //   The first backward used mma.sync, which needs every B operand (and every A operand of a
@@ -245,8 +246,8 @@ struct alignas(1024) SmemKV {
 // Bulk copies of the copy engine from shared to global memory (the stored path's dS^T).
 __device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t bytes)
 {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-                 "r"(bytes)
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(src), "r"(bytes)
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -402,9 +403,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
             wg_barrier(1 + wg, 128);
             if (threadIdx.x % 128 == 0) {
                 const int tile = c0.q0 / TILE, half = (c0.q0 % TILE) / CHUNK;
-                bulk_store(reinterpret_cast<uint8_t *>(a.ds) + ds_block(a, b, c0.head, tile, c0.slot) +
-                               half * TILE_PANEL + KEYS_PER_WG * wg * PANEL_ROW,
-                           stage, DS_STAGE_BYTES);
+                uint8_t *ds = reinterpret_cast<uint8_t *>(a.ds) +
+                              ds_block(a, b, c0.head, tile, c0.slot);
+                bulk_store(ds + half * TILE_PANEL + KEYS_PER_WG * wg * PANEL_ROW, stage,
+                           DS_STAGE_BYTES);
                 bulk_wait_read<1>(); // the previous chunk's copy is done with its buffer
             }
         }
@@ -629,7 +631,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
     const size_t kv_bh = tile.kv_bh;
     const int32_t *row = tile.row;
     const int count = tile.count, last_blk = tile.last_blk;
-    const uint8_t *ds_tile = reinterpret_cast<const uint8_t *>(a.ds) + ds_block(a, tile.b, tile.h, t, 0);
+    const uint8_t *ds_tile =
+        reinterpret_cast<const uint8_t *>(a.ds) + ds_block(a, tile.b, tile.h, t, 0);
 
     // Whether half hf (rows 64 hf..) of the tile entered the dK/dV walk for block blk.
     auto walked = [&](int hf, int blk) {
@@ -646,7 +649,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
             const int c = threadIdx.x + i * WG_THREADS; // panel c / 1024
             cp_async16(dst + 16 * c, src + 16 * c, c < (int)(TILE_PANEL / 16) ? w0 : w1);
         }
-        load_rows_sw128<TILE>(sa_smem_addr(sm.k[stage]), a.k + (kv_bh * a.len_kv + (size_t)blk * TILE) * D,
+        const size_t k_row0 = kv_bh * a.len_kv + (size_t)blk * TILE;
+        load_rows_sw128<TILE>(sa_smem_addr(sm.k[stage]), a.k + k_row0 * D,
                               min(TILE, a.len_kv - blk * TILE));
     };
 

@@ -167,7 +167,8 @@ def pool_budget(mass, topk, cap):
     it; per tile t the group's heads share H * min(topk, t + 1) blocks, each head at least its
     diagonal block t and at most min(cap, t + 1), taken in descending mass across the heads (the
     allocation that keeps the most attention mass at that total, since each head's best-c sum is
-    concave in c). Returns idx (H, tiles, cap) int32 ascending with -1 past count, cnt (H, tiles)."""
+    concave in c). Returns idx (H, tiles, cap) int32 ascending with -1 past count, and cnt
+    (H, tiles)."""
     import numpy as np
     h, n, _ = mass.shape
     idx = np.full((h, n, cap), -1, np.int32)

@@ -235,7 +235,8 @@ static void run_case(const bwd_case *c, uint64_t salt)
         ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_OK);
         CK_CUDA(cudaDeviceSynchronize());
         fetch(dq2, d.dq, nq), fetch(dk2, d.dk, nkv), fetch(dv2, d.dv, nkv);
-        ck_assert_msg(!memcmp(dq, dq2, nq * 4) && !memcmp(dk, dk2, nkv * 4) && !memcmp(dv, dv2, nkv * 4),
+        ck_assert_msg(!memcmp(dq, dq2, nq * 4) && !memcmp(dk, dk2, nkv * 4) &&
+                          !memcmp(dv, dv2, nkv * 4),
                       "%s: a second call differs (not deterministic) (seed %llu)", what, SEED);
         CK_CUDA(cudaFree(a.workspace));
     }
