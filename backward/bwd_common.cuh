@@ -45,4 +45,28 @@ constexpr int D = BWD_HEAD_DIM;
 constexpr int TILE = SA_TILE;
 constexpr float LOG2E = 1.4426950408889634f;
 
+// Kernel 2's CTA `cta` (its slot in the launch order, a.order applied) as (batch b, KV head g,
+// bg = b * Hkv + g, block blk, split sp): a block's splits innermost, so they are neighbours.
+// bwd_dkdv_wgmma and bwd_lpt_order (which measures each CTA's walk) read it alike.
+struct KvCta {
+    int b, g, bg, blk, sp;
+};
+__device__ __forceinline__ KvCta kv_cta(const Args &a, int cta)
+{
+    KvCta c;
+    c.sp = cta % a.splits;
+    c.blk = (cta / a.splits) % a.kv_blocks;
+    c.bg = cta / a.splits / a.kv_blocks;
+    c.g = c.bg % a.heads_kv;
+    c.b = c.bg / a.heads_kv;
+    return c;
+}
+
+// The reverse index's bucket of block blk for head h of group g in batch b (h counted within
+// the group): the entries of the tiles whose list, that of h's list head, names blk.
+__device__ __forceinline__ int bucket_of(const Args &a, int b, int g, int h, int blk)
+{
+    return (b * a.list_heads + (g * a.group + h) / a.list_div) * a.kv_blocks + blk;
+}
+
 } // namespace

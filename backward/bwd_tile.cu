@@ -113,12 +113,10 @@ static_assert(LPT_THREADS == LPT_BINS, "one bin per thread in the prefix sum");
 
 __device__ int walk_length(const Args &a, int cta)
 {
-    const int sp = cta % a.splits, blk = (cta / a.splits) % a.kv_blocks; // as kernel 2
-    const int bg = cta / a.splits / a.kv_blocks, g = bg % a.heads_kv, b = bg / a.heads_kv;
+    const KvCta c = kv_cta(a, cta);
     int n = 0;
-    for (int h = sp * a.group / a.splits; h < (sp + 1) * a.group / a.splits; h++) {
-        const int lh = (g * a.group + h) / a.list_div;
-        const int bucket = (b * a.list_heads + lh) * a.kv_blocks + blk;
+    for (int h = c.sp * a.group / a.splits; h < (c.sp + 1) * a.group / a.splits; h++) {
+        const int bucket = bucket_of(a, c.b, c.g, h, c.blk);
         n += a.offsets[bucket + 1] - a.offsets[bucket];
     }
     return n;

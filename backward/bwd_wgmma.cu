@@ -196,8 +196,7 @@ __device__ bool next_chunk(const Args &a, int b, int g, int blk, ChunkWalk &w, C
         }
         if (w.h == w.h_end)
             return false;
-        const int lh = (g * a.group + w.h) / a.list_div;
-        const int bucket = (b * a.list_heads + lh) * a.kv_blocks + blk;
+        const int bucket = bucket_of(a, b, g, w.h, blk);
         w.i = a.offsets[bucket];
         w.end = a.offsets[bucket + 1];
         w.half = 0;
@@ -301,9 +300,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
     extern __shared__ uint8_t smem_raw[];
     SmemKV &sm = aligned_smem<SmemKV>(smem_raw);
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int cta = a.order ? a.order[blockIdx.x] : (int)blockIdx.x; // longest walks first
-    const int sp = cta % a.splits, blk = (cta / a.splits) % a.kv_blocks; // splits innermost
-    const int bg = cta / a.splits / a.kv_blocks, g = bg % a.heads_kv, b = bg / a.heads_kv;
+    const KvCta cta = kv_cta(a, a.order ? a.order[blockIdx.x] : (int)blockIdx.x); // longest first
+    const int blk = cta.blk, sp = cta.sp, bg = cta.bg, g = cta.g, b = cta.b;
     const int keys = min(TILE, a.len_kv - blk * TILE);
     const size_t kv_row0 = (size_t)bg * a.len_kv + (size_t)blk * TILE;
     const uint32_t sk = sa_smem_addr(sm.k), sv = sa_smem_addr(sm.v);
