@@ -5,20 +5,12 @@
  * GPU), never in a dereference (the pointers are fake; nothing may read them). */
 #include <stdint.h>
 
+#include "bwd_fake_args.h"
 #include "sa_test.h"
-
-/* Aligned addresses that are never dereferenced. */
-#define FAKE(n) ((void *)(uintptr_t)(0x100000u * (n)))
 
 static sa_gpu_attn_bwd valid_args(void)
 {
-    sa_gpu_attn_bwd a;
-    sa_gpu_attn_bwd_default(&a);
-    a.shape = (sa_shape){1, 4, 2, 256, 384, 128};
-    a.q = FAKE(1), a.k = FAKE(2), a.v = FAKE(3), a.o = FAKE(4), a.lse = FAKE(5);
-    a.d_o = FAKE(6), a.dq = FAKE(7), a.dk = FAKE(8), a.dv = FAKE(9);
-    a.lists = (sa_tile_lists){FAKE(10), FAKE(11), 2, 3};
-    return a;
+    return bwd_fake_args((sa_shape){1, 4, 2, 256, 384, 128}, 2, 3);
 }
 
 static void expect(const sa_gpu_attn_bwd *a, int code, const char *what)

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "../reference/naive.h"
+#include "bwd_fake_args.h"
 #include "sa_test_gpu.h"
 
 #define SEED (unsigned long long)sa_test_seed()
@@ -356,9 +357,6 @@ START_TEST(bad_lists)
 }
 END_TEST
 
-/* Aligned addresses that are never dereferenced. */
-#define FAKE(n) ((void *)(uintptr_t)(0x100000u * (n)))
-
 /* The dQ pass AUTO takes, seen through the workspace size (no kernel runs; the pointers are
  * fake and never read): STORED while
  * its dS^T (32 KiB per query head, tile and list slot) fits in SA_BWD_STORED_DS_AUTO_MAX,
@@ -373,12 +371,9 @@ START_TEST(auto_dq_pass)
         {32, 65536, 64, 0},   /* 32 x 512 x 64 blocks: 32 GiB */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        sa_gpu_attn_bwd a;
-        sa_gpu_attn_bwd_default(&a);
-        a.shape = (sa_shape){1, cases[i].heads_q, 1, cases[i].len_q, cases[i].len_q, 128};
-        a.q = FAKE(1), a.k = FAKE(2), a.v = FAKE(3), a.o = FAKE(4), a.lse = FAKE(5);
-        a.d_o = FAKE(6), a.dq = FAKE(7), a.dk = FAKE(8), a.dv = FAKE(9);
-        a.lists = (sa_tile_lists){FAKE(10), FAKE(11), 1, cases[i].max_blocks};
+        sa_gpu_attn_bwd a = bwd_fake_args(
+            (sa_shape){1, cases[i].heads_q, 1, cases[i].len_q, cases[i].len_q, 128}, 1,
+            cases[i].max_blocks);
         size_t sizes[3] = {0, 0, 0};
         const int passes[3] = {SA_BWD_DQ_AUTO, SA_BWD_DQ_STORED, SA_BWD_DQ_RECOMPUTE};
         for (int p = 0; p < 3; p++) {
