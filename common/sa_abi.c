@@ -63,11 +63,11 @@ static const abi_field table[] = {
     F(sa_select_params, q_index), F(sa_select_params, k_index), F(sa_select_params, index_dim),
     F(sa_select_params, stream), F(sa_select_params, seed), F(sa_select_params, causal),
     F(sa_select_params, index_heads), F(sa_select_params, keep_local),
-    F(sa_select_params, verdict),
+    F(sa_select_params, verdict), F(sa_select_params, head_lists), F(sa_select_params, pool_cap),
 
     S(sa_selector),
     F(sa_selector, name), F(sa_selector, description), F(sa_selector, per_query),
-    F(sa_selector, cpu), F(sa_selector, cuda),
+    F(sa_selector, cpu), F(sa_selector, cuda), F(sa_selector, head_lists),
 
     S(sa_nvfp4),
     F(sa_nvfp4, values), F(sa_nvfp4, scales), F(sa_nvfp4, tensor_scale), F(sa_nvfp4, n),

@@ -57,13 +57,44 @@ typedef struct sa_select_params {
      * well-formed (valid, sorted, distinct blocks) but meaningless. The other GPU selectors
      * never synchronize and never record. */
     struct sa_gpu_verdict *verdict;
+    /* Which rows a tile-list selector writes (docs/selectors.md, "Head lists"):
+     * SA_HEAD_LISTS_GROUP (default): one list per KV head, (B, Hkv, q_tiles, k), its GQA group's
+     * heads scored together; SA_HEAD_LISTS_PER_HEAD: one list per query head, (B, Hq, q_tiles,
+     * k), each scored from its own head alone; SA_HEAD_LISTS_POOLED: one list per query head,
+     * (B, Hq, q_tiles, pool_cap), the group's budget shared out by score (below). Selectors
+     * name the modes their CPU function takes (sa_selector.head_lists); the GPU functions take
+     * the group mode only (SA_ERR_UNSUPPORTED otherwise). */
+    int head_lists;
+    /* SA_HEAD_LISTS_POOLED only (0 otherwise, else SA_ERR_ARG): the most blocks one head's row
+     * holds, k <= pool_cap <= kv_blocks (SA_ERR_ARG); 0 (default) means min(2 k, kv_blocks). */
+    int pool_cap;
 } sa_select_params;
 SA_API void sa_select_params_default(sa_select_params *p);
 
+/* head_lists modes. Pooled lists, per batch, KV head and query tile t: every head of the group
+ * first takes its forced blocks (those the group mode forces: the diagonal, local and sink
+ * blocks), or its best block where none is forced (no head goes empty), then the group's
+ * remaining blocks, H * min(k, n) in all for H heads and n blocks the
+ * tile may pick (sel_row_visible: kv_blocks, or its visible blocks under causal), go to the
+ * (head, block) pairs of highest score, each head's row holding at most min(pool_cap, n); equal
+ * scores go to the lower head, then the lower block; NaN ranks last. The attention over them
+ * costs what per-head lists of k blocks cost, and a head whose attention is spread out takes
+ * blocks a concentrated one does not need. It needs scores comparable across heads, so only
+ * the selectors whose scores are attention mass take it (oracle, nvfp4_mass, nvfp4_mass_q8,
+ * r4_mass). counts is required (SA_ERR_NULL); a row holds its count of blocks, sorted, then -1
+ * up to pool_cap. */
+#define SA_HEAD_LISTS_GROUP 0
+#define SA_HEAD_LISTS_PER_HEAD 1
+#define SA_HEAD_LISTS_POOLED 2
+#define SA_HEAD_LISTS_BIT(mode) (1u << (mode))
+
 /* Output format of a selector:
- *   per_query == 0: tile lists, indices (B, Hkv, q_tiles, k), the GQA group shares a list;
+ *   per_query == 0: tile lists, indices (B, list_heads, q_tiles, row_width): list_heads Hkv and
+ *                   row_width k by default (the GQA group shares a list); see head_lists and
+ *                   sa_select_layout;
  *   per_query == 1: per-query lists, indices (B, Hkv, Sq, k).
- * counts (same leading shape) may be NULL. Rows are sorted by block index. */
+ * counts (same leading shape) may be NULL unless causal or pooled. Rows are sorted by block
+ * index. */
 typedef int (*sa_select_fn)(const struct sa_shape *s, const uint16_t *q, const uint16_t *k,
                             const sa_select_params *p, int32_t *indices, int32_t *counts);
 
@@ -75,6 +106,7 @@ typedef struct sa_selector {
     sa_select_fn cuda; /* device pointers, or NULL where no GPU kernel exists; the GPU tests,
                         * select-eval --device cuda and bench selectors run every selector
                         * whose .cuda is set (NULL in a build without CUDA) */
+    unsigned head_lists; /* SA_HEAD_LISTS_BIT(mode) for each head_lists mode .cpu takes */
 } sa_selector;
 
 SA_API int sa_selector_count(void);
@@ -110,6 +142,17 @@ SA_API const sa_selector *sa_selector_by_name(const char *name);
 /* Entries of `indices` a selector writes: B*Hkv*q_tiles*k (tile lists) or B*Hkv*Sq*k
  * (per-query lists). 0 if an argument is NULL. */
 SA_API size_t sa_selector_list_len(const sa_selector *sel, const struct sa_shape *s, int k);
+
+/* The list layout a selector writes under params p (NULL: defaults): *list_heads (Hkv, or Hq
+ * with per-head or pooled lists), *rows per head (q_tiles, or Sq for a per-query selector) and
+ * *row_width (k, or the pool cap); indices then holds B * list_heads * rows * row_width entries
+ * and counts B * list_heads * rows. A tile-list layout is an sa_tile_lists {indices, counts,
+ * list_heads, row_width}. SA_ERR_NULL, the shape's code, SA_ERR_ARG (k outside [1, kv_blocks],
+ * head_lists not a mode, pool_cap out of range or set without pooling), SA_ERR_UNSUPPORTED (a
+ * mode the selector's CPU function does not take). */
+SA_API int sa_select_layout(const sa_selector *sel, const struct sa_shape *s,
+                            const sa_select_params *p, int *list_heads, int *rows,
+                            int *row_width);
 
 /* Look a selector up by name and run its CPU function: what a caller such as `sparseattn run
  * --selector NAME` needs. SA_ERR_UNKNOWN for a name not in the registry. */
@@ -233,6 +276,18 @@ SA_API int sa_lists_output_error(const struct sa_shape *s, const uint16_t *q, co
                                  const int32_t *counts, int max_blocks,
                                  const struct sa_attn_opts *opts, const float *dense_f32,
                                  double *err);
+
+/* The recall and the output error of tile lists of any layout: l->list_heads Hkv or Hq
+ * (per-head and pooled lists, sa_select_layout), l->max_blocks the row width, l->counts NULL or
+ * the rows' counts. Query head h reads list head h / (Hq / list_heads). The list is checked
+ * first, with sa_tile_lists_check's codes (empty rows allowed); recall (B, Hq, Sq) as
+ * sa_lists_recall_counts writes it, the error as sa_lists_output_error computes it. */
+SA_API int sa_tile_lists_recall(const struct sa_shape *s, const float *mass,
+                                const sa_tile_lists *l, float *recall);
+SA_API int sa_tile_lists_output_error(const struct sa_shape *s, const uint16_t *q,
+                                      const uint16_t *k, const uint16_t *v,
+                                      const sa_tile_lists *l, const struct sa_attn_opts *opts,
+                                      const float *dense_f32, double *err);
 
 /* ---------------------------------------------------------------- workloads
  * Synthetic Q/K/V with structure a selector can find, reproducible from (name, shape, seed,

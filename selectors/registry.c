@@ -3,7 +3,7 @@
  * file in selectors/meson.build); tools and tests find it here, its GPU function through .cuda. */
 #include <string.h>
 
-#include "sparseattn.h"
+#include "sel_internal.h"
 
 void sa_select_params_default(sa_select_params *p)
 {
@@ -54,6 +54,27 @@ size_t sa_selector_list_len(const sa_selector *sel, const sa_shape *s, int k)
         return 0;
     size_t per = sel->per_query ? (size_t)s->len_q : (size_t)sa_q_tiles(s);
     return (size_t)s->batch * s->heads_kv * per * k;
+}
+
+int sa_select_layout(const sa_selector *sel, const sa_shape *s, const sa_select_params *p,
+                     int *list_heads, int *rows, int *row_width)
+{
+    if (!sel || !s || !list_heads || !rows || !row_width)
+        return SA_ERR_NULL;
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    sa_select_params def;
+    if (!p) {
+        sa_select_params_default(&def);
+        p = &def;
+    }
+    if (p->k <= 0 || p->k > sa_kv_blocks(s))
+        return SA_ERR_ARG;
+    if ((err = sel_head_layout(s, p, sel->head_lists, list_heads, row_width)))
+        return err;
+    *rows = sel->per_query ? s->len_q : sa_q_tiles(s);
+    return SA_OK;
 }
 
 int sa_select_cpu(const char *name, const sa_shape *s, const uint16_t *q, const uint16_t *k,

@@ -22,4 +22,5 @@ const sa_selector sa_selector_gauss = {
     .per_query = 0,
     .cpu = gauss_cpu,
     .cuda = NULL,
+    .head_lists = SEL_MODES_HEADS,
 };

@@ -22,16 +22,29 @@ typedef struct sel_ctx {
     int causal;            /* rows pick among their visible blocks only */
     int index_heads;       /* sa_select_params.index_heads when the scored vectors are index
                             * vectors, else 0 */
+    int head_lists;        /* SA_HEAD_LISTS_* */
+    int list_heads;        /* heads per batch of the written lists: Hkv, or Hq per head / pooled */
+    int row_width;         /* entries per written row: k_sel, or the pool cap */
+    float *pool;           /* pooled mode, between sel_pool_begin and sel_pool_end: every row's
+                            * scores, (B, list_heads, q_tiles, kv_blocks) */
 } sel_ctx;
 
-/* The scored query heads of list head hkv (a KV head): *first and the returned count, the heads
- * whose scores the list takes the max over (the GQA group with the attention's layout; with
- * index heads the index heads the group's query heads map to). */
-static inline int sel_list_qheads(const sel_ctx *c, int hkv, int *first)
+/* head_lists modes a selector's CPU function takes (sa_selector.head_lists): a per-query
+ * selector the group's lists only; a tile selector with max-style scores one list per head too;
+ * one whose scores are attention mass (comparable across heads) pooled lists as well. */
+#define SEL_MODES_GROUP SA_HEAD_LISTS_BIT(SA_HEAD_LISTS_GROUP)
+#define SEL_MODES_HEADS (SEL_MODES_GROUP | SA_HEAD_LISTS_BIT(SA_HEAD_LISTS_PER_HEAD))
+#define SEL_MODES_MASS (SEL_MODES_HEADS | SA_HEAD_LISTS_BIT(SA_HEAD_LISTS_POOLED))
+
+/* The scored query heads of list head lh (a KV head, or a query head with per-head and pooled
+ * lists): *first and the returned count, the heads whose scores the list combines (the GQA group
+ * with the attention's layout, its one head per head; with index heads the index heads the
+ * list's query heads map to). */
+static inline int sel_list_qheads(const sel_ctx *c, int lh, int *first)
 {
-    const int hkv_n = c->s.heads_kv;
-    *first = (int)((long long)hkv * c->qh / hkv_n);
-    return c->qh >= hkv_n ? c->qh / hkv_n : 1;
+    const int n = c->list_heads;
+    *first = (int)((long long)lh * c->qh / n);
+    return c->qh >= n ? c->qh / n : 1;
 }
 
 /* The scored key head that scored query head h pairs with. */
@@ -41,14 +54,21 @@ static inline int sel_khead_of(const sel_ctx *c, int h)
 }
 
 /* Validates every argument (rules in sa_selectors.h). needs_qk = 0 lets q and k be NULL.
- * use_index = 0 scores the attention's Q and K even when index vectors are given (the oracle). */
+ * use_index = 0 scores the attention's Q and K even when index vectors are given (the oracle).
+ * modes: the head_lists modes the caller takes (SEL_MODES_*; SA_ERR_UNSUPPORTED for another). */
 int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_select_params *p,
-              const int32_t *indices, int needs_qk, int use_index, sel_ctx *c);
+              const int32_t *indices, int needs_qk, int use_index, unsigned modes, sel_ctx *c);
 
-/* sel_begin for a CPU function: also counts non-NULL when causal (SA_ERR_NULL). */
+/* sel_begin for a CPU function: also counts non-NULL when causal or pooled (SA_ERR_NULL). */
 int sel_begin_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                   const sa_select_params *p, const int32_t *indices, const int32_t *counts,
-                  int needs_qk, int use_index, sel_ctx *c);
+                  int needs_qk, int use_index, unsigned modes, sel_ctx *c);
+
+/* The head_lists and pool_cap rules (sa_select_params) for shape s, k blocks per row and a
+ * selector taking `modes`: *list_heads and *row_width of the lists, or SA_ERR_ARG /
+ * SA_ERR_UNSUPPORTED. p NULL: defaults. */
+int sel_head_layout(const sa_shape *s, const sa_select_params *p, unsigned modes,
+                    int *list_heads, int *row_width);
 
 /* The blocks [0, n) row x may pick (x a tile, or with per_query a query): every block without
  * causal, else the ones it can see. */
@@ -93,6 +113,18 @@ void sel_row_pick(sel_row *w, int k, int diag, int sink, int32_t *out);
  * the diagonal block n - 1 is forced, and min(k, n) blocks are written, then -1 up to k.
  * Returns the row's count. */
 int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *out);
+
+/* Pooled lists (SA_HEAD_LISTS_POOLED) are picked per GQA group once every head's scores are
+ * known: a selector calls sel_pool_begin before its row loop (c->pool is then allocated, NULL in
+ * the other modes), hands each row's scores to sel_row_emit, and calls sel_pool_end after the
+ * loop, which writes the pooled lists (when err is SA_OK) and frees c->pool. sel_pool_begin:
+ * SA_OK or SA_ERR_NOMEM; sel_pool_end returns err, or SA_ERR_NOMEM from its own scratch. */
+int sel_pool_begin(sel_ctx *c);
+int sel_pool_end(sel_ctx *c, int err, int32_t *indices, int32_t *counts);
+/* Row r (x its tile, or its query with per_query) is done scoring in w->score: pooled, its
+ * scores are kept for sel_pool_end; else sel_row_choose writes the row and its count. */
+void sel_row_emit(sel_row *w, const sel_ctx *c, int per_query, int x, size_t r, int32_t *indices,
+                  int32_t *counts);
 
 /* Representative scoring shared by r1, r4 and gauss: group means of `span` tokens (128 or 32),
  * a block's score the max over (query group, key group) pairs and over the GQA group's heads;

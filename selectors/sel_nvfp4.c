@@ -123,7 +123,8 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                         int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1,
+                            per_query ? SEL_MODES_GROUP : SEL_MODES_HEADS, &c);
     if (err)
         return err;
     const int n = c.kv_blocks, kk = c.k_sel;
@@ -137,7 +138,7 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     }
     /* A row is one (b, hkv, tile) or one (b, hkv, query); it spans queries [i0, i1). */
     const int per_bh = per_query ? s->len_q : c.q_tiles;
-    const int rows = s->batch * s->heads_kv * per_bh;
+    const int rows = s->batch * c.list_heads * per_bh;
     int oom = 0;
 #pragma omp parallel reduction(| : oom)
     {
@@ -151,14 +152,14 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             if (oom)
                 continue;
             int bh = r / per_bh, x = r % per_bh;
-            int b = bh / s->heads_kv, hkv = bh % s->heads_kv;
+            int b = bh / c.list_heads, lh = bh % c.list_heads;
             int i0 = per_query ? x : x * SA_TILE;
             int i1 = per_query ? x + 1 : (i0 + SA_TILE < s->len_q ? i0 + SA_TILE : s->len_q);
             for (int blk = 0; blk < n; blk++)
                 score[blk] = -INFINITY;
-            /* The group's query heads, or the index heads they map to. */
+            /* The list's query heads, or the index heads they map to. */
             int h0;
-            const int nh = sel_list_qheads(&c, hkv, &h0);
+            const int nh = sel_list_qheads(&c, lh, &h0);
             for (int j = 0; j < nh; j++) {
                 size_t hq = (size_t)b * c.qh + (size_t)h0 + j;
                 for (int i = i0; i < i1; i++) {
@@ -167,9 +168,7 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                         score[blk] = src[blk] > score[blk] ? src[blk] : score[blk];
                 }
             }
-            int cnt = sel_row_choose(&w, &c, per_query, x, indices + (size_t)r * kk);
-            if (counts)
-                counts[r] = cnt;
+            sel_row_emit(&w, &c, per_query, x, (size_t)r, indices, counts);
         }
         sel_row_free(&w);
     }
@@ -195,6 +194,7 @@ const sa_selector sa_selector_nvfp4 = {
     .per_query = 0,
     .cpu = nvfp4_tile_cpu,
     .cuda = SEL_CUDA(sel_nvfp4_cuda),
+    .head_lists = SEL_MODES_HEADS,
 };
 
 const sa_selector sa_selector_nvfp4_query = {
@@ -203,4 +203,5 @@ const sa_selector sa_selector_nvfp4_query = {
     .per_query = 1,
     .cpu = nvfp4_query_cpu,
     .cuda = SEL_CUDA(sel_nvfp4_query_cuda),
+    .head_lists = SEL_MODES_GROUP,
 };

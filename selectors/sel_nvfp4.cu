@@ -269,7 +269,7 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 {
     sel_ctx c;
     // The CPU's checks, counts required with causal included (SA_ERR_NULL, as on the CPU).
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_GROUP, &c);
     if (err)
         return err;
     // Without causal, a local block off the diagonal (len_q < len_kv): the CPU function has it,

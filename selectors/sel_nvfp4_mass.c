@@ -52,7 +52,7 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                     const sa_select_params *p, int32_t *indices, int32_t *counts, int stride)
 {
     sel_ctx c;
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_MASS, &c);
     if (err)
         return err;
     const int n = c.kv_blocks, kk = c.k_sel, dim = c.dim;
@@ -64,7 +64,12 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     }
     const double scale = 1.0 / sqrt((double)dim);
     const long long off = (long long)s->len_kv - s->len_q; /* causal: keys j <= i + off */
-    const int rows = s->batch * s->heads_kv * c.q_tiles;
+    if ((err = sel_pool_begin(&c))) {
+        free(qf);
+        free(kf);
+        return err;
+    }
+    const int rows = s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
     ref_blas_single_begin(); /* the rows run in parallel: OpenBLAS's own pool would oversubscribe */
 #pragma omp parallel reduction(| : oom)
@@ -81,12 +86,12 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             if (oom)
                 continue;
             const int t = r % c.q_tiles, bh = r / c.q_tiles;
-            const int b = bh / s->heads_kv, hkv = bh % s->heads_kv;
+            const int b = bh / c.list_heads, lh = bh % c.list_heads;
             const int i0 = t * SA_TILE, m = s->len_q - i0 < SA_TILE ? s->len_q - i0 : SA_TILE;
             for (int blk = 0; blk < n; blk++)
                 acc[blk] = 0.0;
             int h0;
-            const int nh = sel_list_qheads(&c, hkv, &h0);
+            const int nh = sel_list_qheads(&c, lh, &h0);
             const int ms = (m + stride - 1) / stride; /* sampled rows: i = m - 1 - stride u */
             for (int j = 0; j < nh; j++) {
                 const int h = h0 + j, hk = sel_khead_of(&c, h);
@@ -119,9 +124,7 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             }
             for (int blk = 0; blk < n; blk++)
                 w.score[blk] = (float)acc[blk];
-            const int cnt = sel_row_choose(&w, &c, 0, t, indices + (size_t)r * kk);
-            if (counts)
-                counts[r] = cnt;
+            sel_row_emit(&w, &c, 0, t, (size_t)r, indices, counts);
         }
         free(acc);
         free(sc);
@@ -131,7 +134,7 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     ref_blas_single_end();
     free(qf);
     free(kf);
-    return oom ? SA_ERR_NOMEM : SA_OK;
+    return sel_pool_end(&c, oom ? SA_ERR_NOMEM : SA_OK, indices, counts);
 }
 
 static int nvfp4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
@@ -153,6 +156,7 @@ const sa_selector sa_selector_nvfp4_mass = {
     .per_query = 0,
     .cpu = nvfp4_mass_cpu,
     .cuda = NULL,
+    .head_lists = SEL_MODES_MASS,
 };
 
 const sa_selector sa_selector_nvfp4_mass_q8 = {
@@ -162,4 +166,5 @@ const sa_selector sa_selector_nvfp4_mass_q8 = {
     .per_query = 0,
     .cpu = nvfp4_mass_q8_cpu,
     .cuda = NULL,
+    .head_lists = SEL_MODES_MASS,
 };

@@ -12,7 +12,7 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                       const sa_select_params *p, int32_t *indices, int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 0, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 0, SEL_MODES_MASS, &c);
     if (err)
         return err;
     const int n = c.kv_blocks, kk = c.k_sel;
@@ -25,7 +25,9 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     sa_attn_opts_default(&mo);
     mo.causal = c.causal;
     err = sa_block_mass_opts(s, q, k, &mo, mass);
-    const int rows = s->batch * s->heads_kv * c.q_tiles;
+    if (!err)
+        err = sel_pool_begin(&c);
+    const int rows = s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
 #pragma omp parallel reduction(| : oom) if (!err)
     {
@@ -40,29 +42,27 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             if (oom || err)
                 continue;
             int t = r % c.q_tiles, bh = r / c.q_tiles;
-            int b = bh / s->heads_kv, hkv = bh % s->heads_kv;
+            int b = bh / c.list_heads, lh = bh % c.list_heads;
             int i0 = t * SA_TILE, i1 = i0 + SA_TILE < s->len_q ? i0 + SA_TILE : s->len_q;
             for (int blk = 0; blk < n; blk++)
                 acc[blk] = 0.0;
-            for (int j = 0; j < c.group; j++) {
-                size_t hq = (size_t)b * s->heads_q + (size_t)hkv * c.group + j;
+            int h0;
+            const int nh = sel_list_qheads(&c, lh, &h0); /* the group's heads, or the one */
+            for (int j = 0; j < nh; j++) {
+                size_t hq = (size_t)b * s->heads_q + (size_t)h0 + j;
                 for (int i = i0; i < i1; i++)
                     for (int blk = 0; blk < n; blk++)
                         acc[blk] += mass[(hq * s->len_q + i) * n + blk];
             }
             for (int blk = 0; blk < n; blk++)
                 score[blk] = (float)acc[blk];
-            int cnt = sel_row_choose(&w, &c, 0, t, indices + (size_t)r * kk);
-            if (counts)
-                counts[r] = cnt;
+            sel_row_emit(&w, &c, 0, t, (size_t)r, indices, counts);
         }
         free(acc);
         sel_row_free(&w);
     }
     free(mass);
-    if (err)
-        return err;
-    return oom ? SA_ERR_NOMEM : SA_OK;
+    return sel_pool_end(&c, err ? err : oom ? SA_ERR_NOMEM : SA_OK, indices, counts);
 }
 
 const sa_selector sa_selector_oracle = {
@@ -71,4 +71,5 @@ const sa_selector sa_selector_oracle = {
     .per_query = 0,
     .cpu = oracle_cpu,
     .cuda = NULL,
+    .head_lists = SEL_MODES_MASS,
 };

@@ -156,10 +156,11 @@ double sa_rel_l2(const float *x, const float *ref, size_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-int sa_lists_output_error(const sa_shape *s, const uint16_t *q, const uint16_t *k,
-                          const uint16_t *v, int per_query, const int32_t *indices,
-                          const int32_t *counts, int max_blocks, const sa_attn_opts *opts,
-                          const float *dense_f32, double *err_out)
+/* sa_lists_output_error with the tile lists' head layout: tile list_heads (per_query 0). */
+static int output_error(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                        const uint16_t *v, int per_query, int list_heads, const int32_t *indices,
+                        const int32_t *counts, int max_blocks, const sa_attn_opts *opts,
+                        const float *dense_f32, double *err_out)
 {
     if (!s || !q || !k || !v || !indices || !err_out)
         return SA_ERR_NULL;
@@ -182,7 +183,7 @@ int sa_lists_output_error(const sa_shape *s, const uint16_t *q, const uint16_t *
             sa_query_lists l = {indices, counts, max_blocks};
             err = sa_ref_query_sparse(s, q, k, v, &l, opts, &so);
         } else {
-            sa_tile_lists l = {indices, counts, s->heads_kv, max_blocks};
+            sa_tile_lists l = {indices, counts, list_heads, max_blocks};
             err = sa_ref_tile_sparse(s, q, k, v, &l, opts, &so);
         }
     }
@@ -196,4 +197,48 @@ int sa_lists_output_error(const sa_shape *s, const uint16_t *q, const uint16_t *
     free(of);
     free(dense);
     return err;
+}
+
+int sa_lists_output_error(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                          const uint16_t *v, int per_query, const int32_t *indices,
+                          const int32_t *counts, int max_blocks, const sa_attn_opts *opts,
+                          const float *dense_f32, double *err_out)
+{
+    return output_error(s, q, k, v, per_query, s ? s->heads_kv : 0, indices, counts, max_blocks,
+                        opts, dense_f32, err_out);
+}
+
+int sa_tile_lists_output_error(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, const sa_tile_lists *l,
+                               const sa_attn_opts *opts, const float *dense_f32, double *err_out)
+{
+    if (!l)
+        return SA_ERR_NULL;
+    return output_error(s, q, k, v, 0, l->list_heads, l->indices, l->counts, l->max_blocks, opts,
+                        dense_f32, err_out);
+}
+
+int sa_tile_lists_recall(const sa_shape *s, const float *mass, const sa_tile_lists *l,
+                         float *recall)
+{
+    if (!s || !mass || !l || !l->indices || !recall)
+        return SA_ERR_NULL;
+    int err = sa_tile_lists_check(s, l, 1);
+    if (err)
+        return err;
+    const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s), per = s->heads_q / l->list_heads;
+    const size_t queries = sa_lse_elems(s), w = (size_t)l->max_blocks;
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < queries; r++) {
+        /* r = (b * Hq + h) * Sq + i reads row ((b * list_heads + h / per) * tiles + i / 128) */
+        const size_t i = r % (size_t)s->len_q, bh = r / (size_t)s->len_q;
+        const size_t b = bh / (size_t)s->heads_q, h = bh % (size_t)s->heads_q;
+        const size_t row = (b * l->list_heads + h / per) * tiles + i / SA_TILE;
+        const int c = l->counts ? l->counts[row] : l->max_blocks;
+        double acc = 0.0;
+        for (int j = 0; j < c; j++)
+            acc += mass[r * n + l->indices[row * w + j]];
+        recall[r] = (float)acc;
+    }
+    return SA_OK;
 }

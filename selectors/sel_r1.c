@@ -15,4 +15,5 @@ const sa_selector sa_selector_r1 = {
     .per_query = 0,
     .cpu = r1_cpu,
     .cuda = SEL_CUDA(sel_r1_cuda),
+    .head_lists = SEL_MODES_HEADS,
 };

@@ -19,4 +19,5 @@ const sa_selector sa_selector_r4 = {
     .per_query = 0,
     .cpu = r4_cpu,
     .cuda = SEL_CUDA(sel_r4_cuda),
+    .head_lists = SEL_MODES_HEADS,
 };

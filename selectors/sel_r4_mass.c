@@ -104,7 +104,7 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                        const sa_select_params *p, int32_t *indices, int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_MASS, &c);
     if (err)
         return err;
     const int dim = c.dim, n = c.kv_blocks, kk = c.k_sel, per = SA_TILE / RM_SPAN;
@@ -121,7 +121,9 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     }
     const double sc = 1.0 / sqrt((double)dim); /* the softmax scale of the scored vectors */
     const long long off = (long long)s->len_kv - s->len_q;
-    const int rows = err ? 0 : s->batch * s->heads_kv * c.q_tiles;
+    if (!err)
+        err = sel_pool_begin(&c);
+    const int rows = err ? 0 : s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
 #pragma omp parallel reduction(| : oom) if (rows > 0)
     {
@@ -137,12 +139,12 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             if (oom)
                 continue;
             double *wr = lr + kg, *lo = wr + kg, *wo = lo + kg;
-            const int t = r % c.q_tiles, bh = r / c.q_tiles; /* bh = b * Hkv + hkv */
-            const int b = bh / s->heads_kv, hkv = bh % s->heads_kv;
+            const int t = r % c.q_tiles, bh = r / c.q_tiles; /* bh = b * list_heads + lh */
+            const int b = bh / c.list_heads, lh = bh % c.list_heads;
             for (int blk = 0; blk < n; blk++)
                 acc[blk] = 0.0;
             int h0;
-            const int nh = sel_list_qheads(&c, hkv, &h0); /* the group's heads, or index heads */
+            const int nh = sel_list_qheads(&c, lh, &h0); /* the list's heads, or index heads */
             for (int j = 0; j < nh; j++) {
                 const int h = h0 + j;
                 const size_t kh0 = ((size_t)b * c.kh + sel_khead_of(&c, h)) * kg;
@@ -184,9 +186,7 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             }
             for (int blk = 0; blk < n; blk++)
                 w.score[blk] = (float)acc[blk];
-            const int cnt = sel_row_choose(&w, &c, 0, t, indices + (size_t)r * kk);
-            if (counts)
-                counts[r] = cnt;
+            sel_row_emit(&w, &c, 0, t, (size_t)r, indices, counts);
         }
         free(acc);
         free(lr);
@@ -196,7 +196,7 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     free(ko);
     free(krest);
     free(kpos);
-    return err ? err : oom ? SA_ERR_NOMEM : SA_OK;
+    return sel_pool_end(&c, err ? err : oom ? SA_ERR_NOMEM : SA_OK, indices, counts);
 }
 
 const sa_selector sa_selector_r4_mass = {
@@ -207,4 +207,5 @@ const sa_selector sa_selector_r4_mass = {
     .per_query = 0,
     .cpu = r4_mass_cpu,
     .cuda = NULL,
+    .head_lists = SEL_MODES_MASS,
 };

@@ -11,12 +11,12 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                       const sa_select_params *p, int32_t *indices, int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 0, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 0, 1, SEL_MODES_HEADS, &c);
     if (err)
         return err;
     const uint64_t seed = p ? p->seed : 0;
     const int n = c.kv_blocks, kk = c.k_sel;
-    const int rows = s->batch * s->heads_kv * c.q_tiles;
+    const int rows = s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
 #pragma omp parallel reduction(| : oom)
     {
@@ -35,9 +35,7 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             sa_rng_seed(&rng, seed + (uint64_t)r * ROW_STRIDE);
             for (int blk = 0; blk < n; blk++)
                 score[blk] = (float)sa_rng_uniform(&rng);
-            int cnt = sel_row_choose(&w, &c, 0, r % c.q_tiles, indices + (size_t)r * kk);
-            if (counts)
-                counts[r] = cnt;
+            sel_row_emit(&w, &c, 0, r % c.q_tiles, (size_t)r, indices, counts);
         }
         sel_row_free(&w);
     }
@@ -50,4 +48,5 @@ const sa_selector sa_selector_random = {
     .per_query = 0,
     .cpu = random_cpu,
     .cuda = NULL,
+    .head_lists = SEL_MODES_HEADS,
 };

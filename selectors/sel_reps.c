@@ -71,7 +71,7 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                    int32_t *counts)
 {
     sel_ctx c;
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_HEADS, &c);
     if (err)
         return err;
     const int per = SA_TILE / span; /* groups per tile or block */
@@ -92,7 +92,7 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     sel_group_means(c.k, s->batch * c.kh, s->len_kv, dim, span, kr, kv);
     const float sc = 1.0f / sqrtf((float)dim); /* the softmax scale of the scored vectors */
 
-    const int rows = s->batch * s->heads_kv * c.q_tiles;
+    const int rows = s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
 #pragma omp parallel reduction(| : oom)
     {
@@ -105,10 +105,10 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         for (int r = 0; r < rows; r++) {
             if (oom)
                 continue;
-            int t = r % c.q_tiles, bh = r / c.q_tiles; /* bh = b * Hkv + hkv */
-            int b = bh / s->heads_kv, hkv = bh % s->heads_kv;
+            int t = r % c.q_tiles, bh = r / c.q_tiles; /* bh = b * list_heads + lh */
+            int b = bh / c.list_heads, lh = bh % c.list_heads;
             int h0;
-            const int nh = sel_list_qheads(&c, hkv, &h0); /* the group's heads, or index heads */
+            const int nh = sel_list_qheads(&c, lh, &h0); /* the list's heads, or index heads */
             for (int blk = 0; blk < n; blk++) {
                 float best = -INFINITY;
                 for (int j = 0; j < nh; j++) {
@@ -132,9 +132,7 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                 }
                 score[blk] = best;
             }
-            int cnt = sel_row_choose(&w, &c, 0, t, indices + (size_t)r * kk);
-            if (counts)
-                counts[r] = cnt;
+            sel_row_emit(&w, &c, 0, t, (size_t)r, indices, counts);
         }
         sel_row_free(&w);
     }

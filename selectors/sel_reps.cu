@@ -420,7 +420,7 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 {
     sel_ctx c;
     // The CPU's checks, counts required with causal included (SA_ERR_NULL, as on the CPU).
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_GROUP, &c);
     if (err)
         return err;
     // Index heads, and a local block off the diagonal without causal: CPU only for now

@@ -5,8 +5,11 @@
  * attention over the lists against dense (relative L2 of the FP32 outputs), and the selector's
  * time. Beside them two bounds: the oracle selector (per tile: the top-k blocks of the tile's
  * summed mass) and "oracle_query" (per query: the top-k blocks of the query's own mass, summed
- * over its GQA group, the diagonal kept under causal), the bound for per-query lists. Layers
- * with a sliding window shorter than the text are skipped: the reference has no window. */
+ * over its GQA group, the diagonal kept under causal), the bound for per-query lists. With
+ * --head-lists every tile selector also runs in the head-list modes it takes (one list per query
+ * head, or the group's budget pooled across its heads: sa_select_params.head_lists), named
+ * NAME/ph and NAME/pool. Layers with a sliding window shorter than the text are skipped: the
+ * reference has no window. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,11 +19,18 @@
 
 #define ACT_MAX_BUDGETS 16
 #define ACT_PERCENTILE 0.05
+#define ACT_MODES 3 /* SA_HEAD_LISTS_GROUP, _PER_HEAD, _POOLED */
+
+/* The head_lists modes by name (the flag's values and the JSON's "head_lists") and the suffix
+ * of a selector's name in the tables. */
+static const char *const mode_name[ACT_MODES] = {"group", "per_head", "pooled"};
+static const char *const mode_suffix[ACT_MODES] = {"", "/ph", "/pool"};
 
 typedef struct act_cfg {
     const char *path, *selector, *layers;
     int budgets[ACT_MAX_BUDGETS], nbudgets;
     int json, per_head, keep_sink;
+    int modes[ACT_MODES]; /* modes[m]: run head_lists mode m */
 } act_cfg;
 
 static void act_usage(FILE *f)
@@ -35,6 +45,8 @@ static void act_usage(FILE *f)
             "  --selector NAME     only this selector (the two oracle bounds still run)\n"
             "  --keep-sink         every registered selector keeps block 0 (the attention sink)\n"
             "  --per-head          also one line per query head\n"
+            "  --head-lists LIST   head_lists modes, of group, per_head, pooled (default group);\n"
+            "                      each selector runs in the modes it takes: NAME/ph, NAME/pool\n"
             "  --json              one JSON object per line instead of the tables\n");
 }
 
@@ -82,6 +94,25 @@ static int parse_list(const char *flag, const char *v, int lo, int hi, int *out,
     return n;
 }
 
+/* "group,pooled" -> modes[0] = modes[2] = 1. */
+static void parse_modes(const char *v, int *modes)
+{
+    for (int m = 0; m < ACT_MODES; m++)
+        modes[m] = 0;
+    for (const char *p = v; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        int m = 0;
+        while (m < ACT_MODES && (strlen(mode_name[m]) != len || strncmp(p, mode_name[m], len)))
+            m++;
+        if (m == ACT_MODES)
+            cli_usage_error("select-eval: --head-lists: '%.*s' is not one of group, per_head, "
+                            "pooled", (int)len, p);
+        modes[m] = 1;
+        p += len + (end != NULL);
+    }
+}
+
 static void act_parse(int argc, char **argv, act_cfg *c)
 {
     for (int i = 1; i < argc; i++) {
@@ -100,6 +131,8 @@ static void act_parse(int argc, char **argv, act_cfg *c)
             c->selector = cli_str_arg(argc, argv, &i);
         else if (!strcmp(a, "--per-head"))
             c->per_head = 1;
+        else if (!strcmp(a, "--head-lists"))
+            parse_modes(cli_str_arg(argc, argv, &i), c->modes);
         else if (!strcmp(a, "--keep-sink"))
             c->keep_sink = 1;
         else if (!strcmp(a, "--json"))
@@ -228,7 +261,7 @@ static void die_act(const char *what, int err)
 
 int cmd_select_eval_activations(int argc, char **argv)
 {
-    act_cfg c = {.budgets = {8, 16, 32, 64}, .nbudgets = 4};
+    act_cfg c = {.budgets = {8, 16, 32, 64}, .nbudgets = 4, .modes = {1, 0, 0}};
     act_parse(argc, argv, &c);
     if (!c.path)
         cli_usage_error("select-eval: --activations needs a FILE");
@@ -249,7 +282,8 @@ int cmd_select_eval_activations(int argc, char **argv)
                 cli_usage_error("select-eval: layer %d is not in %s", want[j], c.path);
     }
     const char *model = sa_act_meta(f, "model");
-    const int nsel = sa_selector_count() + 1; /* + oracle_query */
+    /* Rows of the totals: (selector, mode) with the selectors and then oracle_query. */
+    const int nsel = (sa_selector_count() + 1) * ACT_MODES;
     total *tot = calloc((size_t)c.nbudgets * nsel, sizeof *tot);
     if (!tot)
         die_act("totals", SA_ERR_NOMEM);
@@ -304,7 +338,7 @@ int cmd_select_eval_activations(int argc, char **argv)
             die_act("dense attention", err);
         if (!c.json)
             printf("\nlayer %d (%s): B%d Hq%d Hkv%d S%d D%d, %s, %d blocks, scale %g%s\n"
-                   "%-12s %5s %8s %8s %9s %9s\n",
+                   "%-18s %5s %8s %8s %9s %9s\n",
                    L.layer, type ? type : "?", s->batch, s->heads_q, s->heads_kv, s->len_q,
                    s->head_dim, L.causal ? "causal" : "not causal", n, L.scale,
                    fabs(fold - 1) > 1e-12 ? " (folded into Q)" : "", "selector", "k",
@@ -313,42 +347,59 @@ int cmd_select_eval_activations(int argc, char **argv)
             const int kb = c.budgets[bi];
             if (kb > n) {
                 if (!c.json)
-                    printf("%-12s %5d  n/a: more than the layer's %d blocks\n", "*", kb, n);
+                    printf("%-18s %5d  n/a: more than the layer's %d blocks\n", "*", kb, n);
                 continue;
             }
-            size_t max_list = (size_t)s->batch * s->heads_kv * s->len_q * kb; /* per-query */
-            int32_t *idx = act_xmalloc(max_list * 4), *cnt = act_xmalloc(max_list / kb * 4);
+            /* Per-query lists, or tile lists of Hq heads and up to 2 kb blocks (pooled). */
+            const size_t q_rows = (size_t)s->batch * s->heads_kv * s->len_q;
+            const size_t t_rows = (size_t)s->batch * s->heads_q * sa_q_tiles(s);
+            const size_t max_rows = q_rows > t_rows ? q_rows : t_rows;
+            int32_t *idx = act_xmalloc(max_rows * 2 * kb * 4), *cnt = act_xmalloc(max_rows * 4);
             for (int si = 0; si < nsel; si++) {
-                const sa_selector *sel = si < nsel - 1 ? sa_selector_at(si) : NULL;
-                const char *name = sel ? sel->name : "oracle_query";
+                const int mode = si % ACT_MODES;
+                const sa_selector *sel = si / ACT_MODES < sa_selector_count()
+                                             ? sa_selector_at(si / ACT_MODES) : NULL;
                 const int per_query = sel ? sel->per_query : 1;
+                if (!c.modes[mode] || (!sel && mode != SA_HEAD_LISTS_GROUP))
+                    continue;
                 if (c.selector && sel && strcmp(sel->name, c.selector) &&
                     strcmp(sel->name, "oracle"))
                     continue;
+                sa_select_params p;
+                sa_select_params_default(&p);
+                p.k = kb;
+                p.seed = 1;
+                p.causal = L.causal;
+                p.head_lists = mode;
+                /* keep_sink with causal needs room for the diagonal and the sink. */
+                p.keep_sink = c.keep_sink && (kb >= 2 || n == 1);
+                int list_heads = s->heads_kv, rows, width = kb;
+                if (sel && sa_select_layout(sel, s, &p, &list_heads, &rows, &width))
+                    continue; /* a mode this selector does not take */
+                char name[64];
+                snprintf(name, sizeof name, "%s%s", sel ? sel->name : "oracle_query",
+                         mode_suffix[mode]);
                 cli_progress("select-eval: layer %d: k %d: %s", L.layer, kb, name);
                 double t0 = cli_now();
                 if (sel) {
-                    sa_select_params p;
-                    sa_select_params_default(&p);
-                    p.k = kb;
-                    p.seed = 1;
-                    p.causal = L.causal;
-                    /* keep_sink with causal needs room for the diagonal and the sink. */
-                    p.keep_sink = c.keep_sink && (kb >= 2 || n == 1);
                     if ((err = sel->cpu(s, q, k, &p, idx, cnt)))
                         die_act(name, err);
                 } else
                     oracle_query_lists(s, mass, kb, L.causal, idx, cnt);
                 const double ms = (cli_now() - t0) * 1e3;
-                if ((err = sa_lists_recall_counts(s, mass, per_query, idx, cnt, kb, recall)))
+                const sa_tile_lists tl = {idx, cnt, list_heads, width};
+                if (per_query)
+                    err = sa_lists_recall_counts(s, mass, per_query, idx, cnt, kb, recall);
+                else
+                    err = sa_tile_lists_recall(s, mass, &tl, recall);
+                if (err)
                     die_act("recall", err);
                 if (per_query) {
                     sa_query_lists l = {idx, cnt, kb};
                     err = sa_ref_query_sparse(s, q, k, v, &l, &ao,
                                               &(sa_outputs){.o = o16, .o_f32 = o_sparse});
                 } else {
-                    sa_tile_lists l = {idx, cnt, s->heads_kv, kb};
-                    err = sa_ref_tile_sparse(s, q, k, v, &l, &ao,
+                    err = sa_ref_tile_sparse(s, q, k, v, &tl, &ao,
                                              &(sa_outputs){.o = o16, .o_f32 = o_sparse});
                 }
                 if (err)
@@ -364,12 +415,13 @@ int cmd_select_eval_activations(int argc, char **argv)
                 if (c.json) {
                     printf("{\"file\":\"%s\",\"layer\":%d,\"layer_type\":\"%s\",\"len\":%d,"
                            "\"heads_q\":%d,\"heads_kv\":%d,\"head_dim\":%d,\"causal\":%d,"
-                           "\"selector\":\"%s\",\"per_query\":%d,\"keep_sink\":%d,\"k\":%d,"
-                           "\"recall_mean\":%.6f,"
+                           "\"selector\":\"%s\",\"head_lists\":\"%s\",\"per_query\":%d,"
+                           "\"keep_sink\":%d,\"k\":%d,\"recall_mean\":%.6f,"
                            "\"recall_p5\":%.6f,\"out_rel_l2\":%.6g,\"select_ms\":%.3f,"
                            "\"per_head\":[",
                            c.path, L.layer, type ? type : "", s->len_q, s->heads_q, s->heads_kv,
-                           s->head_dim, L.causal, name, per_query, sel ? c.keep_sink : 0, kb,
+                           s->head_dim, L.causal, sel ? sel->name : name, mode_name[mode],
+                           per_query, sel ? c.keep_sink : 0, kb,
                            all.mean, all.p5, all.err, ms);
                     for (int h = 0; h < s->heads_q; h++) {
                         stats hs = recall_stats(s, recall, L.causal, h, tmp);
@@ -378,7 +430,7 @@ int cmd_select_eval_activations(int argc, char **argv)
                     }
                     printf("]}\n");
                 } else {
-                    printf("%-12s %5d %8.4f %8.4f %9.3e %9.1f\n", name, kb, all.mean, all.p5,
+                    printf("%-18s %5d %8.4f %8.4f %9.3e %9.1f\n", name, kb, all.mean, all.p5,
                            all.err, ms);
                     for (int h = 0; c.per_head && h < s->heads_q; h++) {
                         stats hs = recall_stats(s, recall, L.causal, h, tmp);
@@ -401,7 +453,7 @@ int cmd_select_eval_activations(int argc, char **argv)
         free(o16);
     }
     if (!c.json) {
-        printf("\nmean over the layers evaluated (recall mean, recall p5, out_err):\n%-12s",
+        printf("\nmean over the layers evaluated (recall mean, recall p5, out_err):\n%-18s",
                "selector");
         for (int bi = 0; bi < c.nbudgets; bi++) {
             char head[32];
@@ -410,13 +462,17 @@ int cmd_select_eval_activations(int argc, char **argv)
         }
         printf("\n");
         for (int si = 0; si < nsel; si++) {
-            const sa_selector *sel = si < nsel - 1 ? sa_selector_at(si) : NULL;
+            const sa_selector *sel = si / ACT_MODES < sa_selector_count()
+                                         ? sa_selector_at(si / ACT_MODES) : NULL;
             int any = 0;
             for (int bi = 0; bi < c.nbudgets; bi++)
                 any |= tot[bi * nsel + si].layers > 0;
             if (!any)
                 continue;
-            printf("%-12s", sel ? sel->name : "oracle_query");
+            char name[64];
+            snprintf(name, sizeof name, "%s%s", sel ? sel->name : "oracle_query",
+                     mode_suffix[si % ACT_MODES]);
+            printf("%-18s", name);
             for (int bi = 0; bi < c.nbudgets; bi++) {
                 const total *t = &tot[bi * nsel + si];
                 if (t->layers)
