@@ -20,7 +20,8 @@ sliding layers would silently turn global. The model is switched to "sparseattn"
   - sliding-window layers (Gemma's local ones) call transformers' own sdpa with the mask the model
     built: they stay dense and exact;
   - the other layers (causal, batch 1, no padding) go to the library: the selector chooses blocks
-    with python/sparseattn's `select(name, q, k, k_blocks, causal=True)` (the CPU selector) and
+    with python/sparseattn's `select(name, q, k, k_blocks, causal=True, head_lists=...)` (the CPU
+    selector; head_lists "group" unless --per-head-lists or --pooled-lists) and
     the CPU reference computes the output with `block_sparse_attention(..., causal=True)`. A model
     scale other than 1/sqrt(D) is folded into Q (the library uses 1/sqrt(D)).
 Configurations measured (each one forward over the whole text):
@@ -30,9 +31,12 @@ Configurations measured (each one forward over the whole text):
   - full: every layer through the library with every block: the floor that the library's BF16
     rounding of Q, K, V alone costs;
   - <selector>@<k>: k blocks of 128 keys per query tile (a row that sees fewer keeps them all),
-    one list per GQA group; <selector>/ph@<k> with --per-head-lists: one per query head;
-    <selector>/pool@<k> with --pooled-lists: one per query head, lengths varying, the group's
-    H x k blocks per tile pooled across its heads by estimated mass (nvfp4_mass, oracle);
+    one list per GQA group; <selector>/ph@<k> with --per-head-lists: one per query head, each
+    scored from that head alone (select(..., head_lists="per_head")); <selector>/pool@<k> with
+    --pooled-lists: one per query head, lengths varying, the group's H x k blocks per tile
+    shared across its heads by score, each head at least its diagonal block and at most 2k
+    (select(..., head_lists="pooled"); the selectors whose Selector.head_lists has "pooled",
+    those that score attention mass);
   - with --ablate-layers L: <selector>@<k> L<n> for each listed layer n, that layer alone sparse
     and every other one dense: which layers a selector's loss comes from.
 Loss is the mean next-token cross entropy, nats per token, over the text's tokens."""
@@ -104,126 +108,20 @@ def full_causal_lists(batch, heads_kv, seq_len):
     return idx, cnt
 
 
-def per_head_lists(sa, mode, q, k, topk, keep_sink):
-    """--per-head-lists: one list per query head (list_heads = Hq), each chosen by the selector
-    from that head alone (its queries against its KV head's keys), instead of one list per GQA
-    group. The attention then costs the same per head: topk blocks each."""
-    import numpy as np
-    hq, hkv = q.shape[1], k.shape[1]
-    group = hq // hkv
-    parts = [sa.select(mode, q[:, h:h + 1], k[:, h // group:h // group + 1], topk=topk,
-                       causal=True, keep_sink=keep_sink) for h in range(hq)]
-    return (np.ascontiguousarray(np.concatenate([p[0] for p in parts], axis=1)),
-            np.ascontiguousarray(np.concatenate([p[1] for p in parts], axis=1)))
-
-
-def nvfp4_round(sa, x):
-    """x (float32, a multiple of 16 elements) through the library's NVFP4 quantizer and back:
-    sa_nvfp4_quantize_f32 then sa_nvfp4_dequantize over the whole array (one tensor scale), as
-    the nvfp4 selectors see their index vectors."""
-    import ctypes
-    import numpy as np
-
-    class Nvfp4(ctypes.Structure):
-        _fields_ = [("values", ctypes.c_void_p), ("scales", ctypes.c_void_p),
-                    ("tensor_scale", ctypes.c_float), ("n", ctypes.c_size_t)]
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    n = x.size
-    values, scales = np.empty(n // 2, np.uint8), np.empty(n // 16, np.uint8)
-    z = Nvfp4(values.ctypes.data, scales.ctypes.data, 0.0, 0)
-    out = np.empty_like(x)
-    lib = sa._core.lib
-    f = ctypes.c_void_p
-    sa._core.check(lib.sa_nvfp4_quantize_f32(f(x.ctypes.data), ctypes.c_size_t(n),
-                                             ctypes.byref(z)), "sa_nvfp4_quantize_f32")
-    sa._core.check(lib.sa_nvfp4_dequantize(ctypes.byref(z), f(out.ctypes.data)),
-                   "sa_nvfp4_dequantize")
-    return out
-
-
-def tile_block_mass(q, k):
-    """Causal (Sq == Skv) softmax mass per (query tile, key block) of one head: m[t, b] = the sum
-    over tile t's queries of the probability each puts in block b, the softmax over the query's
-    visible keys with scores q.k (the scale already folded into q), in float64. q, k: (S, D)
-    float32. Returns (tiles, blocks) float64; each row sums to the tile's query count."""
-    import numpy as np
-    s = q.shape[0]
-    n = -(-s // TILE)
-    m = np.zeros((n, n))
-    for t in range(n):
-        q0, q1 = t * TILE, min(s, t * TILE + TILE)
-        sc = (q[q0:q1] @ k[:q1].T).astype(np.float64)  # keys past the tile's last query unseen
-        sc[np.arange(q1 - q0)[:, None] + q0 < np.arange(q1)[None, :]] = -np.inf
-        p = np.exp(sc - sc.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        pad = np.zeros((q1 - q0, (t + 1) * TILE))
-        pad[:, :q1] = p
-        m[t, :t + 1] = pad.reshape(q1 - q0, t + 1, TILE).sum(axis=(0, 2))
-    return m
-
-
-def pool_budget(mass, topk, cap):
-    """Pooled lists of one GQA group: mass (H, tiles, blocks) per head as tile_block_mass gives
-    it; per tile t the group's heads share H * min(topk, t + 1) blocks, each head at least its
-    diagonal block t and at most min(cap, t + 1), taken in descending mass across the heads (the
-    allocation that keeps the most attention mass at that total, since each head's best-c sum is
-    concave in c). Returns idx (H, tiles, cap) int32 ascending with -1 past count, and cnt
-    (H, tiles)."""
-    import numpy as np
-    h, n, _ = mass.shape
-    idx = np.full((h, n, cap), -1, np.int32)
-    cnt = np.zeros((h, n), np.int32)
-    for t in range(n):
-        vis = t + 1
-        total, hi = h * min(topk, vis), min(cap, vis)
-        take = [{t} for _ in range(h)]  # the diagonal block, always
-        order = np.argsort(-mass[:, t, :vis], axis=None, kind="stable")
-        left = total - h
-        for flat in order:
-            if left <= 0:
-                break
-            hh, b = divmod(int(flat), vis)
-            if b in take[hh] or len(take[hh]) >= hi:
-                continue
-            take[hh].add(b)
-            left -= 1
-        for hh in range(h):
-            row = sorted(take[hh])
-            idx[hh, t, :len(row)] = row
-            cnt[hh, t] = len(row)
-    return idx, cnt
-
-
-def pooled_lists(sa, mode, q, k, topk, cap_factor=2):
-    """--pooled-lists: one list per query head whose lengths vary, the group's budget pooled
-    (pool_budget): H * topk blocks per tile and group, as --per-head-lists spends, so the
-    attention costs the same. mode nvfp4_mass scores with each head's NVFP4-rounded Q and its KV
-    head's K (nvfp4_round, per head as --per-head-lists quantizes them), oracle with the
-    BF16-rounded values themselves."""
-    import numpy as np
-    if mode not in ("nvfp4_mass", "oracle"):
-        raise ValueError("--pooled-lists: nvfp4_mass or oracle, not %s" % mode)
-    hq, hkv = q.shape[1], k.shape[1]
-    group = hq // hkv
-    cap = cap_factor * topk
-    n = -(-q.shape[2] // TILE)
-    idx = np.full((1, hq, n, cap), -1, np.int32)
-    cnt = np.zeros((1, hq, n), np.int32)
-    for g in range(hkv):
-        kk = sa.bf16_round(k[0, g])
-        if mode == "nvfp4_mass":
-            kk = nvfp4_round(sa, kk)
-        masses = []
-        for h in range(g * group, (g + 1) * group):
-            qq = sa.bf16_round(q[0, h])
-            if mode == "nvfp4_mass":
-                qq = nvfp4_round(sa, qq)
-            # The library's scale, 1/sqrt(D), after the rounding (as sel_nvfp4_mass.c scores).
-            masses.append(tile_block_mass(qq / np.float32(math.sqrt(q.shape[3])), kk))
-        i, c = pool_budget(np.stack(masses), topk, cap)
-        idx[0, g * group:(g + 1) * group] = i
-        cnt[0, g * group:(g + 1) * group] = c
-    return idx, cnt
+def lists_unsupported(sa, names, head_lists):
+    """Why selectors `names` cannot run with select(head_lists=...): "" when every one takes the
+    mode (Selector.head_lists), else a sentence naming those that do not and those that do.
+    ValueError for a name the library does not know."""
+    known = {s.name: s for s in sa.selectors()}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError("unknown selector %s; selectors: %s" % (", ".join(bad), ", ".join(known)))
+    no = [n for n in names if head_lists not in known[n].head_lists]
+    if not no:
+        return ""
+    return "head_lists=%r is not taken by %s; the selectors that take it: %s" % (
+        head_lists, ", ".join(no),
+        ", ".join(s.name for s in known.values() if head_lists in s.head_lists))
 
 
 class SparseAttention:
@@ -232,8 +130,7 @@ class SparseAttention:
     def __init__(self, torch, sa, sdpa_forward):
         self.torch, self.sa, self.sdpa = torch, sa, sdpa_forward
         self.mode, self.k, self.keep_sink = "sdpa", None, False
-        self.per_head = False  # --per-head-lists
-        self.pooled = False  # --pooled-lists
+        self.head_lists = "group"  # "per_head" with --per-head-lists, "pooled" --pooled-lists
         self.only = None  # None: every full-attention layer sparse; else a set of layer indices
         self.t_select = self.t_attn = 0.0
         self.calls = self.sliding_calls = self.all_calls = 0
@@ -262,13 +159,9 @@ class SparseAttention:
         t0 = time.time()
         if self.mode == "full":
             idx, cnt = full_causal_lists(b, k.shape[1], s)
-        elif self.pooled:
-            idx, cnt = pooled_lists(sa, self.mode, q, k, min(self.k, n_blocks))
-        elif self.per_head:
-            idx, cnt = per_head_lists(sa, self.mode, q, k, min(self.k, n_blocks), self.keep_sink)
         else:
             idx, cnt = sa.select(self.mode, q, k, topk=min(self.k, n_blocks), causal=True,
-                                 keep_sink=self.keep_sink)
+                                 keep_sink=self.keep_sink, head_lists=self.head_lists)
         t1 = time.time()
         o, _ = sa.block_sparse_attention(q, k, v, idx, cnt, causal=True)
         self.t_select += t1 - t0
@@ -292,12 +185,15 @@ def main():
                          "get +sink")
     ap.add_argument("--per-head-lists", action="store_true",
                     help="one list per query head, each chosen from that head alone, instead of "
-                         "one per GQA group (the same attention cost); names get /ph")
+                         "one per GQA group (select(head_lists='per_head'); the same attention "
+                         "cost); names get /ph")
     ap.add_argument("--pooled-lists", action="store_true",
                     help="one list per query head with the GQA group's budget pooled: the group "
                          "keeps H x k blocks per tile, each head at least its diagonal and at "
-                         "most 2k, taken by estimated mass across the heads (nvfp4_mass, oracle "
-                         "only; the same attention cost as --per-head-lists); names get /pool")
+                         "most 2k, taken by score across the heads (select(head_lists="
+                         "'pooled'): the selectors that score attention mass, oracle, "
+                         "nvfp4_mass, ...; the same attention cost as --per-head-lists); names "
+                         "get /pool")
     ap.add_argument("--no-controls", action="store_true", help="skip passthrough and full")
     ap.add_argument("--cache", default="/tmp/sparseattn-models", help="where gemma3 is assembled")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -310,6 +206,16 @@ def main():
         ablate = parse_layers(a.ablate_layers) if a.ablate_layers else None
     except ValueError as e:
         ap.error("--ablate-layers: %s" % e)
+    if a.pooled_lists and a.per_head_lists:
+        ap.error("--pooled-lists: not with --per-head-lists")
+    head_lists = "pooled" if a.pooled_lists else "per_head" if a.per_head_lists else "group"
+    sa = load_sparseattn()
+    try:
+        unfit = lists_unsupported(sa, parse_list(a.selectors), head_lists)
+    except ValueError as e:
+        ap.error("--selectors: %s" % e)
+    if unfit:
+        ap.error("--%s-lists: %s" % ("pooled" if a.pooled_lists else "per-head", unfit))
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -323,7 +229,6 @@ def main():
     if a.threads:
         torch.set_num_threads(a.threads)
     cap = load_capture()
-    sa = load_sparseattn()
 
     t0 = time.time()
     folder, gguf, label = cap.find_model(a.model, a.cache)
@@ -337,10 +242,7 @@ def main():
 
     fn = SparseAttention(torch, sa, sdpa_attention_forward)
     fn.keep_sink = a.keep_sink
-    fn.per_head = a.per_head_lists
-    fn.pooled = a.pooled_lists
-    if a.pooled_lists and (a.per_head_lists or a.keep_sink):
-        ap.error("--pooled-lists: not with --per-head-lists or --keep-sink")
+    fn.head_lists = head_lists
     AttentionInterface.register(IMPL, fn)
     AttentionMaskInterface.register(IMPL, sdpa_mask)
 

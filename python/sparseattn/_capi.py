@@ -27,6 +27,9 @@ SA_ROLE_ROW_MASKS = 1 << 4
 SA_LISTS_INDEPENDENT, SA_LISTS_PAIRED = 0, 1
 SA_KV_PARTIAL_F32, SA_KV_PARTIAL_BF16 = 0, 1
 SA_KV_SCHEDULE_KV, SA_KV_SCHEDULE_HYBRID = 0, 1  # sa_kv_params.schedule
+# SA_HEAD_LISTS_* (sa_selectors.h): sa_select_params.head_lists; sa_selector.head_lists holds
+# bit (1 << mode) for each mode a selector's CPU function takes.
+SA_HEAD_LISTS_GROUP, SA_HEAD_LISTS_PER_HEAD, SA_HEAD_LISTS_POOLED = 0, 1, 2
 
 # sa_status (sparseattn.h). The texts come from the library's sa_strerror.
 STATUS_NAMES = {
@@ -104,7 +107,8 @@ class SaSelectParams(ctypes.Structure):
     _fields_ = [("k", c_int), ("keep_diagonal", c_int), ("keep_sink", c_int),
                 ("q_index", c_void_p), ("k_index", c_void_p), ("index_dim", c_int),
                 ("stream", c_void_p), ("seed", ctypes.c_uint64), ("causal", c_int),
-                ("index_heads", c_int), ("keep_local", c_int), ("verdict", c_void_p)]
+                ("index_heads", c_int), ("keep_local", c_int), ("verdict", c_void_p),
+                ("head_lists", c_int), ("pool_cap", c_int)]
 
 
 SELECT_FN = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(SaShape), c_void_p, c_void_p,
@@ -113,7 +117,7 @@ SELECT_FN = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(SaShape), c_void_p, c_void_p,
 
 class SaSelector(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("description", c_char_p), ("per_query", c_int),
-                ("cpu", SELECT_FN), ("cuda", SELECT_FN)]
+                ("cpu", SELECT_FN), ("cuda", SELECT_FN), ("head_lists", c_uint)]
 
 
 class SaWorkload(ctypes.Structure):
@@ -179,6 +183,8 @@ PROTOTYPES = {
     "sa_selector_at": (P(SaSelector), [c_int]),
     "sa_selector_by_name": (P(SaSelector), [c_char_p]),
     "sa_selector_list_len": (c_size_t, [P(SaSelector), P(SaShape), c_int]),
+    "sa_select_layout": (c_int, [P(SaSelector), P(SaShape), P(SaSelectParams), P(c_int),
+                                 P(c_int), P(c_int)]),
     "sa_select_cpu": (c_int, [c_char_p, P(SaShape), c_void_p, c_void_p, P(SaSelectParams),
                               c_void_p, c_void_p]),
     "sa_workload_count": (c_int, []),

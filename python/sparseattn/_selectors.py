@@ -7,15 +7,24 @@ import numbers
 import numpy as np
 
 from . import _gpu
-from ._capi import SaSelectParams, SaShape
+from ._capi import SA_ERR_UNSUPPORTED, SaSelectParams, SaShape
 from ._core import check, flag, lib
 from ._bf16 import bf16_to_float32
 from ._tensors import (attn_shape, check_layout, check_shape, common_kind, cuda_bf16, dims4,
-                       host_bf16, host_ints_result, kv_blocks, ptr, q_tiles, torch_mod)
+                       host_bf16, host_ints_result, kv_blocks, ptr, torch_mod)
 
-Selector = collections.namedtuple("Selector", "name description per_query has_cuda")
+Selector = collections.namedtuple("Selector", "name description per_query has_cuda head_lists")
 Selector.__doc__ = """A registered selector. per_query: writes per-query lists (B, Hkv, Sq, k)
-instead of tile lists (B, Hkv, q_tiles, k); has_cuda: has a GPU function."""
+instead of tile lists (B, Hkv, q_tiles, k); has_cuda: has a GPU function; head_lists: the
+select(head_lists=...) modes its CPU function takes, a tuple of names from HEAD_LISTS (its GPU
+function takes "group" only)."""
+
+# select(head_lists=...): the names of SA_HEAD_LISTS_GROUP, _PER_HEAD, _POOLED, by mode value.
+HEAD_LISTS = ("group", "per_head", "pooled")
+
+
+def _mode_names(bits):
+    return tuple(m for i, m in enumerate(HEAD_LISTS) if bits >> i & 1)
 
 Workload = collections.namedtuple("Workload", "name description knob default_strength")
 
@@ -38,12 +47,13 @@ def selectors():
         if p:
             c = p.contents
             out.append(Selector(c.name.decode(), c.description.decode(), bool(c.per_query),
-                                bool(c.cuda)))
+                                bool(c.cuda), _mode_names(c.head_lists)))
     return out
 
 
 def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink=False, seed=0,
-           q_index=None, k_index=None, causal=False, index_heads=0, keep_local=False):
+           q_index=None, k_index=None, causal=False, index_heads=0, keep_local=False,
+           head_lists="group", pool_cap=None):
     """Run selector `name` on q and k -> (indices, counts), ready for block_sparse_attention
     (tile-list selectors) or query_sparse_attention (per-query ones).
 
@@ -60,18 +70,46 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     index vectors have Hi heads of their own, q_index (B, Hi, Sq, I) and k_index (B, Hi, Skv, I),
     Hi dividing Hq and dividing or a multiple of Hkv (docs/selectors.md, "Index heads"; CPU
     only). keep_local keeps the block holding each row's own position (bottom-right aligned,
-    len_q <= len_kv)."""
+    len_q <= len_kv).
+
+    head_lists (tile-list selectors, CPU function only; docs/selectors.md, "Head lists"):
+    "group" (default), one list per KV head as above, scored over its GQA group's heads;
+    "per_head", one list per query head, (B, Hq, q_tiles, topk), each scored from that head
+    alone; "pooled", one list per query head, (B, Hq, q_tiles, pool_cap): per tile each of the
+    group's heads keeps its forced blocks (diagonal under causal, keep_* blocks), or its best
+    block where none is forced, then the heads share the rest of the group's Hq / Hkv *
+    min(topk, visible blocks) by score, a row holding at most min(pool_cap, visible blocks),
+    its count, and -1 past it. pool_cap (pooled only, an int in [topk, kv_blocks]; None:
+    min(2 topk, kv_blocks)). The modes a selector takes are its Selector.head_lists (pooled: the
+    selectors that score attention mass); another mode raises SparseAttnError
+    (SA_ERR_UNSUPPORTED), and a mode other than "group" on CUDA tensors ValueError. The lists go
+    to block_sparse_attention as they are (list_heads Hq)."""
     check_layout(layout)
     sel = _c_selector(name).contents
+    if not isinstance(head_lists, str) or head_lists not in HEAD_LISTS:
+        raise ValueError("head_lists must be one of %s, got %r"
+                         % (", ".join(repr(m) for m in HEAD_LISTS), head_lists))
+    if pool_cap is not None:
+        if head_lists != "pooled":
+            raise ValueError("pool_cap is for head_lists='pooled' only (head_lists=%r)"
+                             % head_lists)
+        if not isinstance(pool_cap, numbers.Integral) or isinstance(pool_cap, bool):
+            raise TypeError("pool_cap must be an int or None, got %r" % (pool_cap,))
     if (q_index is None) != (k_index is None):
         raise ValueError("q_index and k_index go together: pass both or neither")
     kind = common_kind([("q", q), ("k", k), ("q_index", q_index), ("k_index", k_index)])
+    if kind == "cuda" and head_lists != "group":
+        raise ValueError("head_lists=%r runs on the CPU only (the GPU selector functions take "
+                         "'group' only): pass numpy arrays or CPU tensors" % head_lists)
     s = attn_shape(q, k, None, layout)
     if not isinstance(topk, numbers.Integral) or isinstance(topk, bool):
         raise TypeError("topk must be an int, got %r" % (topk,))
     if not 1 <= topk <= kv_blocks(s):
         raise ValueError("topk must lie in [1, %d] (the KV blocks of len_kv=%d), got %d"
                          % (kv_blocks(s), s.len_kv, topk))
+    if pool_cap is not None and not topk <= pool_cap <= kv_blocks(s):
+        raise ValueError("pool_cap must lie in [topk, kv_blocks] = [%d, %d], got %d"
+                         % (topk, kv_blocks(s), pool_cap))
     if not isinstance(index_heads, numbers.Integral) or isinstance(index_heads, bool) \
             or index_heads < 0:
         raise ValueError("index_heads must be an int >= 0, got %r" % (index_heads,))
@@ -98,11 +136,9 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     p.keep_local = flag("keep_local", keep_local)
     p.index_dim = index_dim
     p.index_heads = int(index_heads)
-    rows = s.len_q if sel.per_query else q_tiles(s)
-    out_shape = (s.batch, s.heads_kv, rows, int(topk))
-    if lib.sa_selector_list_len(ctypes.byref(sel), ctypes.byref(s), p.k) != math.prod(out_shape):
-        raise RuntimeError("selector %r: the library's list length differs from %s"
-                           % (name, out_shape))
+    p.head_lists = HEAD_LISTS.index(head_lists)
+    p.pool_cap = int(pool_cap or 0)
+    out_shape = _layout(name, sel, s, p)
     if kind == "cuda":
         return _select_cuda(name, sel, s, q, k, q_index, k_index, p, out_shape, layout)
     qb, kb = host_bf16("q", q, layout), host_bf16("k", k, layout)
@@ -113,6 +149,27 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     check(lib.sa_select_cpu(name.encode(), ctypes.byref(s), ptr(qb), ptr(kb), ctypes.byref(p),
                             ptr(indices), ptr(counts)), "sa_select_cpu(%r)" % name)
     return host_ints_result(kind, indices, counts)
+
+
+def _layout(name, sel, s, p):
+    """(B, list_heads, rows, row_width) of the lists selector `sel` writes under p
+    (sa_select_layout); SparseAttnError with the library's code otherwise, naming the modes the
+    selector takes when it does not take p.head_lists."""
+    heads, rows, width = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    rc = lib.sa_select_layout(ctypes.byref(sel), ctypes.byref(s), ctypes.byref(p),
+                              ctypes.byref(heads), ctypes.byref(rows), ctypes.byref(width))
+    detail = None
+    if rc == SA_ERR_UNSUPPORTED:
+        detail = "selector %r takes head_lists %s, not %r" % (
+            name, " or ".join(repr(m) for m in _mode_names(sel.head_lists)),
+            HEAD_LISTS[p.head_lists])
+    check(rc, "sa_select_layout(%r)" % name, detail)
+    out_shape = (s.batch, heads.value, rows.value, width.value)
+    if p.head_lists == 0 and lib.sa_selector_list_len(ctypes.byref(sel), ctypes.byref(s),
+                                                      p.k) != math.prod(out_shape):
+        raise RuntimeError("selector %r: the library's list length differs from %s"
+                           % (name, out_shape))
+    return out_shape
 
 
 def _select_cuda(name, sel, s, q, k, q_index, k_index, p, out_shape, layout):

@@ -62,6 +62,12 @@ def test_cpu_tensor_selectors(rng):
     ref, _ = sa.select("r1", q, k, 2)
     assert isinstance(idx, torch.Tensor) and idx.dtype == torch.int32
     np.testing.assert_array_equal(idx.numpy(), ref)
+    idx, cnt = sa.select("oracle", torch.from_numpy(q), torch.from_numpy(k), 2,
+                         head_lists="pooled", causal=True)
+    ref, rc = sa.select("oracle", q, k, 2, head_lists="pooled", causal=True)
+    assert isinstance(cnt, torch.Tensor) and tuple(idx.shape) == ref.shape == (1, 2, 2, 4)
+    np.testing.assert_array_equal(idx.numpy(), ref)
+    np.testing.assert_array_equal(cnt.numpy(), rc)
 
 
 def test_mixed_kinds_are_refused(rng):
@@ -266,3 +272,5 @@ def test_gpu_argument_errors(rng):
     with pytest.raises(sa.SparseAttnError) as e:  # head_dim 64: no GPU stage takes it
         sa.dense_attention(*cuda_bf16(*(x[..., :64].copy() for x in (q, k, v))))
     assert e.value.code == -13
+    with pytest.raises(ValueError, match=r"^head_lists='per_head' runs on the CPU only"):
+        sa.select("r4", gq, gk, 2, head_lists="per_head")
