@@ -62,8 +62,8 @@ typedef struct sa_select_params {
      * heads scored together; SA_HEAD_LISTS_PER_HEAD: one list per query head, (B, Hq, q_tiles,
      * k), each scored from its own head alone; SA_HEAD_LISTS_POOLED: one list per query head,
      * (B, Hq, q_tiles, pool_cap), the group's budget shared out by score (below). Selectors
-     * name the modes their CPU function takes (sa_selector.head_lists); the GPU functions take
-     * the group mode only (SA_ERR_UNSUPPORTED otherwise). */
+     * name the modes their CPU and GPU functions take (sa_selector.head_lists, .cuda_head_lists;
+     * SA_ERR_UNSUPPORTED for another). */
     int head_lists;
     /* SA_HEAD_LISTS_POOLED only (0 otherwise, else SA_ERR_ARG): the most blocks one head's row
      * holds, k <= pool_cap <= kv_blocks (SA_ERR_ARG); 0 (default) means min(2 k, kv_blocks). */
@@ -106,7 +106,8 @@ typedef struct sa_selector {
     sa_select_fn cuda; /* device pointers, or NULL where no GPU kernel exists; the GPU tests,
                         * select-eval --device cuda and bench selectors run every selector
                         * whose .cuda is set (NULL in a build without CUDA) */
-    unsigned head_lists; /* SA_HEAD_LISTS_BIT(mode) for each head_lists mode .cpu takes */
+    unsigned head_lists;      /* SA_HEAD_LISTS_BIT(mode) for each head_lists mode .cpu takes */
+    unsigned cuda_head_lists; /* the same for .cuda (0 where .cuda is NULL) */
 } sa_selector;
 
 SA_API int sa_selector_count(void);

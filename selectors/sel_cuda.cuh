@@ -223,6 +223,31 @@ struct SelScoreShape {
 int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
                     const SelScoreShape &sh, unsigned *keys, cudaStream_t st);
 
+// nvfp4_mass's scorer (the same kernel in its mass modes, sel_nvfp4_score.cu): into mass
+// (batch * qh, q_tiles, kv_blocks floats) the softmax mass each scored head's tile puts in each
+// block, the softmax over each query's visible keys with scores (qd . kd) ts_q ts_k / sqrt(dim);
+// blocks past a tile's visible prefix are not written. Tile lists only (SA_ERR_UNSUPPORTED for
+// per_query). scratch: sel_nvfp4_mass_scratch(sh) bytes of device memory. Queues work only.
+size_t sel_nvfp4_mass_scratch(const SelScoreShape &sh);
+int sel_nvfp4_mass(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
+                   const SelScoreShape &sh, void *scratch, float *mass, cudaStream_t st);
+
+// Per-head block scores (nvfp4_mass's masses, (batch * qh, q_tiles, kv_blocks)) into lists
+// (sel_pool.cu). qh scored heads per batch; list head lh takes the scored heads of
+// sel_list_qheads (list_heads Hkv: the group's; Hq: its own).
+struct SelHeadsShape {
+    int batch, heads_q, group, qh, list_heads, q_tiles, kv_blocks;
+};
+// keys (batch * list_heads * q_tiles rows of kv_blocks) for sel_cuda_topk: each list row's sum of
+// its scored heads' scores, in head order. Queues work only.
+int sel_cuda_mass_keys(const float *mass, const SelHeadsShape &h, uint32_t *keys,
+                       cudaStream_t st);
+// Pooled lists (SA_HEAD_LISTS_POOLED, list_heads = heads_q): rows of `cap` entries and their
+// counts, the CPU's sel_pool_end rule under `rule` (per_bh = q_tiles, k, the forced blocks,
+// causal). SA_ERR_UNSUPPORTED for more than 32 heads per group. Queues work only.
+int sel_cuda_pool(const float *mass, const SelHeadsShape &h, const SelRowRule &rule, int cap,
+                  int32_t *indices, int32_t *counts, cudaStream_t st);
+
 // Top-k of every row of keys (rows x rule.n, as written by a scorer): forced blocks (diagonal,
 // sink) first, then the largest keys, ties to the lower block index, over the blocks the row's
 // rule lets compete (sel_row_of: the causal prefix, or all); each row of `indices`

@@ -20,8 +20,10 @@
 
 #ifdef SA_HAVE_CUDA
 #define SEL_CUDA(f) f
+#define SEL_CUDA_MODES(m) (m) /* sa_selector.cuda_head_lists of a GPU function */
 #else
 #define SEL_CUDA(f) NULL
+#define SEL_CUDA_MODES(m) 0u
 #endif
 
 #ifdef __cplusplus
@@ -38,6 +40,10 @@ int sel_nvfp4_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                    const sa_select_params *p, int32_t *indices, int32_t *counts);
 int sel_nvfp4_query_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                          const sa_select_params *p, int32_t *indices, int32_t *counts);
+/* Registered in sel_nvfp4_mass.c; unlike the others it takes every head_lists mode of its CPU
+ * function (group, per-head and pooled lists). */
+int sel_nvfp4_mass_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                        const sa_select_params *p, int32_t *indices, int32_t *counts);
 #endif
 
 /* NVFP4 quantization on the GPU, bit-identical to sa_nvfp4_quantize_bf16 (format and algorithm

@@ -264,6 +264,21 @@ __global__ void bad_to_verdict_kernel(const int *bad, int *word)
         atomicMin(word, SA_ERR_ARG);
 }
 
+// The end of an nvfp4 selector's call: with a verdict, the quantizer's finding queued into it;
+// else one synchronization and SA_ERR_ARG for a non-finite input.
+int finish(const int *bad, const sa_select_params *p, cudaStream_t st)
+{
+    if (p && p->verdict) { // no host synchronization: the verdict takes the code
+        bad_to_verdict_kernel<<<1, 1, 0, st>>>(bad, sa_verdict_word(p->verdict));
+        SA_CUDA_TRY(cudaGetLastError());
+        return SA_OK;
+    }
+    int h_bad = 0;
+    SA_CUDA_TRY(cudaMemcpyAsync(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost, st));
+    SA_CUDA_TRY(cudaStreamSynchronize(st));
+    return h_bad ? SA_ERR_ARG : SA_OK;
+}
+
 int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                       const sa_select_params *p, int per_query, int32_t *indices, int32_t *counts)
 {
@@ -335,15 +350,70 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             t_idx, t_cnt, indices, counts, rows, per_bh, s->heads_kv, groups, c.k_sel);
         SA_CUDA_TRY(cudaGetLastError());
     }
-    if (p && p->verdict) { // no host synchronization: the verdict takes the code
-        bad_to_verdict_kernel<<<1, 1, 0, st>>>(bad, sa_verdict_word(p->verdict));
-        SA_CUDA_TRY(cudaGetLastError());
-        return SA_OK;
+    return finish(bad, p, st);
+}
+
+// nvfp4_mass on the GPU: the quantizer and scorer of nvfp4 (the scorer in its mass modes), then
+// the lists of the params' head_lists mode from the per-head masses (sel_pool.cu): the group's or
+// each head's sum into keys and sel_cuda_topk, or the pooled rule.
+int nvfp4_mass_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                    const sa_select_params *p, int32_t *indices, int32_t *counts)
+{
+    sel_ctx c;
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_MASS, &c);
+    if (err)
+        return err;
+    if (c.keep_local && !c.causal) // as nvfp4: the top-k has no off-diagonal local block
+        return SA_ERR_UNSUPPORTED;
+    if (c.dim > SEL_CUDA_NVFP4_MAX_DIM || c.kv_blocks > SEL_CUDA_MAX_BLOCKS ||
+        !sel_aligned16(c.q) || !sel_aligned16(c.k))
+        return SA_ERR_UNSUPPORTED;
+    int sms = 0, major = 0;
+    if ((err = sa_cuda_device_info(&sms, &major)))
+        return err;
+    cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
+    const size_t nq = (size_t)s->batch * c.qh * s->len_q * c.dim;
+    const size_t nk = (size_t)s->batch * c.kh * s->len_kv * c.dim;
+    const size_t list_rows = (size_t)s->batch * c.list_heads * c.q_tiles;
+    const size_t mass_n = (size_t)s->batch * c.qh * c.q_tiles * c.kv_blocks;
+    if (list_rows > 0x7fffffffu)
+        return SA_ERR_UNSUPPORTED;
+    const bool pooled = c.head_lists == SA_HEAD_LISTS_POOLED;
+    const SelScoreShape sh = {s->batch, c.qh, c.kh, c.qh, s->len_q, s->len_kv, c.dim,
+                              c.q_tiles, c.kv_blocks, 0, c.causal};
+    SelScratch scr(st);
+    const size_t o_qd = scr.add(nq * 2), o_kd = scr.add(nk * 2);
+    const size_t o_mass = scr.add(mass_n * sizeof(float));
+    const size_t o_work = scr.add(sel_nvfp4_mass_scratch(sh));
+    const size_t o_keys = pooled ? 0 : scr.add(list_rows * c.kv_blocks * sizeof(uint32_t));
+    const size_t o_amax = scr.add(2 * sizeof(unsigned)), o_ts = scr.add(2 * sizeof(float));
+    const size_t o_bad = scr.add(sizeof(int));
+    if ((err = scr.commit()))
+        return err;
+    __nv_bfloat16 *qd = scr.at<__nv_bfloat16>(o_qd), *kd = scr.at<__nv_bfloat16>(o_kd);
+    float *mass = scr.at<float>(o_mass), *ts = scr.at<float>(o_ts);
+    unsigned *amax = scr.at<unsigned>(o_amax);
+    int *bad = scr.at<int>(o_bad);
+    SA_CUDA_TRY(cudaMemsetAsync(amax, 0, o_bad + sizeof(int) - o_amax, st)); // amax, ts, bad
+    const QuantJob job = {{c.q, c.k}, {nq, nk}, amax, bad, nullptr, nullptr, {qd, kd}, ts, 0};
+    if ((err = quantize_async(job, st)))
+        return err;
+    if ((err = sel_nvfp4_mass(qd, kd, ts, sh, scr.at<void>(o_work), mass, st)))
+        return err;
+    const SelHeadsShape hs = {s->batch, s->heads_q, c.group, c.qh, c.list_heads, c.q_tiles,
+                              c.kv_blocks};
+    const SelRowRule rule = {c.kv_blocks, c.q_tiles, 0, c.k_sel, c.keep_diagonal, c.keep_sink,
+                             c.causal, s->len_q, s->len_kv};
+    if (pooled) {
+        err = sel_cuda_pool(mass, hs, rule, c.row_width, indices, counts, st);
+    } else {
+        uint32_t *keys = scr.at<uint32_t>(o_keys);
+        if (!(err = sel_cuda_mass_keys(mass, hs, keys, st)))
+            err = sel_cuda_topk(keys, (int)list_rows, rule, indices, counts, st);
     }
-    int h_bad = 0;
-    SA_CUDA_TRY(cudaMemcpyAsync(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost, st));
-    SA_CUDA_TRY(cudaStreamSynchronize(st));
-    return h_bad ? SA_ERR_ARG : SA_OK;
+    if (err)
+        return err;
+    return finish(bad, p, st);
 }
 
 } // namespace
@@ -352,6 +422,12 @@ extern "C" int sel_nvfp4_cuda(const sa_shape *s, const uint16_t *q, const uint16
                               const sa_select_params *p, int32_t *indices, int32_t *counts)
 {
     return nvfp4_select_cuda(s, q, k, p, 0, indices, counts);
+}
+
+extern "C" int sel_nvfp4_mass_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                                   const sa_select_params *p, int32_t *indices, int32_t *counts)
+{
+    return nvfp4_mass_cuda(s, q, k, p, indices, counts);
 }
 
 extern "C" int sel_nvfp4_query_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,

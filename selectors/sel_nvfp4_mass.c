@@ -23,6 +23,7 @@
 
 #include "ref_internal.h" /* ref_blas_single_begin / _end */
 #include "sa_checked.h"
+#include "sel_cuda.h"
 #include "sel_internal.h"
 
 /* x (n BF16) -> NVFP4 -> FP32 values with the tensor scale (malloc'ed), or NULL. *err says why. */
@@ -155,8 +156,9 @@ const sa_selector sa_selector_nvfp4_mass = {
                    "ranking at 4 bits; dense QK^T + softmax cost in the index geometry)",
     .per_query = 0,
     .cpu = nvfp4_mass_cpu,
-    .cuda = NULL,
+    .cuda = SEL_CUDA(sel_nvfp4_mass_cuda),
     .head_lists = SEL_MODES_MASS,
+    .cuda_head_lists = SEL_CUDA_MODES(SEL_MODES_MASS),
 };
 
 const sa_selector sa_selector_nvfp4_mass_q8 = {

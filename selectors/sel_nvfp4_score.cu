@@ -28,6 +28,15 @@
 //      a branch-free tree.
 //   So the max-pool of block n overlaps the tensor cores' work on block n + 1.
 //
+// MASS MODES (nvfp4_mass, tile lists only): the same units and GEMMs, two passes instead of the
+// max-pool. kLse: per query row a running max and sum of exp2 over the visible keys of the unit,
+// combined over the row's four threads and written per (row, chunk); lse_kernel combines the
+// chunks into the row's log-sum-exp. kMass: exp2(score - lse) summed per block over the
+// warp's rows and keys (each warp its own shared slot, no atomics), then per unit over the eight
+// warps in a fixed order and stored per (scored head, tile, block): the tile's softmax mass in
+// the block, the same sums in the same order on every run. Scores are log2-scaled (sl2 folds
+// the tensor scales, 1 / sqrt(dim) and log2 e), so exp2 is one MUFU instruction.
+//
 // BARRIERS
 //   | barrier        | count               | completes when
 //   | q_full[b]      | 1 + TMA bytes       | the producer's copy of a unit's Q tile has landed
@@ -61,14 +70,19 @@ constexpr int kMaxChunk = 256;                           // blocks per unit (sha
 constexpr size_t kSmemMax = 227 * 1024;                  // Hopper's opt-in limit per CTA
 constexpr double kUnitOverhead = 0.5; // blocks' worth of time a unit costs beyond its blocks
 
+// What a unit's consumers do with each block's scores (MASS MODES above).
+enum ScoreMode { kMax = 0, kLse = 1, kMass = 2 };
+
 // Buffer depths for P panels (dim up to 64 P): two Q buffers where they fit, so the next unit's
 // Q lands while this one runs, and as many K slots as fill ~192 KB.
 template <int P> struct Geo {
     static constexpr int QB = P <= 2 ? 2 : 1;
     static constexpr int S = P == 1 ? 8 : P == 2 ? 4 : P == 3 ? 3 : 2;
     static constexpr uint32_t TILE_BYTES = P * kPanelBytes;
+    // + the per-warp block slots: kMax uses the first kMaxChunk words, kMass all of them
     static constexpr size_t SMEM = 1024 + (size_t)(QB + S) * TILE_BYTES +
-                                   (size_t)2 * (QB + S) * sizeof(uint64_t) + kMaxChunk * 4;
+                                   (size_t)2 * (QB + S) * sizeof(uint64_t) +
+                                   (size_t)kConsumerWarps * kMaxChunk * 4;
     static_assert(SMEM <= kSmemMax, "shared memory beyond the opt-in limit");
 };
 
@@ -82,10 +96,17 @@ struct ScoreArgs {
     unsigned *keys;            // block-score rows (sel_score_key order)
     int store;                 // 1: one scored head per list group, so each key a row reads has
                                // one writer and is stored; 0: atomicMax into zeroed keys
+    // The mass modes: sl2 = log2(e) / sqrt(dim) (the kernel multiplies in ts_q ts_k); part (kLse's output) the (max, sum)
+    // of each (scored head, query, chunk); lse2 the rows' log2-sum-exp2; mass (kMass's output)
+    // (batch * qh, q_tiles, kv_blocks).
+    float sl2;
+    float2 *part;
+    const float *lse2;
+    float *mass;
 };
 
 struct Unit {
-    int bh, t, k0, k1; // blocks [k0, k1); empty when k0 >= k1
+    int bh, t, c, k0, k1; // chunk c: blocks [k0, k1); empty when k0 >= k1
 };
 
 __device__ __forceinline__ Unit unit_of(const ScoreArgs &a, long long u)
@@ -93,6 +114,7 @@ __device__ __forceinline__ Unit unit_of(const ScoreArgs &a, long long u)
     Unit w;
     const int c = (int)(u % a.nchunks);
     const long long r = u / a.nchunks;
+    w.c = c;
     w.t = (int)(r % a.q_tiles);
     w.bh = (int)(r / a.q_tiles);
     int end = a.kv_blocks;
@@ -200,7 +222,75 @@ __device__ __forceinline__ void pool(const ScoreArgs &a, const Rows &rw, const f
     }
 }
 
-template <int P>
+// The keys [0, vis[i]) of block kb that row i of the thread may see (pool's masking).
+__device__ __forceinline__ void visible(const Rows &rw, int kb, int (&vis)[2])
+{
+    const long long kbase = (long long)kb * SA_TILE;
+    const bool fast = rw.tile_full && kbase + SA_TILE <= rw.first_lim;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        vis[i] = fast ? SA_TILE
+                 : !rw.ok[i] ? 0
+                             : (int)max(0LL, min((long long)SA_TILE, rw.lim[i] - kbase));
+}
+
+// kLse, block kb: folds the thread's visible scores (log2-scaled) of each of its rows into the
+// running max m and sum z (z relative to m).
+__device__ __forceinline__ void pool_lse(const Rows &rw, const float (&d)[64], int kb, int lane,
+                                         float sl2, float (&m)[2], float (&z)[2])
+{
+    int vis[2];
+    visible(rw, kb, vis);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float x[32], y[32];
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const bool ok = 8 * j + 2 * (lane % 4) + e < vis[i];
+                x[2 * j + e] = ok ? d[4 * j + 2 * i + e] * sl2 : -INFINITY;
+                y[2 * j + e] = x[2 * j + e];
+            }
+        const float mn = fmaxf(m[i], tree_max<32>(y));
+        if (mn == -INFINITY)
+            continue; // nothing visible yet
+        float acc = z[i] * exp2f(m[i] - mn);
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            acc += exp2f(x[j] - mn);
+        m[i] = mn;
+        z[i] = acc;
+    }
+}
+
+// kMass, block kb: the warp's sum of exp2(score - lse2) over its rows' visible keys, stored by
+// lane 0 in the warp's slot (a fixed reduction order).
+__device__ __forceinline__ void pool_mass(const Rows &rw, const float (&d)[64], int kb, int lane,
+                                          float sl2, const float (&l2)[2], float *wslot)
+{
+    int vis[2];
+    visible(rw, kb, vis);
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (!(l2[i] > -INFINITY))
+            continue; // the row sees no key at all
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                if (8 * j + 2 * (lane % 4) + e < vis[i])
+                    acc += exp2f(d[4 * j + 2 * i + e] * sl2 - l2[i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0)
+        *wslot = acc;
+}
+
+template <int P, int MODE>
 __global__ void __launch_bounds__(kThreads, 1)
     score_wgmma(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                 const ScoreArgs a)
@@ -214,6 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint64_t *const q_empty = q_full + G::QB, *const k_full = q_empty + G::QB;
     uint64_t *const k_empty = k_full + G::S;
     unsigned *const slot = reinterpret_cast<unsigned *>(k_empty + G::S);
+    float *const wslot = reinterpret_cast<float *>(slot); // kMass: kMaxChunk per warp
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int i = 0; i < G::QB; i++)
@@ -286,6 +377,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         rw.first_lim = a.causal ? min((long long)a.len_kv, rw.q0 + off + 1) : a.len_kv;
         rw.tile_full = rw.q0 + SA_TILE <= a.len_q;
         const size_t key_row0 = a.per_query ? ((size_t)b * a.groups + g) * a.len_q + rw.q0 : 0;
+        float m[2] = {-INFINITY, -INFINITY}, z[2] = {0.0f, 0.0f}, l2[2];
+        if constexpr (MODE == kMass)
+            for (int i = 0; i < 2; i++)
+                l2[i] = rw.ok[i] ? a.lse2[(size_t)w.bh * a.len_q + rw.q0 + rw.r0 + 8 * i]
+                                 : -INFINITY;
+        float *const my_slot = wslot + (size_t)(4 * wg + warp) * kMaxChunk;
+        const float sl2 = scale * a.sl2;
+        auto pool_any = [&](const float (&d)[64], int i) {
+            if constexpr (MODE == kMax)
+                pool(a, rw, d, w.k0 + i, lane, scale, slot + i, key_row0);
+            else if constexpr (MODE == kLse)
+                pool_lse(rw, d, w.k0 + i, lane, sl2, m, z);
+            else
+                pool_mass(rw, d, w.k0 + i, lane, sl2, l2, my_slot + i);
+        };
 
         const unsigned qb = nu % G::QB;
         sa_mbar_wait(&q_full[qb], (nu / G::QB) & 1);
@@ -308,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             issue<P>(next, q_lo, k_lo(kc + 1));
             sa_wgmma_wait<1>();
             release(kc++);
-            pool(a, rw, cur, w.k0 + i, lane, scale, slot + i, key_row0);
+            pool_any(cur, i);
         };
         wait_full(kc);
         issue<P>(acc0, q_lo, k_lo(kc));
@@ -321,15 +427,45 @@ __global__ void __launch_bounds__(kThreads, 1)
             step(acc1, acc0, i);
             sa_wgmma_wait<0>();
             release(kc++);
-            pool(a, rw, acc1, w.k0 + i + 1, lane, scale, slot + i + 1, key_row0);
+            pool_any(acc1, i + 1);
         } else {
             sa_wgmma_wait<0>();
             release(kc++);
-            pool(a, rw, acc0, w.k0 + i, lane, scale, slot + i, key_row0);
+            pool_any(acc0, i);
         }
         if (lane == 0)
             sa_mbar_arrive(&q_empty[qb]); // every wgmma of the unit has completed
         nu++;
+        if constexpr (MODE == kLse) { // the row's (max, sum) over the unit, from its 4 threads
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+#pragma unroll
+                for (int o = 1; o < 4; o <<= 1) {
+                    const float mo = __shfl_xor_sync(0xffffffffu, m[i], o);
+                    const float zo = __shfl_xor_sync(0xffffffffu, z[i], o);
+                    const float mn = fmaxf(m[i], mo);
+                    z[i] = mn == -INFINITY ? 0.0f
+                                           : z[i] * exp2f(m[i] - mn) + zo * exp2f(mo - mn);
+                    m[i] = mn;
+                }
+                if (lane % 4 == 0 && rw.ok[i])
+                    a.part[((size_t)w.bh * a.len_q + rw.q0 + rw.r0 + 8 * i) * a.nchunks + w.c] =
+                        make_float2(m[i], z[i]);
+            }
+            continue;
+        }
+        if constexpr (MODE == kMass) { // the unit's block masses: 8 warps summed in order
+            sa_named_barrier_sync<1>(kConsumerThreads);
+            float *row = a.mass + ((size_t)w.bh * a.q_tiles + w.t) * a.kv_blocks;
+            for (int i = tid; i < w.k1 - w.k0; i += kConsumerThreads) {
+                float v = 0.0f;
+                for (int j = 0; j < kConsumerWarps; j++)
+                    v += wslot[(size_t)j * kMaxChunk + i];
+                row[w.k0 + i] = v;
+            }
+            sa_named_barrier_sync<1>(kConsumerThreads);
+            continue;
+        }
         if (!a.per_query) { // flush the unit's block maxima
             sa_named_barrier_sync<1>(kConsumerThreads);
             unsigned *row = a.keys + (((size_t)b * a.groups + g) * a.q_tiles + w.t) * a.kv_blocks;
@@ -374,22 +510,60 @@ int choose_chunk(const SelScoreShape &sh, int sms)
     return best;
 }
 
-template <int P>
+template <int P, int MODE>
 int launch(const CUtensorMap &qm, const CUtensorMap &km, const ScoreArgs &a, int grid,
            cudaStream_t st)
 {
-    int err = sel_smem_optin(reinterpret_cast<const void *>(score_wgmma<P>), Geo<P>::SMEM);
+    int err = sel_smem_optin(reinterpret_cast<const void *>(score_wgmma<P, MODE>), Geo<P>::SMEM);
     if (err)
         return err;
-    score_wgmma<P><<<grid, kThreads, Geo<P>::SMEM, st>>>(qm, km, a);
+    score_wgmma<P, MODE><<<grid, kThreads, Geo<P>::SMEM, st>>>(qm, km, a);
     SA_CUDA_TRY(cudaGetLastError());
     return SA_OK;
 }
 
-} // namespace
+template <int MODE>
+int launch_dim(const CUtensorMap &qm, const CUtensorMap &km, const ScoreArgs &a, int dim,
+               int grid, cudaStream_t st)
+{
+    switch ((dim + kPanelCols - 1) / kPanelCols) {
+    case 1: return launch<1, MODE>(qm, km, a, grid, st);
+    case 2: return launch<2, MODE>(qm, km, a, grid, st);
+    case 3: return launch<3, MODE>(qm, km, a, grid, st);
+    default: return launch<4, MODE>(qm, km, a, grid, st);
+    }
+}
 
-int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
-                    const SelScoreShape &sh, unsigned *keys, cudaStream_t st)
+// The rows' log2-sum-exp2 from kLse's per-chunk (max, sum): one thread per (scored head, query).
+__global__ void lse_kernel(const float2 *__restrict__ part, float *__restrict__ lse2,
+                           size_t rows, int len_q, int q_tiles, int kv_blocks, int chunk,
+                           int nchunks, int causal, int len_kv)
+{
+    const size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (r >= rows)
+        return;
+    const int t = (int)(r % len_q) / SA_TILE;
+    int end = kv_blocks; // the tile's units: chunks below its last visible block (unit_of)
+    if (causal) {
+        const SelRowRule tile_rule = {kv_blocks, q_tiles, 0, 1, 0, 0, 1, len_q, len_kv};
+        end = sel_row_of(tile_rule, t).n;
+    }
+    const int used = (end + chunk - 1) / chunk;
+    float mx = -INFINITY;
+    for (int c = 0; c < used; c++)
+        mx = fmaxf(mx, part[r * nchunks + c].x);
+    float sum = 0.0f;
+    if (mx > -INFINITY)
+        for (int c = 0; c < used; c++) {
+            const float2 v = part[r * nchunks + c];
+            sum += v.y * exp2f(v.x - mx);
+        }
+    lse2[r] = sum > 0.0f ? mx + log2f(sum) : -INFINITY;
+}
+
+// Shared setup of both entry points: the checks, the tensor maps, the args and the grid.
+int score_setup(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const SelScoreShape &sh,
+                CUtensorMap &qm, CUtensorMap &km, ScoreArgs &a, int &grid)
 {
     if (sh.dim <= 0 || sh.dim > 4 * kPanelCols || sh.dim % 8)
         return SA_ERR_UNSUPPORTED;
@@ -401,26 +575,72 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
     int err = sa_cuda_device_info(&sms, &major);
     if (err)
         return err;
-    CUtensorMap qm, km;
     if ((err = sa_tensor_map_bf16_2d(&qm, qd, q_rows, sh.dim, SA_TILE, kPanelCols)) ||
         (err = sa_tensor_map_bf16_2d(&km, kd, k_rows, sh.dim, SA_TILE, kPanelCols)))
         return err;
-    ScoreArgs a;
+    a = ScoreArgs{};
     a.qh = sh.qh, a.kh = sh.kh, a.groups = sh.groups;
     a.len_q = sh.len_q, a.len_kv = sh.len_kv, a.q_tiles = sh.q_tiles, a.kv_blocks = sh.kv_blocks;
     a.per_query = sh.per_query, a.causal = sh.causal;
     a.chunk = choose_chunk(sh, sms);
     a.nchunks = (sh.kv_blocks + a.chunk - 1) / a.chunk;
     a.units = (long long)sh.batch * sh.qh * sh.q_tiles * a.nchunks;
+    grid = (int)(a.units < sms ? a.units : sms);
+    return SA_OK;
+}
+
+} // namespace
+
+int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
+                    const SelScoreShape &sh, unsigned *keys, cudaStream_t st)
+{
+    CUtensorMap qm, km;
+    ScoreArgs a;
+    int grid = 0;
+    int err = score_setup(qd, kd, sh, qm, km, a, grid);
+    if (err)
+        return err;
     a.ts = ts, a.keys = keys;
     a.store = sh.qh / sh.groups == 1;
-    const int grid = (int)(a.units < sms ? a.units : sms);
-    switch ((sh.dim + kPanelCols - 1) / kPanelCols) {
-    case 1: return launch<1>(qm, km, a, grid, st);
-    case 2: return launch<2>(qm, km, a, grid, st);
-    case 3: return launch<3>(qm, km, a, grid, st);
-    default: return launch<4>(qm, km, a, grid, st);
-    }
+    return launch_dim<kMax>(qm, km, a, sh.dim, grid, st);
+}
+
+size_t sel_nvfp4_mass_scratch(const SelScoreShape &sh)
+{
+    int sms = 0, major = 0;
+    if (sa_cuda_device_info(&sms, &major)) // no device: the call that follows says so
+        sms = 1;
+    // The chunk score_setup picks: (row, chunk) pairs of kLse, then the rows' lse.
+    const int chunk = choose_chunk(sh, sms), nchunks = (sh.kv_blocks + chunk - 1) / chunk;
+    const size_t rows = (size_t)sh.batch * sh.qh * sh.len_q;
+    return rows * nchunks * sizeof(float2) + ((rows * sizeof(float) + 255) & ~size_t(255));
+}
+
+int sel_nvfp4_mass(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
+                   const SelScoreShape &sh, void *scratch, float *mass, cudaStream_t st)
+{
+    if (sh.per_query)
+        return SA_ERR_UNSUPPORTED;
+    CUtensorMap qm, km;
+    ScoreArgs a;
+    int grid = 0;
+    int err = score_setup(qd, kd, sh, qm, km, a, grid);
+    if (err)
+        return err;
+    const size_t rows = (size_t)sh.batch * sh.qh * sh.len_q;
+    a.ts = ts;
+    a.sl2 = (float)(1.4426950408889634 / sqrt((double)sh.dim));
+    a.lse2 = reinterpret_cast<float *>(scratch);
+    a.part = reinterpret_cast<float2 *>(static_cast<char *>(scratch) +
+                                        ((rows * sizeof(float) + 255) & ~size_t(255)));
+    a.mass = mass;
+    if ((err = launch_dim<kLse>(qm, km, a, sh.dim, grid, st)))
+        return err;
+    lse_kernel<<<(unsigned)((rows + 255) / 256), 256, 0, st>>>(
+        a.part, const_cast<float *>(a.lse2), rows, sh.len_q, sh.q_tiles, sh.kv_blocks, a.chunk,
+        a.nchunks, sh.causal, sh.len_kv);
+    SA_CUDA_TRY(cudaGetLastError());
+    return launch_dim<kMass>(qm, km, a, sh.dim, grid, st);
 }
 
 extern "C" int sel_nvfp4_score_only(const uint16_t *qd, const uint16_t *kd, const float *ts,

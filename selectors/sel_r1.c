@@ -16,4 +16,5 @@ const sa_selector sa_selector_r1 = {
     .cpu = r1_cpu,
     .cuda = SEL_CUDA(sel_r1_cuda),
     .head_lists = SEL_MODES_HEADS,
+    .cuda_head_lists = SEL_CUDA_MODES(SEL_MODES_GROUP),
 };

@@ -20,4 +20,5 @@ const sa_selector sa_selector_r4 = {
     .cpu = r4_cpu,
     .cuda = SEL_CUDA(sel_r4_cuda),
     .head_lists = SEL_MODES_HEADS,
+    .cuda_head_lists = SEL_CUDA_MODES(SEL_MODES_GROUP),
 };

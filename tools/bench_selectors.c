@@ -11,7 +11,9 @@
  *      share of that rate), and next to a kernel that only reads Q and K once, timed the same
  *      way ("x read"). The nvfp4 scorers once more on index vectors of their own with
  *      --index-heads heads (default heads_kv, one per KV group as MiniMax's MSA; 0: none) and
- *      index_dim = D ("nvfp4/iN" rows). The GPU NVFP4 quantizer of Q alone.
+ *      index_dim = D ("nvfp4/iN" rows). A selector whose GPU function takes per-head and pooled
+ *      lists (sa_selector.cuda_head_lists: nvfp4_mass) once more with each ("/ph", "/pool").
+ *      nvfp4_mass's FLOPs count its two passes over QK^T. The GPU NVFP4 quantizer of Q alone.
  *   2. Per workload (sa_workload_generate: gaussian and the structured ones) and tile selector:
  *      the pipeline (selector then attention, lists passed on the device) and the attention alone
  *      on the same lists; useful TFLOP/s = 4 * D * (query, selected key) pairs / time, and the
@@ -89,6 +91,7 @@ typedef struct sel_call {
     sa_gpu_attn *a;
     const uint16_t *qi, *ki; /* the set's index vectors (index_dim = D), or NULL */
     int index_heads;
+    int head_lists; /* sa_select_params.head_lists */
 } sel_call;
 
 /* Index vectors of every set for the nvfp4/iN rows: (B, heads, len, D) each. */
@@ -106,6 +109,7 @@ static void params_for(const sel_call *c, void *stream, sa_select_params *p)
     sa_select_params_default(p);
     p->k = BENCH_K;
     p->stream = stream;
+    p->head_lists = c->head_lists;
     if (c->attn)
         p->verdict = pipe_verdict;
     if (c->qi) {
@@ -172,20 +176,29 @@ static int call_quantizer_async(void *ctx, void *stream)
 }
 
 /* Times fn on the sets in rotation (call i on sets[i % nsets]), its context sel / attn / buf and
- * the set. */
-static int time_call(bench_env *e, const bench_flags *f, const char *name, bh_fn fn,
-                     const sa_selector *sel, const sa_stage *attn, const sel_bufs *buf,
-                     const index_sets *ix, bh_set *sets, int nsets, bh_timing *t)
+ * the set; a selector writes the lists of head_lists mode `mode`. */
+static int time_call_mode(bench_env *e, const bench_flags *f, const char *name, bh_fn fn,
+                          const sa_selector *sel, const sa_stage *attn, const sel_bufs *buf,
+                          const index_sets *ix, bh_set *sets, int nsets, int mode, bh_timing *t)
 {
     sel_call calls[BENCH_MAX_SETS];
     void *ctx[BENCH_MAX_SETS];
     for (int i = 0; i < nsets; i++) {
-        calls[i] = (sel_call){sel, attn, buf, &sets[i].a, NULL, NULL, 0};
+        calls[i] = (sel_call){sel, attn, buf, &sets[i].a, NULL, NULL, 0, mode};
         if (ix && ix->heads)
             calls[i].qi = ix->q[i], calls[i].ki = ix->k[i], calls[i].index_heads = ix->heads;
         ctx[i] = &calls[i];
     }
     return bh_time(e->g, name, fn, ctx, nsets, 0, f->warmup, f->reps, t);
+}
+
+/* time_call_mode with the group's lists. */
+static int time_call(bench_env *e, const bench_flags *f, const char *name, bh_fn fn,
+                     const sa_selector *sel, const sa_stage *attn, const sel_bufs *buf,
+                     const index_sets *ix, bh_set *sets, int nsets, bh_timing *t)
+{
+    return time_call_mode(e, f, name, fn, sel, attn, buf, ix, sets, nsets, SA_HEAD_LISTS_GROUP,
+                          t);
 }
 
 /* The attention stage on `a` (a set with valid lists): --stage, else cli_tile_stage. */
@@ -261,26 +274,35 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
         if (!sel->cuda)
             continue;
         const int nvfp4 = !strncmp(sel->name, "nvfp4", 5);
-        /* pass 1: the nvfp4 scorers on index vectors of their own (ix->heads heads). */
-        for (int pass = 0; pass < (nvfp4 && ix->heads ? 2 : 1); pass++) {
+        /* nvfp4_mass runs the scorer's GEMMs twice (the log-sum-exp, then the mass). */
+        const double gemms = !strcmp(sel->name, "nvfp4_mass") ? 2.0 : 1.0;
+        /* pass 1: the nvfp4 scorers on index vectors of their own (ix->heads heads); passes 2
+         * and 3: per-head and pooled lists, where the GPU function takes them. */
+        for (int pass = 0; pass < 4; pass++) {
+            const int mode = pass < 2 ? SA_HEAD_LISTS_GROUP : pass - 1;
+            if ((pass == 1 && !(nvfp4 && ix->heads)) ||
+                (pass >= 2 && !(sel->cuda_head_lists & SA_HEAD_LISTS_BIT(mode))))
+                continue;
             char name[40];
-            snprintf(name, sizeof name, pass ? "%s/i%d" : "%s", sel->name, ix->heads);
+            snprintf(name, sizeof name, pass == 1 ? "%s/i%d" : pass == 2 ? "%s/ph" : pass == 3
+                     ? "%s/pool" : "%s", sel->name, ix->heads);
             bh_timing t;
-            int rc = time_call(e, f, name, call_selector, sel, NULL, buf, pass ? ix : NULL, sets,
-                               nsets, &t);
+            int rc = time_call_mode(e, f, name, call_selector, sel, NULL, buf,
+                                    pass == 1 ? ix : NULL, sets, nsets, mode, &t);
             if (rc) {
                 fprintf(stderr, "sparseattn: bench selectors: %s: %s\n", name, bench_why(rc));
                 return rc;
             }
             /* The nvfp4 scorers do every (query, key) dot product of their scored heads: 2 * D
              * FLOPs each. */
-            const int heads = pass ? ix->heads : s->heads_q;
-            const double bytes = pass ? 2.0 * s->batch * ix->heads * s->head_dim *
+            const int heads = pass == 1 ? ix->heads : s->heads_q;
+            const double bytes = pass == 1 ? 2.0 * s->batch * ix->heads * s->head_dim *
                                             ((double)s->len_q + s->len_kv)
                                       : qk_bytes;
             const double mem_ms = bench_byte_ms(bytes, e->copy_bps);
-            const double flops =
-                nvfp4 ? 2.0 * s->batch * heads * (double)s->len_q * s->len_kv * s->head_dim : 0;
+            const double flops = nvfp4 ? gemms * 2.0 * s->batch * heads * (double)s->len_q *
+                                             s->len_kv * s->head_dim
+                                       : 0;
             const double flop_ms = bench_flop_ms(flops, f->gemm_tflops);
             const double fl = flop_ms > mem_ms ? flop_ms : mem_ms;
             const double tf = nvfp4 ? bench_tflops(flops, t.median_ms) : 0;
@@ -290,7 +312,7 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
                        "\"x_floor\":%.4g,\"read_floor_ms\":%.6g,\"x_read\":%.4g,"
                        "\"index_heads\":%d,\"tflops\":%.6g,\"gemm_share\":%.4g}\n",
                        bytes, mem_ms, flop_ms, t.median_ms / fl, tr.median_ms,
-                       t.median_ms / tr.median_ms, pass ? ix->heads : 0, tf,
+                       t.median_ms / tr.median_ms, pass == 1 ? ix->heads : 0, tf,
                        tf / f->gemm_tflops);
             } else {
                 /* The issues' goals on the H200: r1 within 1.5x of its floor, r4 within 2x; the
@@ -418,7 +440,7 @@ static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, bh_s
             bh_timing tp, ta;
             /* One call on poisoned outputs with the stage's validation on (the default path). */
             sel_call smoke = {sel, attn, buf, &sets[0].a, pass ? ix->q[0] : NULL,
-                              pass ? ix->k[0] : NULL, pass ? ix->heads : 0};
+                              pass ? ix->k[0] : NULL, pass ? ix->heads : 0, SA_HEAD_LISTS_GROUP};
             sets[0].a.validate = 1;
             sets[0].a.verdict = NULL;
             rc = bh_smoke(e->g, name, call_pipeline, &smoke, &sets[0].a, &bad);

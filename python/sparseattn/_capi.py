@@ -117,7 +117,8 @@ SELECT_FN = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(SaShape), c_void_p, c_void_p,
 
 class SaSelector(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("description", c_char_p), ("per_query", c_int),
-                ("cpu", SELECT_FN), ("cuda", SELECT_FN), ("head_lists", c_uint)]
+                ("cpu", SELECT_FN), ("cuda", SELECT_FN), ("head_lists", c_uint),
+                ("cuda_head_lists", c_uint)]
 
 
 class SaWorkload(ctypes.Structure):

@@ -24,6 +24,11 @@ static const sa_selector *gpu_selector(int n)
 
 static int is_reps(const char *name) { return !strcmp(name, "r1") || !strcmp(name, "r4"); }
 static int is_nvfp4(const char *name) { return !strncmp(name, "nvfp4", 5); }
+/* The nvfp4 scorers that rank by maxima (nvfp4_mass ranks by mass: the brute force's). */
+static int is_nvfp4_max(const char *name)
+{
+    return !strcmp(name, "nvfp4") || !strcmp(name, "nvfp4_query");
+}
 
 /* Relative band (of the row's largest |score|) inside which two scores count as tied. */
 #define TIE_REL_REPS 1e-5  /* FP32 means and dots, another summation order */
@@ -64,8 +69,26 @@ static double *ref_scores(const char *name, const sa_shape *s, const uint16_t *q
     const int n = sa_kv_blocks(s), qt = sa_q_tiles(s), group = s->heads_q / s->heads_kv;
     const uint16_t *qv = p->q_index ? p->q_index : q, *kv = p->k_index ? p->k_index : k;
     const int dim = p->q_index ? p->index_dim : s->head_dim;
-    if (!is_reps(name) && !is_nvfp4(name))
-        return bf_scores_causal(name, s, qv, kv, dim, p->causal); /* the CPU tests' brute force */
+    if (!is_reps(name) && !is_nvfp4_max(name)) { /* the CPU tests' brute force */
+        if (!p->index_heads)
+            return bf_scores_causal(name, s, qv, kv, dim, p->causal);
+        /* Index heads: each index head alone (a group of one), then the mass of the index heads
+         * list hkv takes, [hkv Hi / Hkv, + max(1, Hi / Hkv)), summed. */
+        const int hi = p->index_heads, qt_ = sa_q_tiles(s), nb = sa_kv_blocks(s);
+        const sa_shape one = {s->batch, hi, hi, s->len_q, s->len_kv, s->head_dim};
+        double *per = bf_scores_causal(name, &one, qv, kv, dim, p->causal);
+        const int nh = hi >= s->heads_kv ? hi / s->heads_kv : 1;
+        double *S = calloc((size_t)s->batch * s->heads_kv * qt_ * nb, sizeof *S);
+        ck_assert(S);
+        for (int b = 0; b < s->batch; b++)
+            for (int hkv = 0; hkv < s->heads_kv; hkv++)
+                for (int j = 0; j < nh; j++)
+                    for (size_t e = 0; e < (size_t)qt_ * nb; e++)
+                        S[((size_t)b * s->heads_kv + hkv) * qt_ * nb + e] +=
+                            per[((size_t)b * hi + hkv * hi / s->heads_kv + j) * qt_ * nb + e];
+        free(per);
+        return S;
+    }
     const int per_query = sa_selector_by_name(name)->per_query;
     const size_t rows = (size_t)s->batch * s->heads_kv * (per_query ? s->len_q : qt);
     double *S = malloc(rows * n * sizeof *S);
@@ -839,7 +862,7 @@ START_TEST(test_host_wrapper)
 END_TEST
 
 /* Index heads (sa_select_params.index_heads > 0) are CPU-only for r1 and r4, and keep_local off
- * the diagonal for every GPU selector: the GPU functions answer SA_ERR_UNSUPPORTED after the
+ * the diagonal and per-head or pooled lists (head_lists) for every GPU selector: the GPU functions answer SA_ERR_UNSUPPORTED after the
  * CPU's checks (bad values keep the CPU's code), directly on device buffers of the index heads'
  * layout and through sel_cuda_run_host (which sizes its copies by that layout); the nvfp4
  * scorers run them (their lists are checked against the CPU's in test_vs_cpu). keep_local with
@@ -897,6 +920,21 @@ START_TEST(test_index_heads_unsupported)
         CK_CUDA(cudaDeviceSynchronize());
         hp.keep_local = 2;
         same_error(sel, &s, hq, hk, dq, dk, &hp, &hp, hidx, didx, SA_ERR_ARG, "keep_local 2");
+        /* head_lists: a mode outside .cuda_head_lists is SA_ERR_UNSUPPORTED (test_head_lists
+         * runs the others); a value outside the modes is the CPU's SA_ERR_ARG. */
+        hp.keep_local = 0;
+        ck_assert(sel->cuda_head_lists & SA_HEAD_LISTS_BIT(SA_HEAD_LISTS_GROUP));
+        ck_assert(!(sel->cuda_head_lists & ~sel->head_lists));
+        for (int mode = SA_HEAD_LISTS_PER_HEAD; mode <= SA_HEAD_LISTS_POOLED; mode++) {
+            hp.head_lists = mode;
+            if (sel->cuda_head_lists & SA_HEAD_LISTS_BIT(mode))
+                continue;
+            ck_assert_int_eq(sel->cuda(&s, dq, dk, &hp, didx, NULL), SA_ERR_UNSUPPORTED);
+            CK_CUDA(cudaDeviceSynchronize());
+        }
+        hp.head_lists = 3;
+        same_error(sel, &s, hq, hk, dq, dk, &hp, &hp, hidx, didx, SA_ERR_ARG, "head_lists 3");
+        hp.head_lists = SA_HEAD_LISTS_GROUP;
         /* Square: keep_local runs, and gives keep_diagonal's GPU lists. */
         hp.keep_local = 1;
         ck_assert_int_eq(run_gpu_selector(sel, &sq, hq, hk, &hp, hidx, hcnt), SA_OK);
@@ -909,6 +947,142 @@ START_TEST(test_index_heads_unsupported)
     }
     cudaFree(dq), cudaFree(dk), cudaFree(dqi), cudaFree(dki), cudaFree(didx);
     free(hq), free(hk), free(hqi), free(hki), free(hidx), free(hcnt), free(a), free(ca);
+}
+END_TEST
+
+/* K (B, Hkv, S, D) -> (B, Hq, S, D), query head h's KV head copied to head h: per-head scores
+ * are then a group of one's. */
+static uint16_t *kv_per_head(const sa_shape *s, const uint16_t *k)
+{
+    const int group = s->heads_q / s->heads_kv;
+    const size_t head = (size_t)s->len_kv * s->head_dim;
+    uint16_t *out = malloc((size_t)s->batch * s->heads_q * head * 2);
+    ck_assert(out);
+    for (int b = 0; b < s->batch; b++)
+        for (int h = 0; h < s->heads_q; h++)
+            memcpy(out + ((size_t)b * s->heads_q + h) * head,
+                   k + ((size_t)b * s->heads_kv + h / group) * head, head * 2);
+    return out;
+}
+
+/* Per-head and pooled lists on the GPU (the selectors whose .cuda_head_lists has them) against
+ * their CPU function on the same input. Equal lists pass. Otherwise every per-head row that
+ * differs must be a swap inside the tie band of brute-force per-head scores (a group of one),
+ * and the GPU's pooled lists must pass bf_check_pooled on those scores (the budget, the caps,
+ * the forced blocks and the exchange rule). The GPU lists are poisoned first and must pass the
+ * causal validator. The first case is the small one (SA_SMALL). */
+START_TEST(test_head_lists)
+{
+    static const sel_case hcases[] = {
+        {{1, 4, 1, 700, 900, 64}, 4, 0, 0, 0, -1, 1, 0, 0},    /* causal chunk, partial tile */
+        {{2, 4, 2, 640, 640, 128}, 3, 1, 1, 0, -1, 0, 0, 0},   /* keep_diagonal and the sink */
+        {{1, 8, 2, 1000, 1000, 64}, 3, 0, 0, 0, -1, 1, 0, 0},  /* causal prefill, GQA 4 */
+        {{1, 16, 1, 384, 2100, 128}, 8, 0, 0, 0, -1, 0, 0, 0}, /* GQA 16 */
+    };
+    const int ncases = small() ? 1 : (int)(sizeof hcases / sizeof hcases[0]);
+    int ran = 0;
+    for (int ci = 0; ci < ncases; ci++) {
+        const sel_case *c = &hcases[ci];
+        const sa_shape *s = &c->s;
+        const sa_shape one = {s->batch, s->heads_q, s->heads_q, s->len_q, s->len_kv,
+                              s->head_dim};
+        sa_rng rng;
+        sa_rng_seed(&rng, sa_test_seed() ^ (uint64_t)(ci * 7919));
+        uint16_t *q = malloc(sa_q_elems(s) * 2), *k = malloc(sa_kv_elems(s) * 2);
+        ck_assert(q && k);
+        sa_rng_fill_bf16(&rng, q, sa_q_elems(s), 1.0f);
+        sa_rng_fill_bf16(&rng, k, sa_kv_elems(s), 1.0f);
+        /* Heads of unequal spread, so that pooling moves blocks between them. */
+        for (size_t i = 0; i < sa_q_elems(s); i++) {
+            const size_t h = i / ((size_t)s->len_q * s->head_dim) % s->heads_q;
+            q[i] = sa_bf16_from_f32(sa_bf16_to_f32(q[i]) * (0.4f + 0.5f * (float)(h % 4)));
+        }
+        uint16_t *kk = kv_per_head(s, k);
+        uint16_t *dq = dev_from_host(q, sa_q_elems(s) * 2), *dk = dev_from_host(k, sa_kv_elems(s) * 2);
+        const sa_selector *sel;
+        for (int si = 0; (sel = gpu_selector(si)); si++)
+            for (int mode = SA_HEAD_LISTS_PER_HEAD; mode <= SA_HEAD_LISTS_POOLED; mode++) {
+                if (!(sel->cuda_head_lists & SA_HEAD_LISTS_BIT(mode)))
+                    continue;
+                sa_select_params p;
+                sa_select_params_default(&p);
+                p.k = c->k, p.keep_diagonal = c->keep_diagonal, p.keep_sink = c->keep_sink;
+                p.causal = c->causal, p.head_lists = mode;
+                int lh, rows, width;
+                ck_assert_int_eq(sa_select_layout(sel, s, &p, &lh, &rows, &width), SA_OK);
+                const size_t nr = (size_t)s->batch * lh * rows, n = nr * width;
+                int32_t *ic = malloc(n * 4), *cc = malloc(nr * 4), *ig = malloc(n * 4),
+                        *cg = malloc(nr * 4), *di, *dc;
+                ck_assert(ic && cc && ig && cg);
+                ck_assert_int_eq(sel->cpu(s, q, k, &p, ic, cc), SA_OK);
+                CK_CUDA(cudaMalloc((void **)&di, n * 4 + 4));
+                CK_CUDA(cudaMalloc((void **)&dc, nr * 4 + 4));
+                CK_CUDA(cudaMemset(di, SEL_POISON_BYTE, n * 4 + 4));
+                CK_CUDA(cudaMemset(dc, SEL_POISON_BYTE, nr * 4 + 4));
+                const int rc = sel->cuda(s, dq, dk, &p, di, dc);
+                CK_CUDA(cudaDeviceSynchronize());
+                ck_assert_msg(rc == SA_OK, "%s mode %d GPU: %s (seed %llu)", sel->name, mode,
+                              sa_strerror(rc), (unsigned long long)sa_test_seed());
+                int32_t after[2];
+                CK_CUDA(cudaMemcpy(ig, di, n * 4, cudaMemcpyDeviceToHost));
+                CK_CUDA(cudaMemcpy(cg, dc, nr * 4, cudaMemcpyDeviceToHost));
+                CK_CUDA(cudaMemcpy(&after[0], di + n, 4, cudaMemcpyDeviceToHost));
+                CK_CUDA(cudaMemcpy(&after[1], dc + nr, 4, cudaMemcpyDeviceToHost));
+                ck_assert_msg(after[0] == SEL_POISON_WORD && after[1] == SEL_POISON_WORD,
+                              "%s mode %d wrote past its lists (seed %llu)", sel->name, mode,
+                              (unsigned long long)sa_test_seed());
+                sa_attn_opts vo;
+                sa_attn_opts_default(&vo);
+                vo.causal = c->causal;
+                const sa_tile_lists l = {ig, cg, lh, width};
+                ck_assert_int_eq(sa_tile_lists_check_opts(s, &l, &vo), SA_OK);
+                if (memcmp(ic, ig, n * 4) || memcmp(cc, cg, nr * 4)) {
+                    double *S = bf_scores_causal(sel->name, &one, q, kk, s->head_dim, c->causal);
+                    const int nb = sa_kv_blocks(s);
+                    int swaps = 0, rows_diff = 0, moved = 0;
+                    char why[256];
+                    if (mode == SA_HEAD_LISTS_POOLED) {
+                        const char *w = bf_check_pooled(s, S, &p, ig, cg, width, &moved);
+                        ck_assert_msg(!w, "%s pooled, case %d: GPU lists: %s (seed %llu)",
+                                      sel->name, ci, w, (unsigned long long)sa_test_seed());
+                        for (size_t r = 0; r < nr; r++)
+                            rows_diff += cc[r] != cg[r] ||
+                                         memcmp(ic + r * width, ig + r * width, width * 4);
+                    } else {
+                        for (size_t r = 0; r < nr; r++) {
+                            if (!memcmp(ic + r * width, ig + r * width, width * 4))
+                                continue;
+                            rows_diff++;
+                            const int x = (int)(r % rows);
+                            const int vis = visible_blocks(s, 0, c->causal, x);
+                            const int kr = c->k < vis ? c->k : vis;
+                            const int diag = c->causal ? vis - 1 : c->keep_diagonal ? x : -1;
+                            double mx = 0;
+                            for (int b = 0; b < vis; b++)
+                                mx = fabs(S[r * nb + b]) > mx ? fabs(S[r * nb + b]) : mx;
+                            ck_assert_msg(cc[r] == cg[r] &&
+                                              row_agrees(S + r * nb, vis, kr, diag, c->keep_sink,
+                                                         ic + r * width, ig + r * width,
+                                                         mx * TIE_REL_NVFP4, &swaps, why,
+                                                         sizeof why),
+                                          "%s per head, case %d: row %zu differs: %s (seed %llu)",
+                                          sel->name, ci, r, why,
+                                          (unsigned long long)sa_test_seed());
+                        }
+                    }
+                    printf("%s %s case %d: %d of %zu rows differ from the CPU inside the tie "
+                           "band: accepted\n", sel->name, mode == 1 ? "per head" : "pooled", ci,
+                           rows_diff, nr);
+                    free(S);
+                }
+                ran++;
+                cudaFree(di), cudaFree(dc);
+                free(ic), free(cc), free(ig), free(cg);
+            }
+        cudaFree(dq), cudaFree(dk);
+        free(q), free(k), free(kk);
+    }
+    ck_assert_msg(ran > 0, "no GPU selector takes per-head or pooled lists");
 }
 END_TEST
 
@@ -996,6 +1170,7 @@ int main(void)
     tcase_add_test(tc, test_many_blocks);
     tcase_add_test(tc, test_host_wrapper);
     tcase_add_test(tc, test_index_heads_unsupported);
+    tcase_add_test(tc, test_head_lists);
     tcase_add_test(tc, test_nvfp4_verdict);
     suite_add_tcase(s, tc);
     return sa_test_run(s);

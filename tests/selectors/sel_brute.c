@@ -334,3 +334,70 @@ const char *bf_check_row(const double *score, int n, int k, int diag, int sink,
     free(chosen);
     return msg;
 }
+
+const char *bf_check_pooled(const sa_shape *s, const double *sc, const sa_select_params *p,
+                            const int32_t *idx, const int32_t *cnt, int cap, int *moved)
+{
+    const int n_all = sa_kv_blocks(s), tiles = sa_q_tiles(s), h = s->heads_q / s->heads_kv;
+    unsigned char *in = malloc((size_t)n_all);
+    ck_assert_ptr_nonnull(in);
+    const char *msg = NULL;
+    for (int g = 0; g < s->batch * s->heads_kv && !msg; g++)
+        for (int t = 0; t < tiles && !msg; t++) {
+            const int n = p->causal ? sa_causal_tile_blocks(s, t) : n_all;
+            const int kq = p->k < n ? p->k : n, hi = cap < n ? cap : n;
+            int total = 0;
+            double min_in = INFINITY, max_out = -INFINITY, big = 0;
+            for (int j = 0; j < h && !msg; j++) {
+                const size_t row = ((size_t)g * h + j) * tiles + t;
+                const int32_t *lr = idx + row * cap;
+                const double *srow = sc + row * n_all;
+                const int c = cnt[row];
+                *moved += c != kq;
+                if (c < (kq > 0) || c > hi) {
+                    msg = "a row's count is outside [1, min(cap, n)]";
+                    break;
+                }
+                total += c;
+                memset(in, 0, (size_t)n_all);
+                for (int e = 0; e < c; e++) {
+                    if (lr[e] < 0 || lr[e] >= n || (e && lr[e] <= lr[e - 1]))
+                        msg = "a row is not sorted, distinct and visible";
+                    else
+                        in[lr[e]] = 1;
+                }
+                for (int e = c; e < cap; e++)
+                    if (lr[e] != -1)
+                        msg = "a slot past the count is not -1";
+                /* Forced: the diagonal (causal or keep_diagonal), the sink, else the head's
+                 * best block (the first of the largest). */
+                int diag = p->causal ? n - 1 : p->keep_diagonal ? t : -1;
+                if (msg || n == 0)
+                    continue;
+                if ((diag >= 0 && !in[diag]) || (p->keep_sink && !in[0])) {
+                    msg = "a forced block is missing";
+                    break;
+                }
+                if (diag < 0 && !p->keep_sink) {
+                    diag = 0;
+                    for (int b = 1; b < n; b++)
+                        diag = srow[b] > srow[diag] ? b : diag;
+                }
+                for (int b = 0; b < n; b++) {
+                    big = fabs(srow[b]) > big ? fabs(srow[b]) : big;
+                    if (b == diag || (p->keep_sink && b == 0))
+                        continue;
+                    if (in[b])
+                        min_in = srow[b] < min_in ? srow[b] : min_in;
+                    else if (c < hi)
+                        max_out = srow[b] > max_out ? srow[b] : max_out;
+                }
+            }
+            if (!msg && total != h * kq)
+                msg = "the group's rows do not hold H * min(k, n) blocks";
+            if (!msg && min_in < max_out - (1e-4 * big + 1e-12))
+                msg = "a block left out of a head with room scores above a chosen one";
+        }
+    free(in);
+    return msg;
+}

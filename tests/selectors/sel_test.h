@@ -22,6 +22,17 @@ double *bf_scores_causal(const char *name, const sa_shape *s, const uint16_t *q,
 const char *bf_check_row(const double *score, int n, int k, int diag, int sink,
                          const int32_t *row);
 
+/* Checks pooled lists (SA_HEAD_LISTS_POOLED: rows (B, Hq, q_tiles, cap) with counts) against
+ * per-head brute-force scores sc, rows (B, Hq, q_tiles, kv_blocks) (bf_scores of a group of one:
+ * K copied to one KV head per query head), under p's k, causal, keep_diagonal and keep_sink. Per
+ * (batch, group, tile): rows sorted, distinct, visible, -1 past the count, holding their forced
+ * blocks; a head at most min(cap, n) blocks and the group H * min(k, n); and no block left out
+ * of a head with room scoring above a chosen unforced one of the group (a band of 1e-4 of the
+ * group's largest |score|), the exchange rule of the greedy. NULL when fine, else a static
+ * message; *moved += the rows holding other than min(k, n) blocks. */
+const char *bf_check_pooled(const sa_shape *s, const double *sc, const sa_select_params *p,
+                            const int32_t *idx, const int32_t *cnt, int cap, int *moved);
+
 /* The test's own NVFP4 quantizer: nearest representable value by enumeration, ties to the even
  * code. Fills values/scales like sa_nvfp4_quantize_f32 and returns the tensor scale. */
 float bf_nvfp4_quantize(const float *x, size_t n, uint8_t *values, uint8_t *scales);

@@ -198,7 +198,7 @@ START_TEST(test_pooled_brute_force)
         const sa_shape *s = &shapes[si];
         const sa_shape one = {s->batch, s->heads_q, s->heads_q, s->len_q, s->len_kv,
                               s->head_dim};
-        const int n_all = sa_kv_blocks(s), tiles = sa_q_tiles(s), h = s->heads_q / s->heads_kv;
+        const int tiles = sa_q_tiles(s);
         /* Heads of unequal spread, so that pooling moves blocks between them. */
         uint16_t *q = bf_random_bf16(&r, sa_q_elems(s), 1.0f);
         for (size_t i = 0; i < sa_q_elems(s); i++) {
@@ -226,56 +226,8 @@ START_TEST(test_pooled_brute_force)
                 int moved = 0; /* rows holding other than k blocks: the pool at work */
                 ck_assert_int_eq(cap, 6);
                 ck_assert_int_eq(sa_tile_lists_check(s, &l, 1), SA_OK);
-                for (int g = 0; g < s->batch * s->heads_kv; g++)
-                    for (int t = 0; t < tiles; t++) {
-                        const int last = t * 128 + 127 < s->len_q ? t * 128 + 127 : s->len_q - 1;
-                        const int n = causal ? (last + s->len_kv - s->len_q) / 128 + 1 : n_all;
-                        const int want = h * (p.k < n ? p.k : n);
-                        int total = 0;
-                        double min_in = INFINITY, max_out = -INFINITY, big = 0;
-                        for (int j = 0; j < h; j++) {
-                            const size_t row = ((size_t)g * h + j) * tiles + t;
-                            const int32_t *lr = idx + row * cap;
-                            const double *srow = sc + row * n_all;
-                            const int c = cnt[row];
-                            moved += c != (p.k < n ? p.k : n);
-                            ck_assert_msg(c <= (cap < n ? cap : n) && c >= 1,
-                                          "%s: count %d (seed %llu)", sel->name, c, SEED);
-                            total += c;
-                            unsigned char in[64] = {0};
-                            for (int e = 0; e < c; e++) {
-                                ck_assert(lr[e] >= 0 && lr[e] < n && (!e || lr[e] > lr[e - 1]));
-                                in[lr[e]] = 1;
-                            }
-                            for (int e = c; e < cap; e++)
-                                ck_assert_int_eq(lr[e], -1);
-                            /* Forced: the diagonal (causal), the sink, else the head's best
-                             * block (the first of the largest). */
-                            int diag = causal ? n - 1 : -1;
-                            ck_assert(diag < 0 || in[diag]);
-                            ck_assert(!p.keep_sink || in[0]);
-                            if (diag < 0 && !p.keep_sink) {
-                                diag = 0;
-                                for (int b = 1; b < n; b++)
-                                    diag = srow[b] > srow[diag] ? b : diag;
-                            }
-                            for (int b = 0; b < n; b++) {
-                                big = fabs(srow[b]) > big ? fabs(srow[b]) : big;
-                                if (b == diag || (p.keep_sink && b == 0))
-                                    continue;
-                                if (in[b])
-                                    min_in = srow[b] < min_in ? srow[b] : min_in;
-                                else if (c < (cap < n ? cap : n))
-                                    max_out = srow[b] > max_out ? srow[b] : max_out;
-                            }
-                        }
-                        ck_assert_msg(total == want, "%s causal %d tile %d: %d blocks, want %d "
-                                      "(seed %llu)", sel->name, causal, t, total, want, SEED);
-                        ck_assert_msg(min_in >= max_out - (1e-4 * big + 1e-12),
-                                      "%s causal %d tile %d: a block left out scores %g above "
-                                      "a chosen %g (seed %llu)", sel->name, causal, t, max_out,
-                                      min_in, SEED);
-                    }
+                const char *why = bf_check_pooled(s, sc, &p, idx, cnt, cap, &moved);
+                ck_assert_msg(!why, "%s causal %d: %s (seed %llu)", sel->name, causal, why, SEED);
                 ck_assert_msg(moved > 0, "%s causal %d: pooling moved no block (seed %llu)",
                               sel->name, causal, SEED);
                 /* A cap of k: every head keeps exactly its own best k, the per-head lists. */
