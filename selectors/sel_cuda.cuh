@@ -239,9 +239,10 @@ struct SelHeadsShape {
     int batch, heads_q, group, qh, list_heads, q_tiles, kv_blocks;
 };
 // keys (batch * list_heads * q_tiles rows of kv_blocks) for sel_cuda_topk: each list row's sum of
-// its scored heads' scores, in head order. Queues work only.
-int sel_cuda_mass_keys(const float *mass, const SelHeadsShape &h, uint32_t *keys,
-                       cudaStream_t st);
+// its scored heads' scores, in head order, over the blocks `rule` lets the row rank (0 past
+// them: mass there is not written). Queues work only.
+int sel_cuda_mass_keys(const float *mass, const SelHeadsShape &h, const SelRowRule &rule,
+                       uint32_t *keys, cudaStream_t st);
 // Pooled lists (SA_HEAD_LISTS_POOLED, list_heads = heads_q): rows of `cap` entries and their
 // counts, the CPU's sel_pool_end rule under `rule` (per_bh = q_tiles, k, the forced blocks,
 // causal). SA_ERR_UNSUPPORTED for more than 32 heads per group. Queues work only.

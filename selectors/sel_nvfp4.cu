@@ -408,7 +408,7 @@ int nvfp4_mass_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         err = sel_cuda_pool(mass, hs, rule, c.row_width, indices, counts, st);
     } else {
         uint32_t *keys = scr.at<uint32_t>(o_keys);
-        if (!(err = sel_cuda_mass_keys(mass, hs, keys, st)))
+        if (!(err = sel_cuda_mass_keys(mass, hs, rule, keys, st)))
             err = sel_cuda_topk(keys, (int)list_rows, rule, indices, counts, st);
     }
     if (err)

@@ -167,3 +167,38 @@ def test_select_eval_on_a_synthetic_file(rng, tmp_path):
     bad = subprocess.run([cli, "select-eval", "--activations", str(tmp_path / "none")],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "none" in bad.stderr
+
+
+def test_select_eval_head_lists(rng, tmp_path):
+    """select-eval --activations --head-lists: each tile selector also in the head-list modes its
+    CPU function takes (Selector.head_lists), named in the JSON's head_lists; the per-head
+    oracle bounds every group and per-head list's mean recall, and the pooled oracle bounds the
+    per-head oracle (it may give a head more blocks, never fewer in all); a bad mode is refused."""
+    import subprocess
+    cli = _cli()
+    if cli is None:
+        pytest.skip("no tools/sparseattn beside %s" % sa.library_path)
+    q = rng.standard_normal((1, 4, 700, 64), dtype=np.float32)
+    q *= np.array([0.5, 1.0, 2.0, 3.0], np.float32)[None, :, None, None]  # heads of unequal spread
+    k = rng.standard_normal((1, 2, 700, 64), dtype=np.float32)
+    v = rng.standard_normal((1, 2, 700, 64), dtype=np.float32)
+    path = tmp_path / "heads.safetensors"
+    act.write(path, {3: (q, k, v)}, {"causal": 1, "scale": 0.125, "model": "synthetic"})
+    out = subprocess.run([cli, "select-eval", "--activations", str(path), "--budgets", "2",
+                          "--head-lists", "group,per_head,pooled", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    got = {(r["selector"], r["head_lists"]) for r in rows}
+    for s in sa.selectors():
+        for mode in ("group", "per_head", "pooled"):
+            want = mode in s.head_lists and (mode == "group" or not s.per_query)
+            assert ((s.name, mode) in got) == want, (s.name, mode)
+    recall = {(r["selector"], r["head_lists"]): r["recall_mean"] for r in rows}
+    tile = {(r["selector"], r["head_lists"]) for r in rows if not r["per_query"]}
+    for (name, mode), value in recall.items():
+        if mode != "pooled" and (name, mode) in tile:  # per-query lists have their own bound
+            assert value <= recall[("oracle", "per_head")] + 1e-5, (name, mode)
+    assert recall[("oracle", "per_head")] <= recall[("oracle", "pooled")] + 1e-5
+    bad = subprocess.run([cli, "select-eval", "--activations", str(path), "--head-lists", "x"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "head-lists" in bad.stderr
