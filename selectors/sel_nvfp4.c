@@ -195,7 +195,7 @@ const sa_selector sa_selector_nvfp4 = {
     .cpu = nvfp4_tile_cpu,
     .cuda = SEL_CUDA(sel_nvfp4_cuda),
     .head_lists = SEL_MODES_HEADS,
-    .cuda_head_lists = SEL_CUDA_MODES(SEL_MODES_GROUP),
+    .cuda_head_lists = SEL_CUDA_MODES(SEL_MODES_HEADS),
 };
 
 const sa_selector sa_selector_nvfp4_query = {

@@ -15,8 +15,9 @@
 //      order-preserving keys (sel_score_key). With causal each query's maximum runs over the keys
 //      it sees only, and a tile's work stops at its last visible block.
 //   4. sel_cuda_topk (causal: over each row's visible prefix, its last block forced).
-//   5. With index heads shared by several KV heads (index_heads < heads_kv), the lists of the
-//      first KV head of each share are copied to the others (replicate_kernel).
+//   5. With index heads shared by several list heads (index_heads < heads_kv, or below heads_q
+//      with per-head lists, sa_select_params.head_lists), the lists of the first list head of
+//      each share are copied to the others (replicate_kernel).
 #include <cuda_bf16.h>
 
 #include "sa_verdict.h"
@@ -237,20 +238,20 @@ int quantize_one_async(const uint16_t *x, size_t n, unsigned *amax, int *bad, ui
     return quantize_async(j, st);
 }
 
-// Out row (b, hkv, x) <- scored row (b, hkv * groups / heads_kv, x): the KV heads that share an
-// index head get its list.
+// Out row (b, lh, x) <- scored row (b, lh * groups / list_heads, x): the list heads (KV heads,
+// or query heads with per-head lists) that share an index head get its list.
 __global__ void replicate_kernel(const int32_t *__restrict__ src_idx,
                                  const int32_t *__restrict__ src_cnt, int32_t *__restrict__ idx,
-                                 int32_t *__restrict__ cnt, size_t rows, int per_bh, int heads_kv,
-                                 int groups, int k)
+                                 int32_t *__restrict__ cnt, size_t rows, int per_bh,
+                                 int list_heads, int groups, int k)
 {
     const size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (e >= rows * (size_t)(k + 1))
         return;
     const size_t r = e / (k + 1);
     const int j = (int)(e % (k + 1));
-    const size_t bh = r / per_bh, x = r % per_bh, b = bh / heads_kv, hkv = bh % heads_kv;
-    const size_t src = (b * groups + hkv * groups / heads_kv) * per_bh + x;
+    const size_t bh = r / per_bh, x = r % per_bh, b = bh / list_heads, lh = bh % list_heads;
+    const size_t src = (b * groups + lh * groups / list_heads) * per_bh + x;
     if (j < k)
         idx[r * k + j] = src_idx[src * k + j];
     else if (cnt)
@@ -284,7 +285,8 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 {
     sel_ctx c;
     // The CPU's checks, counts required with causal included (SA_ERR_NULL, as on the CPU).
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_GROUP, &c);
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1,
+                            per_query ? SEL_MODES_GROUP : SEL_MODES_HEADS, &c);
     if (err)
         return err;
     // Without causal, a local block off the diagonal (len_q < len_kv): the CPU function has it,
@@ -299,17 +301,18 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         return err;
     cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
     // Scored heads c.qh (query or index heads) pair with key heads c.kh; list group g of a batch
-    // takes the max over the scored heads that map to it (sel_list_qheads): heads_kv groups, or
+    // takes the max over the scored heads that map to it (sel_list_qheads): list_heads groups
+    // (heads_kv, or heads_q with per-head lists), or
     // qh where fewer index heads than KV heads are shared.
-    const int groups = c.qh < s->heads_kv ? c.qh : s->heads_kv;
+    const int groups = c.qh < c.list_heads ? c.qh : c.list_heads;
     const size_t nq = (size_t)s->batch * c.qh * s->len_q * c.dim;
     const size_t nk = (size_t)s->batch * c.kh * s->len_kv * c.dim;
     const int per_bh = per_query ? s->len_q : c.q_tiles;
-    const size_t rows = (size_t)s->batch * s->heads_kv * per_bh;
+    const size_t rows = (size_t)s->batch * c.list_heads * per_bh;
     const size_t scored_rows = (size_t)s->batch * groups * per_bh;
     if (rows > 0x7fffffffu)
         return SA_ERR_UNSUPPORTED;
-    const bool replicate = groups < s->heads_kv;
+    const bool replicate = groups < c.list_heads;
 
     SelScratch scr(st);
     const size_t o_qd = scr.add(nq * 2), o_kd = scr.add(nk * 2);
@@ -347,7 +350,7 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     if (replicate) {
         const size_t n = rows * (size_t)(c.k_sel + 1);
         replicate_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(
-            t_idx, t_cnt, indices, counts, rows, per_bh, s->heads_kv, groups, c.k_sel);
+            t_idx, t_cnt, indices, counts, rows, per_bh, c.list_heads, groups, c.k_sel);
         SA_CUDA_TRY(cudaGetLastError());
     }
     return finish(bad, p, st);

@@ -13,11 +13,12 @@ from ._bf16 import bf16_to_float32
 from ._tensors import (attn_shape, check_layout, check_shape, common_kind, cuda_bf16, dims4,
                        host_bf16, host_ints_result, kv_blocks, ptr, torch_mod)
 
-Selector = collections.namedtuple("Selector", "name description per_query has_cuda head_lists")
+Selector = collections.namedtuple(
+    "Selector", "name description per_query has_cuda head_lists cuda_head_lists")
 Selector.__doc__ = """A registered selector. per_query: writes per-query lists (B, Hkv, Sq, k)
 instead of tile lists (B, Hkv, q_tiles, k); has_cuda: has a GPU function; head_lists: the
-select(head_lists=...) modes its CPU function takes, a tuple of names from HEAD_LISTS (its GPU
-function takes "group" only)."""
+select(head_lists=...) modes its CPU function takes, a tuple of names from HEAD_LISTS;
+cuda_head_lists: those its GPU function takes (() without one)."""
 
 # select(head_lists=...): the names of SA_HEAD_LISTS_GROUP, _PER_HEAD, _POOLED, by mode value.
 HEAD_LISTS = ("group", "per_head", "pooled")
@@ -47,7 +48,8 @@ def selectors():
         if p:
             c = p.contents
             out.append(Selector(c.name.decode(), c.description.decode(), bool(c.per_query),
-                                bool(c.cuda), _mode_names(c.head_lists)))
+                                bool(c.cuda), _mode_names(c.head_lists),
+                                _mode_names(c.cuda_head_lists)))
     return out
 
 
@@ -72,7 +74,7 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     only). keep_local keeps the block holding each row's own position (bottom-right aligned,
     len_q <= len_kv).
 
-    head_lists (tile-list selectors, CPU function only; docs/selectors.md, "Head lists"):
+    head_lists (tile-list selectors; docs/selectors.md, "Head lists"):
     "group" (default), one list per KV head as above, scored over its GQA group's heads;
     "per_head", one list per query head, (B, Hq, q_tiles, topk), each scored from that head
     alone; "pooled", one list per query head, (B, Hq, q_tiles, pool_cap): per tile each of the
@@ -81,9 +83,9 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     min(topk, visible blocks) by score, a row holding at most min(pool_cap, visible blocks),
     its count, and -1 past it. pool_cap (pooled only, an int in [topk, kv_blocks]; None:
     min(2 topk, kv_blocks)). The modes a selector takes are its Selector.head_lists (pooled: the
-    selectors that score attention mass); another mode raises SparseAttnError
-    (SA_ERR_UNSUPPORTED), and a mode other than "group" on CUDA tensors ValueError. The lists go
-    to block_sparse_attention as they are (list_heads Hq)."""
+    selectors that score attention mass) and, on CUDA tensors, its Selector.cuda_head_lists;
+    another mode raises SparseAttnError (SA_ERR_UNSUPPORTED), on CUDA tensors ValueError. The
+    lists go to block_sparse_attention as they are (list_heads Hq)."""
     check_layout(layout)
     sel = _c_selector(name).contents
     if not isinstance(head_lists, str) or head_lists not in HEAD_LISTS:
@@ -98,9 +100,12 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     if (q_index is None) != (k_index is None):
         raise ValueError("q_index and k_index go together: pass both or neither")
     kind = common_kind([("q", q), ("k", k), ("q_index", q_index), ("k_index", k_index)])
-    if kind == "cuda" and head_lists != "group":
-        raise ValueError("head_lists=%r runs on the CPU only (the GPU selector functions take "
-                         "'group' only): pass numpy arrays or CPU tensors" % head_lists)
+    cuda_modes = _mode_names(sel.cuda_head_lists)
+    if kind == "cuda" and head_lists not in cuda_modes:
+        raise ValueError("head_lists=%r: the GPU function of selector %r takes %s; pass numpy "
+                         "arrays or CPU tensors for its CPU function"
+                         % (head_lists, name, " or ".join(repr(m) for m in cuda_modes) or
+                            "no mode (it has none)"))
     s = attn_shape(q, k, None, layout)
     if not isinstance(topk, numbers.Integral) or isinstance(topk, bool):
         raise TypeError("topk must be an int, got %r" % (topk,))

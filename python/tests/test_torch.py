@@ -249,6 +249,31 @@ def test_gpu_selectors_agree_with_cpu():
 
 
 @gpu
+def test_gpu_head_lists_agree_with_cpu():
+    """Every mode of each Selector.cuda_head_lists on CUDA tensors: the CPU function's layout,
+    counts in range, and rows mostly equal to the CPU's (ties aside); the lists run through the
+    GPU attention as per-head lists."""
+    q, k, v = sa.workload("local", batch=1, heads_q=4, heads_kv=1, len_q=512, len_kv=2048,
+                          head_dim=128, seed=5)
+    ran = 0
+    for sel in sa.selectors():
+        for mode in sel.cuda_head_lists:
+            if mode == "group":
+                continue
+            ref, rc = sa.select(sel.name, q, k, 4, head_lists=mode, causal=True)
+            idx, cnt = sa.select(sel.name, *cuda_bf16(q, k), 4, head_lists=mode, causal=True)
+            assert idx.is_cuda and tuple(idx.shape) == ref.shape and ref.shape[1] == 4
+            same = np.mean(np.all(idx.cpu().numpy() == ref, axis=-1))
+            assert same >= 0.9, "%s %s: %.2f of rows equal the CPU's" % (sel.name, mode, same)
+            o, _ = sa.block_sparse_attention(*cuda_bf16(q, k, v), idx, cnt, causal=True)
+            o_ref, _ = sa.block_sparse_attention(q, k, v, ref, rc, causal=True)
+            if same == 1.0:
+                np.testing.assert_allclose(o.float().cpu().numpy(), o_ref, atol=2e-2, rtol=2e-2)
+            ran += 1
+    assert ran >= 2  # nvfp4's per-head lists, nvfp4_mass's per-head and pooled ones
+
+
+@gpu
 def test_gpu_argument_errors(rng):
     q, k, v = qkv(rng, 1, 2, 1, 256, 512, 128)
     idx, cnt = random_lists(rng, (1, 1, 2), 4, 2)
@@ -272,5 +297,5 @@ def test_gpu_argument_errors(rng):
     with pytest.raises(sa.SparseAttnError) as e:  # head_dim 64: no GPU stage takes it
         sa.dense_attention(*cuda_bf16(*(x[..., :64].copy() for x in (q, k, v))))
     assert e.value.code == -13
-    with pytest.raises(ValueError, match=r"^head_lists='per_head' runs on the CPU only"):
+    with pytest.raises(ValueError, match=r"^head_lists='per_head': the GPU function of "):
         sa.select("r4", gq, gk, 2, head_lists="per_head")
