@@ -605,15 +605,22 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
     return launch_dim<kMax>(qm, km, a, sh.dim, grid, st);
 }
 
+// The mass modes' scratch: the rows' lse first (256-byte aligned), then kLse's (row, chunk)
+// pairs.
+static size_t lse_bytes(const SelScoreShape &sh)
+{
+    return ((size_t)sh.batch * sh.qh * sh.len_q * sizeof(float) + 255) & ~size_t(255);
+}
+
 size_t sel_nvfp4_mass_scratch(const SelScoreShape &sh)
 {
     int sms = 0, major = 0;
     if (sa_cuda_device_info(&sms, &major)) // no device: the call that follows says so
         sms = 1;
-    // The chunk score_setup picks: (row, chunk) pairs of kLse, then the rows' lse.
+    // The chunk score_setup picks.
     const int chunk = choose_chunk(sh, sms), nchunks = (sh.kv_blocks + chunk - 1) / chunk;
     const size_t rows = (size_t)sh.batch * sh.qh * sh.len_q;
-    return rows * nchunks * sizeof(float2) + ((rows * sizeof(float) + 255) & ~size_t(255));
+    return lse_bytes(sh) + rows * nchunks * sizeof(float2);
 }
 
 int sel_nvfp4_mass(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
@@ -631,8 +638,7 @@ int sel_nvfp4_mass(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float
     a.ts = ts;
     a.sl2 = (float)(1.4426950408889634 / sqrt((double)sh.dim));
     a.lse2 = reinterpret_cast<float *>(scratch);
-    a.part = reinterpret_cast<float2 *>(static_cast<char *>(scratch) +
-                                        ((rows * sizeof(float) + 255) & ~size_t(255)));
+    a.part = reinterpret_cast<float2 *>(static_cast<char *>(scratch) + lse_bytes(sh));
     a.mass = mass;
     if ((err = launch_dim<kLse>(qm, km, a, sh.dim, grid, st)))
         return err;

@@ -98,21 +98,8 @@ static inline void bench_parse(int argc, char **argv, const char *name, int spar
     }
 }
 
-/* Prints `s` as a JSON string (quotes, backslashes and control characters escaped). */
-static inline void bench_json_str(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
-}
+/* Prints `s` as a JSON string (cli_json_str). */
+static inline void bench_json_str(const char *s) { cli_json_str(s); }
 
 /* Milliseconds for `flops` at `tflops`, and for `bytes` at `bytes_per_s`. */
 static inline double bench_flop_ms(double flops, double tflops) { return flops / (tflops * 1e9); }

@@ -27,6 +27,22 @@ int cli_shape_flag(int argc, char **argv, int *i, sa_shape *s);
 
 double cli_now(void); /* monotonic seconds */
 
+/* Prints `s` as a JSON string (quotes, backslashes and control characters escaped). */
+static inline void cli_json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
 /* GPU stages by role, never by id: the registry (cuda/stages.c) is the only list of ids. */
 static inline int cli_stage_sparse(const sa_stage *st)
 {

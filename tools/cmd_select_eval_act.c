@@ -413,13 +413,18 @@ int cmd_select_eval_activations(int argc, char **argv)
                 t->layers++;
                 cli_progress_done();
                 if (c.json) {
-                    printf("{\"file\":\"%s\",\"layer\":%d,\"layer_type\":\"%s\",\"len\":%d,"
+                    /* The file's name and its model, as the plots group runs (plot_quality.py). */
+                    printf("{\"file\":");
+                    cli_json_str(c.path);
+                    printf(",\"model\":");
+                    cli_json_str(model ? model : "");
+                    printf(",\"layer\":%d,\"layer_type\":\"%s\",\"len\":%d,"
                            "\"heads_q\":%d,\"heads_kv\":%d,\"head_dim\":%d,\"causal\":%d,"
                            "\"selector\":\"%s\",\"head_lists\":\"%s\",\"per_query\":%d,"
                            "\"keep_sink\":%d,\"k\":%d,\"recall_mean\":%.6f,"
                            "\"recall_p5\":%.6f,\"out_rel_l2\":%.6g,\"select_ms\":%.3f,"
                            "\"per_head\":[",
-                           c.path, L.layer, type ? type : "", s->len_q, s->heads_q, s->heads_kv,
+                           L.layer, type ? type : "", s->len_q, s->heads_q, s->heads_kv,
                            s->head_dim, L.causal, sel ? sel->name : name, mode_name[mode],
                            per_query, sel ? c.keep_sink : 0, kb,
                            all.mean, all.p5, all.err, ms);

@@ -50,21 +50,32 @@ def load(paths):
         for r in doc["results"]:
             if r.get("budget") is None:  # dense and the controls
                 continue
+            if r.get("layers") is not None:  # --ablate-layers: only some layers sparse
+                continue
             label = r["selector"] + (" +sink" if r.get("keep_sink") else "") + \
                 (" per-head" if r.get("per_head_lists") else "") + \
                 (" pooled" if r.get("pooled_lists") else "")
-            data[m][doc["tokens"]].setdefault(label, {})[r["budget"]] = r["delta"]
+            row = data[m][doc["tokens"]].setdefault(label, {})
+            if r["budget"] in row:  # the same configuration run twice: the later file is drawn
+                print("plot_quality: %s, %d tokens, %s at k = %d run before; "
+                      "drawing %s" % (names[m], doc["tokens"], label, r["budget"], path),
+                      file=sys.stderr)
+            row[r["budget"]] = r["delta"]
     return data, names
 
 
-def figure_legend(fig, axes, order_key):
+LEGEND_ROWS = 18    # labels per legend column before another column is added
+LEGEND_COL_IN = 2.4  # inches of figure width per legend column
+
+
+def figure_legend(fig, axes, order_key, ncol):
     """One legend for every panel's lines, at the figure's right, in order_key's order."""
     handles = {}
     for ax in axes[0]:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
     order = sorted(handles, key=order_key)
-    fig.legend([handles[k] for k in order], order, fontsize=8, loc="center right")
+    fig.legend([handles[k] for k in order], order, fontsize=8, loc="center right", ncol=ncol)
 
 
 def load_recall(paths):
@@ -88,7 +99,8 @@ def load_recall(paths):
                     continue
                 m = model_key(r)
                 names[m] = r.get("model", m)
-                label = r["selector"] + (" +sink" if r.get("keep_sink") else "")
+                label = r["selector"] + (" +sink" if r.get("keep_sink") else "") + \
+                    {"per_head": " per-head", "pooled": " pooled"}.get(r.get("head_lists"), "")
                 acc[(m, r["len"], label, r["k"])].append(r["recall_mean"])
         if not rows:
             sys.exit("plot_quality: %s has no select-eval --json rows" % path)
@@ -102,8 +114,8 @@ def draw(model, by_len, name, out_dir, plt, kind):
     """One PNG for a model: a panel per length, a line per selector label. kind "loss": loss -
     dense on a log axis with the 0.02 mark, sink variants dashed, per-head lists dash-dotted
     (tools/sparse_loss.py --per-head-lists), pooled ones dotted (--pooled-lists); "recall": mean
-    recall on a
-    linear axis, the per-query selectors dotted."""
+    recall on a linear axis, the per-query selectors dotted, per-head lists dash-dotted and
+    pooled ones dashed (select-eval --head-lists)."""
     loss = kind == "loss"
 
     def order(label):  # the oracle (loss; recall: both oracles) first, then by name
@@ -111,8 +123,10 @@ def draw(model, by_len, name, out_dir, plt, kind):
         return later, label
 
     lengths = sorted(by_len)
-    fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.8), sharey=True,
-                             squeeze=False)
+    labels = {label for n in lengths for label in by_len[n]}
+    ncol = -(-len(labels) // LEGEND_ROWS)
+    width = 4.2 * len(lengths) + LEGEND_COL_IN * ncol  # the panels, then the legend's columns
+    fig, axes = plt.subplots(1, len(lengths), figsize=(width, 3.8), sharey=True, squeeze=False)
     for ax, n in zip(axes[0], lengths):
         for label in sorted(by_len[n], key=order):
             pts = sorted(by_len[n][label].items())
@@ -123,7 +137,9 @@ def draw(model, by_len, name, out_dir, plt, kind):
                 style = "--" if "+sink" in label else "-." if "per-head" in label else \
                     ":" if "pooled" in label else "-"
             else:
-                ys, style = [r for _, r in pts], ":" if sel.endswith("_query") else "-"
+                ys = [r for _, r in pts]
+                style = ":" if sel.endswith("_query") else "-." if "per-head" in label else \
+                    "--" if "pooled" in label else "-"
             ax.plot([b for b, _ in pts], ys, marker=marker, color=color, linestyle=style,
                     label=label)
         if loss:
@@ -137,10 +153,10 @@ def draw(model, by_len, name, out_dir, plt, kind):
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("loss - dense (nats/token)" if loss else
                           "attention recall (mean over queries)")
-    figure_legend(fig, axes, order)
+    figure_legend(fig, axes, order, ncol)
     fig.suptitle("%s: loss with block-sparse attention, against dense" % name if loss else
                  "%s: recall of the selected blocks (captured layers)" % name)
-    fig.tight_layout(rect=(0, 0, 0.9 if loss else 0.88, 1))
+    fig.tight_layout(rect=(0, 0, 1 - LEGEND_COL_IN * ncol / width, 1))
     path = os.path.join(out_dir, "quality-%s-%s.png" % (kind, model))
     fig.savefig(path, dpi=110)
     plt.close(fig)
