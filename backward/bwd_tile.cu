@@ -24,8 +24,8 @@
 // ASSUMPTIONS
 //   head_dim 128; any len_q and len_kv (rows past len_q and keys past len_kv are zero-filled on
 //   load and masked); GQA by index; per-head or group-shared lists (list head of query head h is
-//   h / (heads_q / list_heads)); counts NULL = max_blocks. Lists checked on the host by the caller
-//   (validate = 1) or unchecked: then a count outside [0, max_blocks] is an empty row and an index
+//   h / (heads_q / list_heads)); counts NULL = max_blocks. Lists checked on the GPU before the
+//   kernels (validate = 1) or unchecked: then a count outside [0, max_blocks] is an empty row and an index
 //   outside [0, kv_blocks) is skipped, in both kernels alike (the reverse index drops them too).
 //   Causal: query i sees key j when j <= i + (len_kv - len_q); a listed block wholly in a tile's
 //   future contributes nothing.
@@ -39,6 +39,7 @@
 #include "bwd_internal.h"
 #include "sa_checked.h"
 #include "sa_cuda_internal.h"
+#include "sa_validate.h"
 #include "sparseattn.h"
 
 namespace {
@@ -235,31 +236,16 @@ int layout(const sa_gpu_attn_bwd *a, Layout *l)
     return SA_OK;
 }
 
-// The lists checked on the host with the forward's rules (the same codes as every entry point).
-int validate_on_host(const sa_gpu_attn_bwd *a, cudaStream_t st)
+// The lists checked on the GPU with the forward's rules and codes (cuda/sa_validate.cu, the check
+// stages 15 and 16 queue): one small kernel, then one synchronization for its verdict; the lists
+// never leave the device.
+int validate_on_gpu(const sa_gpu_attn_bwd *a, cudaStream_t st)
 {
-    const sa_shape *s = &a->shape;
-    const size_t rows = sa_tile_rows(s, &a->lists), n = rows * (size_t)a->lists.max_blocks;
-    int32_t *idx = (int32_t *)malloc(n * 4), *cnt = a->lists.counts ? (int32_t *)malloc(rows * 4) : nullptr;
-    int err = SA_OK;
-    if (!idx || (a->lists.counts && !cnt))
-        err = SA_ERR_NOMEM;
-    if (!err && (cudaMemcpyAsync(idx, a->lists.indices, n * 4, cudaMemcpyDeviceToHost, st) ||
-                 (cnt && cudaMemcpyAsync(cnt, a->lists.counts, rows * 4, cudaMemcpyDeviceToHost, st)) ||
-                 cudaStreamSynchronize(st)))
-        err = SA_ERR_CUDA;
-    if (!err) {
-        const sa_tile_lists hl = {idx, cnt, a->lists.list_heads, a->lists.max_blocks};
-        sa_attn_opts o;
-        sa_attn_opts_default(&o);
-        o.allow_empty_rows = a->allow_empty_rows;
-        o.causal = a->causal;
-        o.allow_future_blocks = a->allow_future_blocks;
-        err = sa_tile_lists_check_opts(s, &hl, &o);
-    }
-    free(idx);
-    free(cnt);
-    return err;
+    const int *verdict = nullptr;
+    const int err = sa_validate_tile_lists_enqueue_opts(&a->shape, &a->lists, a->allow_empty_rows,
+                                                        a->causal, a->allow_future_blocks, st,
+                                                        &verdict);
+    return err ? err : sa_validate_finish(verdict, st);
 }
 
 int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
@@ -370,7 +356,7 @@ extern "C" int sa_gpu_tile_sparse_backward(const sa_gpu_attn_bwd *a)
     if (a->workspace && a->workspace_bytes < l.total)
         return SA_ERR_ARG;
     cudaStream_t st = (cudaStream_t)a->stream;
-    if (a->validate && (err = validate_on_host(a, st)))
+    if (a->validate && (err = validate_on_gpu(a, st)))
         return err;
     uint8_t *ws = (uint8_t *)a->workspace;
     if (!ws && cudaMallocAsync((void **)&ws, l.total, st) != cudaSuccess)

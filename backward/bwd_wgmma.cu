@@ -163,6 +163,14 @@ __device__ __forceinline__ int last_key_of(const Args &a, int q_last)
     return min(q_last, a.len_q - 1) + a.q_off;
 }
 
+// Whether the 64-row half of query rows [q0, q0 + 64) can see block blk: without causal always,
+// with it when its last row's last visible key reaches the block. The dK/dV walk skips the halves
+// that cannot, and the stored dQ pass must skip the same ones: they have no stored dS^T.
+__device__ __forceinline__ bool half_sees(const Args &a, int q0, int blk)
+{
+    return !(a.causal && blk * TILE > last_key_of(a, q0 + CHUNK - 1));
+}
+
 // The chunks a kernel-2 CTA walks: for each head h of the group, the entries of the bucket
 // (batch, list head of h, block) in order, and each listed tile's 64-row halves (one for a
 // partial last tile of up to 64 rows). Halves that cannot see the block (causal) are skipped.
@@ -189,7 +197,7 @@ __device__ bool next_chunk(const Args &a, int b, int g, int blk, ChunkWalk &w, C
                 w.i++;
             }
             const int q0 = t * TILE + half * CHUNK;
-            if (a.causal && blk * TILE > last_key_of(a, q0 + CHUNK - 1))
+            if (!half_sees(a, q0, blk))
                 continue; // no row of the half sees any key of the block
             out = {g * a.group + w.h - 1, q0, e % a.max_blocks};
             return true;
@@ -634,8 +642,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_stored(const Args a)
 
     // Whether half hf (rows 64 hf..) of the tile entered the dK/dV walk for block blk.
     auto walked = [&](int hf, int blk) {
-        return CHUNK * hf < rows &&
-               !(a.causal && blk * TILE > last_key_of(a, t * TILE + CHUNK * hf + CHUNK - 1));
+        return CHUNK * hf < rows && half_sees(a, t * TILE + CHUNK * hf, blk);
     };
     auto load = [&](int stage, int j) {
         const int blk = row[j];

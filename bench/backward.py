@@ -235,7 +235,7 @@ def run_shape(torch, sa, args, hkv, skv, summary):
         log("  %-6s %8.3f ms %7.1f useful TFLOP/s, %2.0f%% of the GEMM rate (spread %.1f%%, "
             "host %.0f us/call) %s" % (name, ms, tf, 100 * tf / args.gemm, 100 * spread,
                                        info.get(name, {}).get("host_us") or 0, notes.get(name, "")))
-    log("  ours validated: host %.0f us per call (lists checked on the host)" % host_val)
+    log("  ours validated: host %.0f us per call (lists checked on the GPU, one sync)" % host_val)
     row["results"]["ours"]["host_us_validated"] = host_val
     for name, n in notes.items():
         if name not in times:

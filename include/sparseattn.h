@@ -387,8 +387,9 @@ typedef struct sa_gpu_attn_bwd {
     sa_tile_lists lists;       /* device pointers: the forward's lists */
     float *dq;                 /* device FP32 (B, Hq, Sq, D) */
     float *dk, *dv;            /* device FP32 (B, Hkv, Skv, D); every tensor 16-byte aligned */
-    /* 1 (default): the lists are copied to the host and checked there with the forward's rules
-     * (sa_tile_lists_check_opts, so the same codes); the call then synchronizes the stream once.
+    /* 1 (default): the lists are checked on the GPU with the forward's rules and codes (those of
+     * sa_tile_lists_check_opts) before any kernel of the backward; the call then synchronizes
+     * the stream once.
      * 0: unchecked; a count outside [0, max_blocks] is an empty row and an index outside
      * [0, kv_blocks) is skipped (wrong gradients for bad lists, never a bad access). */
     int validate;
