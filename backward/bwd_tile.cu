@@ -40,6 +40,7 @@
 #include "sa_checked.h"
 #include "sa_cuda_internal.h"
 #include "sa_validate.h"
+#include "sa_verdict.h"
 #include "sparseattn.h"
 
 namespace {
@@ -356,7 +357,13 @@ extern "C" int sa_gpu_tile_sparse_backward(const sa_gpu_attn_bwd *a)
     if (a->workspace && a->workspace_bytes < l.total)
         return SA_ERR_ARG;
     cudaStream_t st = (cudaStream_t)a->stream;
-    if (a->validate && (err = validate_on_gpu(a, st)))
+    if (a->validate && a->verdict) // recorded, no synchronization; the kernels are safe on bad lists
+        err = sa_validate_tile_lists_record(&a->shape, &a->lists, a->allow_empty_rows, a->causal,
+                                            a->allow_future_blocks, sa_verdict_word(a->verdict),
+                                            st);
+    else if (a->validate)
+        err = validate_on_gpu(a, st);
+    if (err)
         return err;
     uint8_t *ws = (uint8_t *)a->workspace;
     if (!ws && cudaMallocAsync((void **)&ws, l.total, st) != cudaSuccess)

@@ -8,7 +8,8 @@ D 128, len_q 4096, 16 independent blocks of 128 per Q tile) at each len_kv:
 
 Contenders, each only when importable, each from the same Q, K, V, dO and lists, each fed the
 O and LSE of its own forward:
-  ours     validation off (its GPU time), and the host time of a validated call beside it;
+  ours     validation off (its GPU time), and the host time of a validated call beside it,
+           synchronous and into a verdict (sa_gpu_attn_bwd.verdict: no synchronization);
   fa4      FlashAttention-4's CuTe backward with block-sparse tensors (the lists transposed
            to the KV-major form its backward takes, every block full);
   bsa      cuDNN BSA backward (SM90: MHA only, so it runs only where Hkv = Hq);
@@ -44,8 +45,9 @@ def random_lists(torch, B, LH, T, nb, K, seed):
 
 
 def ours_calls(torch, sa, q, k, v, o, lse, do, lists, dq_pass="auto"):
-    """(call validated, call unvalidated) of our backward into preallocated gradients, through
-    the dQ pass `dq_pass` (auto, stored or recompute: docs/backward.md)."""
+    """(call validated, call unvalidated, call validated into a verdict) of our backward into
+    preallocated gradients, through the dQ pass `dq_pass` (auto, stored or recompute:
+    docs/backward.md). The verdict's code is read once the timing is done (check_verdict)."""
     from sparseattn import _backward_gpu as bg
     bg._bind()
     lib = sa._core.lib
@@ -54,7 +56,12 @@ def ours_calls(torch, sa, q, k, v, o, lse, do, lists, dq_pass="auto"):
     dv = torch.empty(v.shape, dtype=torch.float32, device="cuda")
     B, Hq, Sq, D = q.shape
     args = []
-    for validate in (1, 0):
+    verdict = ctypes.c_void_p()
+    lib.sa_gpu_verdict_create.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.sa_gpu_verdict_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    if lib.sa_gpu_verdict_create(ctypes.byref(verdict)):
+        raise RuntimeError("sa_gpu_verdict_create failed")
+    for validate, with_verdict in ((1, 0), (0, 0), (1, 1)):
         a = bg.SaGpuAttnBwd()
         lib.sa_gpu_attn_bwd_default(ctypes.byref(a))
         a.shape = sa._capi.SaShape(B, Hq, k.shape[1], Sq, k.shape[2], D)
@@ -62,6 +69,7 @@ def ours_calls(torch, sa, q, k, v, o, lse, do, lists, dq_pass="auto"):
         a.lists = sa._capi.SaTileLists(lists.data_ptr(), None, lists.shape[1], lists.shape[3])
         a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         a.validate = validate
+        a.verdict = verdict if with_verdict else None
         a.dq_pass = bg.DQ_PASSES[dq_pass]
         a.stream = torch.cuda.current_stream().cuda_stream
         size = ctypes.c_size_t()
@@ -83,7 +91,14 @@ def ours_calls(torch, sa, q, k, v, o, lse, do, lists, dq_pass="auto"):
                 raise RuntimeError("sa_gpu_tile_sparse_backward: " + sa.strerror(rc))
             return dq, dk, dv
         return call
-    return make(args[0]), make(args[1])
+
+    def check_verdict():
+        rc = lib.sa_gpu_verdict_read(verdict, torch.cuda.current_stream().cuda_stream)
+        if rc:
+            raise RuntimeError("the validated calls' verdict: " + sa.strerror(rc))
+    rec = make(args[2])
+    rec.check = check_verdict
+    return make(args[0]), make(args[1]), rec
 
 
 def fa4_bwd_tensors(torch, BST, lists, Hq, n_blocks):
@@ -126,14 +141,14 @@ def run_shape(torch, sa, args, hkv, skv, summary):
     log("%s: backward useful %.2f TFLOP per call; floor %.3f ms at the GEMM rate" % (
         label, flops / 1e12, floor))
     o, lse = sa.block_sparse_attention(q, k, v, lists)
-    ours_val, ours = ours_calls(torch, sa, q, k, v, o, lse, do, lists)
+    ours_val, ours, ours_rec = ours_calls(torch, sa, q, k, v, o, lse, do, lists)
     dq, dk, dv = (x.clone() for x in ours())
     ours_val()
     torch.cuda.synchronize()
     timers = {"ours": [ours]}
     notes = {}
     if args.recompute:  # the 7-GEMM dQ pass beside the default, in the same interleaved rounds
-        _, ours_rc = ours_calls(torch, sa, q, k, v, o, lse, do, lists, "recompute")
+        _, ours_rc, _ = ours_calls(torch, sa, q, k, v, o, lse, do, lists, "recompute")
         r = ours_rc()
         torch.cuda.synchronize()
         notes["ours-rc"] = "dQ %.1e dK %.1e dV %.1e vs ours" % (
@@ -225,6 +240,8 @@ def run_shape(torch, sa, args, hkv, skv, summary):
     times = peers.time_interleaved(torch, timers, 3, args.reps, args.rounds, 0.3, None, 0.0,
                                    info)
     host_val = peers.host_us_per_call(torch, [ours_val], 8)
+    host_rec = peers.host_us_per_call(torch, [ours_rec], 8)
+    ours_rec.check()
     row = {"shape": label, "hkv": hkv, "len_kv": skv, "flops": flops, "floor_ms": floor,
            "results": {}}
     for name, (ms, spread) in times.items():
@@ -235,8 +252,10 @@ def run_shape(torch, sa, args, hkv, skv, summary):
         log("  %-6s %8.3f ms %7.1f useful TFLOP/s, %2.0f%% of the GEMM rate (spread %.1f%%, "
             "host %.0f us/call) %s" % (name, ms, tf, 100 * tf / args.gemm, 100 * spread,
                                        info.get(name, {}).get("host_us") or 0, notes.get(name, "")))
-    log("  ours validated: host %.0f us per call (lists checked on the GPU, one sync)" % host_val)
+    log("  ours validated: host %.0f us per call (lists checked on the GPU, one sync); into a "
+        "verdict: host %.0f us per call (no sync)" % (host_val, host_rec))
     row["results"]["ours"]["host_us_validated"] = host_val
+    row["results"]["ours"]["host_us_validated_verdict"] = host_rec
     for name, n in notes.items():
         if name not in times:
             log("  %-6s %s" % (name, n))

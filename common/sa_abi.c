@@ -53,6 +53,7 @@ static const abi_field table[] = {
     F(sa_gpu_attn_bwd, allow_empty_rows), F(sa_gpu_attn_bwd, causal),
     F(sa_gpu_attn_bwd, allow_future_blocks), F(sa_gpu_attn_bwd, workspace),
     F(sa_gpu_attn_bwd, workspace_bytes), F(sa_gpu_attn_bwd, stream), F(sa_gpu_attn_bwd, dq_pass),
+    F(sa_gpu_attn_bwd, verdict),
 
     S(sa_stage),
     F(sa_stage, id), F(sa_stage, name), F(sa_stage, summary), F(sa_stage, roles),

@@ -95,6 +95,8 @@ __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
         if (err)
             atomicMin(error, err);
     }
+    if (!done)
+        return; // recording into a verdict's word (sa_validate_tile_lists_record): done already
     __threadfence(); // our atomicMin is visible before our CTA counts as done
     __syncthreads();
     if (threadIdx.x == 0 && atomicAdd(done, 1u) == gridDim.x - 1) {
@@ -145,20 +147,32 @@ int verdict_for_this_thread(Verdict **out)
     return SA_OK;
 }
 
+// The kernel's shared memory for rows of kv_blocks blocks, or 0 past the 48 KB default.
+size_t bitmap_smem(int kv_blocks)
+{
+    const size_t smem = (size_t)kWarpsPerBlock * ((kv_blocks + 31) / 32) * sizeof(unsigned int);
+    return smem > 48 * 1024 ? 0 : smem;
+}
+
+int grid_of(long long rows)
+{
+    const long long blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    return (int)(blocks < 4096 ? blocks : 4096);
+}
+
 // Enqueues the check of `rows` rows on `stream`; the verdict lands in *flag (0 = valid).
 int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, int max_blocks,
                  int kv_blocks, int allow_empty, const CausalRule &cr, cudaStream_t stream,
                  const int **flag)
 {
-    const size_t smem = (size_t)kWarpsPerBlock * ((kv_blocks + 31) / 32) * sizeof(unsigned int);
-    if (smem > 48 * 1024)
+    const size_t smem = bitmap_smem(kv_blocks);
+    if (!smem)
         return SA_ERR_UNSUPPORTED; // more than 98304 blocks (12.5M keys) per row
     Verdict *v;
     int rc = verdict_for_this_thread(&v);
     if (rc)
         return rc;
-    const long long blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    const int grid = (int)(blocks < 4096 ? blocks : 4096);
+    const int grid = grid_of(rows);
     *v->host = kPending; // the previous check on this thread has been finished (synchronized)
     validate_rows_kernel<<<grid, kWarpsPerBlock * kWarp, smem, stream>>>(
         indices, counts, rows, max_blocks, kv_blocks, allow_empty, cr, v->error,
@@ -182,6 +196,27 @@ extern "C" int sa_validate_tile_lists_enqueue_opts(const sa_shape *s, const sa_t
     const CausalRule cr = {causal, allow_future, sa_q_tiles(s), *s};
     return enqueue_rows(l->indices, l->counts, (long long)sa_tile_rows(s, l), l->max_blocks,
                         sa_kv_blocks(s), allow_empty, cr, (cudaStream_t)stream, flag);
+}
+
+extern "C" int sa_validate_tile_lists_record(const sa_shape *s, const sa_tile_lists *l,
+                                             int allow_empty, int causal, int allow_future,
+                                             int *word, void *stream)
+{
+    int err = sa_tile_lists_check_args(s, l);
+    if (err)
+        return err;
+    if (!word)
+        return SA_ERR_NULL;
+    const size_t smem = bitmap_smem(sa_kv_blocks(s));
+    if (!smem)
+        return SA_ERR_UNSUPPORTED;
+    const long long rows = (long long)sa_tile_rows(s, l);
+    const CausalRule cr = {causal, allow_future, sa_q_tiles(s), *s};
+    // Every code found goes to the word by atomicMin: no counter, no publish, no per-thread state.
+    validate_rows_kernel<<<grid_of(rows), kWarpsPerBlock * kWarp, smem, (cudaStream_t)stream>>>(
+        l->indices, l->counts, rows, l->max_blocks, sa_kv_blocks(s), allow_empty, cr, word,
+        nullptr, nullptr, nullptr);
+    return cudaGetLastError() == cudaSuccess ? SA_OK : SA_ERR_CUDA;
 }
 
 extern "C" int sa_validate_tile_lists_enqueue(const sa_shape *s, const sa_tile_lists *l,

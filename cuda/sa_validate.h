@@ -24,6 +24,12 @@ int sa_validate_tile_lists_enqueue_opts(const sa_shape *s, const sa_tile_lists *
                                         int allow_empty, int causal, int allow_future,
                                         void *stream, const int **verdict);
 int sa_validate_finish(const int *verdict, void *stream);
+/* The _opts check recorded into a verdict's device word instead (sa_verdict_word): every code
+ * found goes there by atomicMin, as a verdict holds codes; queued on `stream`, no
+ * synchronization and no per-thread state. Argument errors (those of sa_tile_lists_check_args,
+ * SA_ERR_NULL for no word) are returned at once. */
+int sa_validate_tile_lists_record(const sa_shape *s, const sa_tile_lists *l, int allow_empty,
+                                  int causal, int allow_future, int *word, void *stream);
 #ifdef __cplusplus
 }
 #endif

@@ -400,6 +400,12 @@ typedef struct sa_gpu_attn_bwd {
     size_t workspace_bytes;
     void *stream;            /* cudaStream_t; NULL is the default stream */
     int dq_pass;             /* SA_BWD_DQ_AUTO (default), _RECOMPUTE or _STORED (above) */
+    /* With validate = 1: NULL (default) makes the call wait for the check and return its code.
+     * A verdict (sa_gpu_verdict_create) instead gets the check's code recorded in device memory
+     * and the call returns SA_OK with no host synchronization (so it can be captured in a CUDA
+     * graph); sa_gpu_verdict_read fetches the code later. The kernels run either way: for bad
+     * lists they give the unchecked call's defined, wrong gradients (validate = 0 above). */
+    struct sa_gpu_verdict *verdict;
 } sa_gpu_attn_bwd;
 SA_API void sa_gpu_attn_bwd_default(sa_gpu_attn_bwd *a);
 /* Device workspace of a call: D (B * Hq * Sq floats), the reverse index of the lists, the dK/dV

@@ -25,7 +25,7 @@ class SaGpuAttnBwd(ctypes.Structure):
                 ("dq", c_void_p), ("dk", c_void_p), ("dv", c_void_p), ("validate", c_int),
                 ("allow_empty_rows", c_int), ("causal", c_int), ("allow_future_blocks", c_int),
                 ("workspace", c_void_p), ("workspace_bytes", c_size_t), ("stream", c_void_p),
-                ("dq_pass", c_int)]
+                ("dq_pass", c_int), ("verdict", c_void_p)]
 
 # sparseattn.h's SA_BWD_DQ_*
 DQ_PASSES = {"auto": 0, "recompute": 1, "stored": 2}

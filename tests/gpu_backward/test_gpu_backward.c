@@ -274,9 +274,11 @@ START_TEST(shapes)
 }
 END_TEST
 
-/* Bad lists with validation on: each code of the host validator, nothing launched. Unchecked
- * bad lists (validate = 0): no fault (compute-sanitizer checks the accesses), finite outputs.
- * A workspace too small: SA_ERR_ARG. */
+/* Bad lists with validation on: each code of the host validator, nothing launched. With a
+ * verdict the call returns SA_OK at once and the verdict holds the same code; on good lists its
+ * gradients are the synchronous call's, bit for bit. Unchecked bad lists (validate = 0): no
+ * fault (compute-sanitizer checks the accesses), finite outputs. A workspace too small:
+ * SA_ERR_ARG. */
 START_TEST(bad_lists)
 {
     sa_shape s = {1, 4, 2, 256, 384, 128};
@@ -325,6 +327,25 @@ START_TEST(bad_lists)
         const int want = bad[i].code == OK_EMPTY ? SA_OK : bad[i].code;
         ck_assert_msg(sa_gpu_tile_sparse_backward(&a) == want, "bad list %zu: want %s", i,
                       sa_strerror(want));
+        float *sync_dq = nv_malloc(nq * 4), *rec_dq = nv_malloc(nq * 4);
+        if (want == SA_OK)
+            fetch(sync_dq, d.dq, nq);
+        sa_gpu_verdict *v = NULL;
+        ck_assert_int_eq(sa_gpu_verdict_create(&v), SA_OK);
+        a.verdict = v;
+        poison(&s, &d);
+        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_OK);
+        ck_assert_msg(sa_gpu_verdict_read(v, NULL) == want, "bad list %zu with a verdict: want %s",
+                      i, sa_strerror(want));
+        a.verdict = NULL;
+        sa_gpu_verdict_destroy(v);
+        if (want == SA_OK) {
+            fetch(rec_dq, d.dq, nq);
+            ck_assert_msg(!memcmp(sync_dq, rec_dq, nq * 4), "bad list %zu: dQ with a verdict "
+                          "differs from the synchronous call's", i);
+        }
+        free(sync_dq);
+        free(rec_dq);
         if (want == SA_OK)
             continue;
         a.allow_empty_rows = 0;
