@@ -950,21 +950,6 @@ START_TEST(test_index_heads_unsupported)
 }
 END_TEST
 
-/* K (B, Hkv, S, D) -> (B, Hq, S, D), query head h's KV head copied to head h: per-head scores
- * are then a group of one's. */
-static uint16_t *kv_per_head(const sa_shape *s, const uint16_t *k)
-{
-    const int group = s->heads_q / s->heads_kv;
-    const size_t head = (size_t)s->len_kv * s->head_dim;
-    uint16_t *out = malloc((size_t)s->batch * s->heads_q * head * 2);
-    ck_assert(out);
-    for (int b = 0; b < s->batch; b++)
-        for (int h = 0; h < s->heads_q; h++)
-            memcpy(out + ((size_t)b * s->heads_q + h) * head,
-                   k + ((size_t)b * s->heads_kv + h / group) * head, head * 2);
-    return out;
-}
-
 /* Per-head and pooled lists on the GPU (the selectors whose .cuda_head_lists has them) against
  * their CPU function on the same input. Equal lists pass. Otherwise every per-head row that
  * differs must be a swap inside the tie band of brute-force per-head scores (a group of one),
@@ -997,7 +982,7 @@ START_TEST(test_head_lists)
             const size_t h = i / ((size_t)s->len_q * s->head_dim) % s->heads_q;
             q[i] = sa_bf16_from_f32(sa_bf16_to_f32(q[i]) * (0.4f + 0.5f * (float)(h % 4)));
         }
-        uint16_t *kk = kv_per_head(s, k);
+        uint16_t *kk = bf_kv_per_head(s, k);
         uint16_t *dq = dev_from_host(q, sa_q_elems(s) * 2), *dk = dev_from_host(k, sa_kv_elems(s) * 2);
         const sa_selector *sel;
         for (int si = 0; (sel = gpu_selector(si)); si++)

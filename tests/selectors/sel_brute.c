@@ -14,6 +14,19 @@ uint16_t *bf_random_bf16(sa_rng *r, size_t n, float scale)
     return x;
 }
 
+uint16_t *bf_kv_per_head(const sa_shape *s, const uint16_t *k)
+{
+    const int group = s->heads_q / s->heads_kv;
+    const size_t head = (size_t)s->len_kv * s->head_dim;
+    uint16_t *out = malloc((size_t)s->batch * s->heads_q * head * sizeof *out);
+    ck_assert_ptr_nonnull(out);
+    for (int b = 0; b < s->batch; b++)
+        for (int h = 0; h < s->heads_q; h++)
+            memcpy(out + ((size_t)b * s->heads_q + h) * head,
+                   k + ((size_t)b * s->heads_kv + h / group) * head, head * sizeof *out);
+    return out;
+}
+
 static double *to_double(const uint16_t *x, size_t n)
 {
     double *d = malloc(n * sizeof *d);

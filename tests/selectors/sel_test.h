@@ -39,6 +39,10 @@ float bf_nvfp4_quantize(const float *x, size_t n, uint8_t *values, uint8_t *scal
 double bf_e2m1(uint8_t code);
 double bf_e4m3(uint8_t code);
 
+/* K (B, Hkv, Skv, D) -> (B, Hq, Skv, D), query head h's KV head copied to head h: a group of
+ * one per query head, whose group lists and scores are the per-head ones (malloc'ed). */
+uint16_t *bf_kv_per_head(const sa_shape *s, const uint16_t *k);
+
 /* Random BF16 N(0, 1) * scale. */
 uint16_t *bf_random_bf16(sa_rng *r, size_t n, float scale);
 

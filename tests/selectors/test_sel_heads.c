@@ -43,20 +43,6 @@ static int32_t *run(const sa_selector *sel, const sa_shape *s, const uint16_t *q
     return idx;
 }
 
-/* K (B, Hkv, S, D) -> (B, Hq, S, D), query head h's KV head copied to head h. */
-static uint16_t *copy_kv_per_head(const sa_shape *s, const uint16_t *k, int dim)
-{
-    const int group = s->heads_q / s->heads_kv;
-    const size_t head = (size_t)s->len_kv * dim;
-    uint16_t *out = malloc((size_t)s->batch * s->heads_q * head * sizeof *out);
-    ck_assert_ptr_nonnull(out);
-    for (int b = 0; b < s->batch; b++)
-        for (int h = 0; h < s->heads_q; h++)
-            memcpy(out + ((size_t)b * s->heads_q + h) * head,
-                   k + ((size_t)b * s->heads_kv + h / group) * head, head * sizeof *out);
-    return out;
-}
-
 START_TEST(test_errors)
 {
     const sa_shape s = {1, 4, 2, 384, 384, 64};
@@ -152,7 +138,7 @@ START_TEST(test_per_head_is_group_of_one)
                               s->head_dim};
         uint16_t *q = bf_random_bf16(&r, sa_q_elems(s), 1.0f);
         uint16_t *k = bf_random_bf16(&r, sa_kv_elems(s), 1.0f);
-        uint16_t *kk = copy_kv_per_head(s, k, s->head_dim);
+        uint16_t *kk = bf_kv_per_head(s, k);
         for (int i = 0; i < sa_selector_count(); i++) {
             const sa_selector *sel = sa_selector_at(i);
             if (!takes(sel, SA_HEAD_LISTS_PER_HEAD))
@@ -206,7 +192,7 @@ START_TEST(test_pooled_brute_force)
             q[i] = sa_bf16_from_f32(sa_bf16_to_f32(q[i]) * (0.3f + 0.9f * (float)head));
         }
         uint16_t *k = bf_random_bf16(&r, sa_kv_elems(s), 1.0f);
-        uint16_t *kk = copy_kv_per_head(s, k, s->head_dim);
+        uint16_t *kk = bf_kv_per_head(s, k);
         for (int i = 0; i < sa_selector_count(); i++) {
             const sa_selector *sel = sa_selector_at(i);
             if (!takes(sel, SA_HEAD_LISTS_POOLED))
@@ -262,7 +248,7 @@ START_TEST(test_quality_layouts)
     uint16_t *q = bf_random_bf16(&r, sa_q_elems(&s), 1.0f);
     uint16_t *k = bf_random_bf16(&r, sa_kv_elems(&s), 1.0f);
     uint16_t *v = bf_random_bf16(&r, sa_kv_elems(&s), 1.0f);
-    uint16_t *kk = copy_kv_per_head(&s, k, 64), *vv = copy_kv_per_head(&s, v, 64);
+    uint16_t *kk = bf_kv_per_head(&s, k), *vv = bf_kv_per_head(&s, v);
     const int n = sa_kv_blocks(&s);
     float *mass = malloc(sa_lse_elems(&s) * n * sizeof *mass);
     float *r0 = malloc(sa_lse_elems(&s) * 4), *r1 = malloc(sa_lse_elems(&s) * 4);
