@@ -96,9 +96,9 @@ struct ScoreArgs {
     unsigned *keys;            // block-score rows (sel_score_key order)
     int store;                 // 1: one scored head per list group, so each key a row reads has
                                // one writer and is stored; 0: atomicMax into zeroed keys
-    // The mass modes: sl2 = log2(e) / sqrt(dim) (the kernel multiplies in ts_q ts_k); part (kLse's output) the (max, sum)
-    // of each (scored head, query, chunk); lse2 the rows' log2-sum-exp2; mass (kMass's output)
-    // (batch * qh, q_tiles, kv_blocks).
+    // The mass modes: sl2 = log2(e) / sqrt(dim) (the kernel multiplies in ts_q ts_k); part
+    // (kLse's output) the (max, sum) of each (scored head, query, chunk); lse2 the rows'
+    // log2-sum-exp2; mass (kMass's output) (batch * qh, q_tiles, kv_blocks).
     float sl2;
     float2 *part;
     const float *lse2;

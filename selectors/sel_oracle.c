@@ -1,8 +1,9 @@
 /* oracle: the blocks holding the most exact attention mass. A tile's score for a block is the sum,
- * over the tile's valid queries and the GQA group's heads, of the dense softmax probability that
- * falls in the block (sa_block_mass). It needs the full dense QK^T, so it is an upper bound for
- * select-eval, not a practical selector. It always scores the attention's Q and K; index vectors
- * in the params are validated and ignored. */
+ * over the tile's valid queries and the list's heads (the GQA group's; one head with per-head and
+ * pooled lists), of the dense softmax probability that falls in the block (sa_block_mass). It
+ * needs the full dense QK^T, so it is an upper bound for select-eval, not a practical selector.
+ * It always scores the attention's Q and K; index vectors in the params are validated and
+ * ignored. */
 #include <stdlib.h>
 
 #include "sa_checked.h"

@@ -861,12 +861,13 @@ START_TEST(test_host_wrapper)
 }
 END_TEST
 
-/* Index heads (sa_select_params.index_heads > 0) are CPU-only for r1 and r4, and keep_local off
- * the diagonal and per-head or pooled lists (head_lists) for every GPU selector: the GPU functions answer SA_ERR_UNSUPPORTED after the
- * CPU's checks (bad values keep the CPU's code), directly on device buffers of the index heads'
- * layout and through sel_cuda_run_host (which sizes its copies by that layout); the nvfp4
- * scorers run them (their lists are checked against the CPU's in test_vs_cpu). keep_local with
- * len_q == len_kv is keep_diagonal's block: the GPU gives keep_diagonal's lists. */
+/* Index heads (sa_select_params.index_heads > 0) are CPU-only for r1 and r4, keep_local off the
+ * diagonal for every GPU selector, and head_lists modes outside .cuda_head_lists: the GPU
+ * functions answer SA_ERR_UNSUPPORTED after the CPU's checks (bad values keep the CPU's code),
+ * directly on device buffers of the index heads' layout and through sel_cuda_run_host (which
+ * sizes its copies by that layout); the nvfp4 scorers run them (their lists are checked against
+ * the CPU's in test_vs_cpu). keep_local with len_q == len_kv is keep_diagonal's block: the GPU
+ * gives keep_diagonal's lists. */
 START_TEST(test_index_heads_unsupported)
 {
     const sa_shape s = {1, 8, 4, 256, 640, 64}, sq = {1, 8, 4, 384, 384, 64};
