@@ -68,8 +68,12 @@ def _lse(name, x, s, device):
 
 def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, *,
                                     layout="bhsd", validate=True, allow_empty_rows=True,
-                                    causal=False, allow_future_blocks=False, dq_pass="auto"):
-    """Gradients (dq, dk, dv) of block_sparse_attention on CUDA tensors; see the module."""
+                                    causal=False, allow_future_blocks=False, dq_pass="auto",
+                                    verdict=None):
+    """Gradients (dq, dk, dv) of block_sparse_attention on CUDA tensors; see the module.
+    verdict (a Verdict, with validate): the lists' check records its code there and the call
+    returns without waiting for it (sa_gpu_attn_bwd.verdict); bad lists then give defined,
+    wrong gradients, and verdict.check() raises."""
     t = torch_mod()
     if dq_pass not in DQ_PASSES:
         raise ValueError("dq_pass must be one of %s, got %r" % (sorted(DQ_PASSES), dq_pass))
@@ -104,6 +108,11 @@ def block_sparse_attention_backward(q, k, v, o, lse, d_o, indices, counts=None, 
         a.allow_future_blocks = flag("allow_future_blocks", allow_future_blocks)
         a.stream = stream_ptr()
         a.dq_pass = DQ_PASSES[dq_pass]
+        if verdict is not None:
+            from ._gpu import Verdict
+            if not isinstance(verdict, Verdict):
+                raise TypeError("verdict must be a sparseattn.Verdict, got %r" % (verdict,))
+            a.verdict = verdict.handle
         size = c_size_t(0)
         check(lib.sa_gpu_backward_workspace_size(ctypes.byref(a), ctypes.byref(size)),
               "sa_gpu_backward_workspace_size")

@@ -173,3 +173,31 @@ def test_gpu_dq_passes(rng):
         assert torch.equal(got["stored"][i], got["recompute"][i])
     assert rel_l2(got["stored"][0].cpu().numpy(), got["recompute"][0].cpu().numpy()) < 1e-4
     assert all(torch.equal(a, b) for a, b in zip(got["auto"], got["stored"]))
+
+
+def test_gpu_backward_verdict(rng):
+    """block_sparse_attention_backward(verdict=...): good lists give the synchronous call's
+    gradients bit for bit and leave the verdict clear; a bad list returns at once and the verdict
+    holds the synchronous call's code; a verdict of another type is refused."""
+    if not gpu():
+        pytest.skip("no sm_90 GPU")
+    q, k, v = qkv(rng, 1, 4, 1, 384, 900, 128)
+    idx, cnt = random_lists(rng, (1, 1, 3), 8, 4, empty_rows=False)  # row 1's slot 0 is read
+    do = rng.standard_normal(q.shape, dtype=np.float32)
+    tq, tk, tv = (torch.tensor(x, device="cuda").bfloat16() for x in (q, k, v))
+    ti, tc = torch.from_numpy(idx).cuda(), torch.from_numpy(cnt).cuda()
+    o, lse = sa.block_sparse_attention(tq, tk, tv, ti, tc)
+    tdo = torch.from_numpy(do).cuda().bfloat16()
+    ref = sa.block_sparse_attention_backward(tq, tk, tv, o, lse, tdo, ti, tc)
+    with sa.Verdict() as verdict:
+        got = sa.block_sparse_attention_backward(tq, tk, tv, o, lse, tdo, ti, tc, verdict=verdict)
+        assert verdict.read() == 0
+        assert all(torch.equal(a, b) for a, b in zip(got, ref))
+        bad = ti.clone()
+        bad[0, 0, 1, 0] = 8  # block 8 of 8: out of range
+        with pytest.raises(sa.SparseAttnError) as e:
+            sa.block_sparse_attention_backward(tq, tk, tv, o, lse, tdo, bad, tc)
+        sa.block_sparse_attention_backward(tq, tk, tv, o, lse, tdo, bad, tc, verdict=verdict)
+        assert verdict.read() == e.value.code
+    with pytest.raises(TypeError, match="verdict must be a sparseattn.Verdict"):
+        sa.block_sparse_attention_backward(tq, tk, tv, o, lse, tdo, ti, tc, verdict=1)
