@@ -76,11 +76,12 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 #pragma omp parallel reduction(| : oom)
     {
         double *acc = malloc((size_t)n * sizeof *acc);
+        double *part = malloc((size_t)n * sizeof *part); /* one query's unnormalized block sums */
         float *sc = sa_sz_malloc(sa_sz_mul(SA_TILE, s->len_kv), sizeof *sc);
         float *qs = sa_sz_malloc(sa_sz_mul(SA_TILE, dim), sizeof *qs); /* the sampled rows */
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
-        if (!acc || !sc || !qs || w_oom)
+        if (!acc || !part || !sc || !qs || w_oom)
             oom = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < rows; r++) {
@@ -117,10 +118,19 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                     double mx = -INFINITY, z = 0.0;
                     for (int key = 0; key < nk; key++)
                         mx = row[key] * scale > mx ? row[key] * scale : mx;
-                    for (int key = 0; key < nk; key++)
-                        z += exp(row[key] * scale - mx);
-                    for (int key = 0; key < nk; key++)
-                        acc[key / SA_TILE] += exp(row[key] * scale - mx) / z;
+                    /* One exp per key: the block sums and their total, then one division per
+                     * block. */
+                    const int nbk = (nk + SA_TILE - 1) / SA_TILE;
+                    for (int blk = 0; blk < nbk; blk++) {
+                        const int k1 = (blk + 1) * SA_TILE < nk ? (blk + 1) * SA_TILE : nk;
+                        double e = 0.0;
+                        for (int key = blk * SA_TILE; key < k1; key++)
+                            e += exp(row[key] * scale - mx);
+                        part[blk] = e;
+                        z += e;
+                    }
+                    for (int blk = 0; blk < nbk; blk++)
+                        acc[blk] += part[blk] / z;
                 }
             }
             for (int blk = 0; blk < n; blk++)
@@ -128,6 +138,7 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             sel_row_emit(&w, &c, 0, t, (size_t)r, indices, counts);
         }
         free(acc);
+        free(part);
         free(sc);
         free(qs);
         sel_row_free(&w);
