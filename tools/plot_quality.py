@@ -98,7 +98,7 @@ def load_recall(paths):
                 if r["recall_mean"] is None:
                     continue
                 m = model_key(r)
-                names[m] = r.get("model", m)
+                names[m] = r.get("model", m).split(" (")[0]
                 label = r["selector"] + (" +sink" if r.get("keep_sink") else "") + \
                     {"per_head": " per-head", "pooled": " pooled"}.get(r.get("head_lists"), "")
                 acc[(m, r["len"], label, r["k"])].append(r["recall_mean"])
