@@ -77,3 +77,29 @@ def test_load_recall_refuses_other_files(tmp_path):
     p.write_text("nothing here\n{\"rows\": []}\n")
     with pytest.raises(SystemExit, match="no select-eval --json rows"):
         pq.load_recall([str(p)])
+
+
+def test_load_leaves_out_ablations_and_reports_reruns(tmp_path, capsys):
+    """A run with only some layers sparse (--ablate-layers, "layers" set) is not a point of the
+    plot; a configuration run twice is drawn from the later file, and the script says so."""
+    ablate = _res("r1", 8, 0.9)
+    ablate["layers"] = [3, 4]
+    a = _run(tmp_path / "a.json", 2048, [_res("r1", 8, 0.1), ablate])
+    b = _run(tmp_path / "b.json", 2048, [_res("r1", 8, 0.2)])
+    data, _ = pq.load([a, b])
+    assert data["tiny-lm"][2048] == {"r1": {8: 0.2}}
+    assert "r1 at k = 8 run before; drawing %s" % b in capsys.readouterr().err
+
+
+def test_load_recall_head_lists(tmp_path):
+    """select-eval --head-lists rows: per-head and pooled lists get their own lines, and a
+    model named with its file ("Tiny LM (tiny.gguf)") is shown without it."""
+    rows = [dict(_row("oracle", 8, 0.8, 5), head_lists="group"),
+            dict(_row("oracle", 8, 0.85, 5), head_lists="per_head"),
+            dict(_row("oracle", 8, 0.9, 5), head_lists="pooled")]
+    for r in rows:
+        r["model"] = "Tiny LM (tiny.gguf)"
+    data, names = pq.load_recall([_eval_rows(tmp_path / "h.jsonl", rows)])
+    assert names == {"tiny-lm": "Tiny LM"}
+    assert data["tiny-lm"][8192] == {"oracle": {8: 0.8}, "oracle per-head": {8: 0.85},
+                                     "oracle pooled": {8: 0.9}}
