@@ -81,27 +81,19 @@ int sa_lists_recall(const sa_shape *s, const float *mass, int per_query, const i
     return sa_lists_recall_counts(s, mass, per_query, indices, NULL, k, recall);
 }
 
-/* indices (rows, k) and counts (rows) or NULL, rows as a selector writes them; recall
- * (B, Hq, Sq). A row's entries past its count are not read. */
-int sa_lists_recall_counts(const sa_shape *s, const float *mass, int per_query,
-                           const int32_t *indices, const int32_t *counts, int k, float *recall)
+int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int list_heads,
+                     const int32_t *indices, const int32_t *counts, int k, float *recall)
 {
-    if (!s || !mass || !indices || !recall)
-        return SA_ERR_NULL;
-    int err = sa_shape_check(s);
-    if (err)
-        return err;
-    const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s), group = s->heads_q / s->heads_kv;
-    if (k <= 0 || k > n || !sa_flag_ok(per_query))
-        return SA_ERR_ARG;
+    const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s), per = s->heads_q / list_heads;
     const size_t queries = sa_lse_elems(s);
     int bad = 0;
 #pragma omp parallel for reduction(| : bad) schedule(static)
     for (size_t r = 0; r < queries; r++) {
+        /* r = (b * Hq + h) * Sq + i reads the row of list head h / (Hq / list_heads) */
         size_t i = r % (size_t)s->len_q, bh = r / (size_t)s->len_q;
-        size_t b = bh / (size_t)s->heads_q, hkv = (bh % (size_t)s->heads_q) / (size_t)group;
-        size_t row = per_query ? (b * s->heads_kv + hkv) * s->len_q + i
-                               : (b * s->heads_kv + hkv) * tiles + i / SA_TILE;
+        size_t b = bh / (size_t)s->heads_q, lh = (bh % (size_t)s->heads_q) / (size_t)per;
+        size_t row = per_query ? (b * list_heads + lh) * s->len_q + i
+                               : (b * list_heads + lh) * tiles + i / SA_TILE;
         const int32_t *list = indices + row * (size_t)k;
         const int c = counts ? counts[row] : k;
         if (c < 0 || c > k) {
@@ -119,4 +111,19 @@ int sa_lists_recall_counts(const sa_shape *s, const float *mass, int per_query,
         recall[r] = (float)acc;
     }
     return bad & 2 ? SA_ERR_COUNT : bad ? SA_ERR_INDEX : SA_OK;
+}
+
+/* indices (rows, k) and counts (rows) or NULL, rows as a selector writes them; recall
+ * (B, Hq, Sq). A row's entries past its count are not read. */
+int sa_lists_recall_counts(const sa_shape *s, const float *mass, int per_query,
+                           const int32_t *indices, const int32_t *counts, int k, float *recall)
+{
+    if (!s || !mass || !indices || !recall)
+        return SA_ERR_NULL;
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    if (k <= 0 || k > sa_kv_blocks(s) || !sa_flag_ok(per_query))
+        return SA_ERR_ARG;
+    return sel_lists_recall(s, mass, per_query, s->heads_kv, indices, counts, k, recall);
 }

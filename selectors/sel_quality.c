@@ -226,19 +226,6 @@ int sa_tile_lists_recall(const sa_shape *s, const float *mass, const sa_tile_lis
     int err = sa_tile_lists_check(s, l, 1);
     if (err)
         return err;
-    const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s), per = s->heads_q / l->list_heads;
-    const size_t queries = sa_lse_elems(s), w = (size_t)l->max_blocks;
-#pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < queries; r++) {
-        /* r = (b * Hq + h) * Sq + i reads row ((b * list_heads + h / per) * tiles + i / 128) */
-        const size_t i = r % (size_t)s->len_q, bh = r / (size_t)s->len_q;
-        const size_t b = bh / (size_t)s->heads_q, h = bh % (size_t)s->heads_q;
-        const size_t row = (b * l->list_heads + h / per) * tiles + i / SA_TILE;
-        const int c = l->counts ? l->counts[row] : l->max_blocks;
-        double acc = 0.0;
-        for (int j = 0; j < c; j++)
-            acc += mass[r * n + l->indices[row * w + j]];
-        recall[r] = (float)acc;
-    }
-    return SA_OK;
+    return sel_lists_recall(s, mass, 0, l->list_heads, l->indices, l->counts, l->max_blocks,
+                            recall);
 }
