@@ -25,8 +25,9 @@
 //   head_dim 128; any len_q and len_kv (rows past len_q and keys past len_kv are zero-filled on
 //   load and masked); GQA by index; per-head or group-shared lists (list head of query head h is
 //   h / (heads_q / list_heads)); counts NULL = max_blocks. Lists checked on the GPU before the
-//   kernels (validate = 1) or unchecked: then a count outside [0, max_blocks] is an empty row and an index
-//   outside [0, kv_blocks) is skipped, in both kernels alike (the reverse index drops them too).
+//   kernels (validate = 1) or unchecked: then a count outside [0, max_blocks] is an empty row and
+//   an index outside [0, kv_blocks) is skipped, in both kernels alike (the reverse index drops
+//   them too).
 //   Causal: query i sees key j when j <= i + (len_kv - len_q); a listed block wholly in a tile's
 //   future contributes nothing.
 #include <cuda_bf16.h>
@@ -319,7 +320,8 @@ int run(const sa_gpu_attn_bwd *a, uint8_t *ws, const Layout &l, int sms)
             per_split);
         SA_CUDA_TRY(cudaGetLastError());
     }
-    err = l.stored ? sa_bwd::launch_dq_stored(g, q_ctas, st) : sa_bwd::launch_dq_wgmma(g, q_ctas, st);
+    err = l.stored ? sa_bwd::launch_dq_stored(g, q_ctas, st)
+                   : sa_bwd::launch_dq_wgmma(g, q_ctas, st);
     if (err)
         return err;
     return SA_OK;
@@ -357,7 +359,9 @@ extern "C" int sa_gpu_tile_sparse_backward(const sa_gpu_attn_bwd *a)
     if (a->workspace && a->workspace_bytes < l.total)
         return SA_ERR_ARG;
     cudaStream_t st = (cudaStream_t)a->stream;
-    if (a->validate && a->verdict) // recorded, no synchronization; the kernels are safe on bad lists
+    // With a verdict the check is recorded there, no synchronization: the kernels are safe on
+    // bad lists.
+    if (a->validate && a->verdict)
         err = sa_validate_tile_lists_record(&a->shape, &a->lists, a->allow_empty_rows, a->causal,
                                             a->allow_future_blocks, sa_verdict_word(a->verdict),
                                             st);
