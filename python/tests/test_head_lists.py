@@ -115,10 +115,10 @@ CASES = [  # (hq, hkv, sq, skv, causal)
 ]
 
 
-@pytest.mark.parametrize("name", ["r4", "oracle"])
-@pytest.mark.parametrize("hq,hkv,sq,skv,causal", CASES, ids=str)
-def test_per_head_is_each_head_alone(name, hq, hkv, sq, skv, causal):
-    q, k = qk(11, hq, hkv, sq, skv)
+def assert_per_head_is_each_head_alone(name, q, k, causal):
+    """select(head_lists="per_head") gives, for each query head, the group lists of that head
+    alone with its KV head; and, the heads of a group disagreeing somewhere, not the group's."""
+    hq, hkv, sq = q.shape[1], k.shape[1], q.shape[2]
     idx, cnt = sa.select(name, q, k, 3, causal=causal, head_lists="per_head")
     tiles = -(-sq // TILE)
     assert idx.shape == (1, hq, tiles, 3) and cnt.shape == (1, hq, tiles)
@@ -127,9 +127,14 @@ def test_per_head_is_each_head_alone(name, hq, hkv, sq, skv, causal):
         hi, hc = sa.select(name, q[:, h:h + 1], k[:, h // g:h // g + 1], 3, causal=causal)
         np.testing.assert_array_equal(idx[:, h:h + 1], hi, err_msg="head %d" % h)
         np.testing.assert_array_equal(cnt[:, h:h + 1], hc, err_msg="head %d" % h)
-    # The heads of a group disagree somewhere, so the group lists differ from these.
     gi, _ = sa.select(name, q, k, 3, causal=causal)
     assert not np.array_equal(np.repeat(gi, g, axis=1), idx)
+
+
+@pytest.mark.parametrize("name", ["r4", "oracle"])
+@pytest.mark.parametrize("hq,hkv,sq,skv,causal", CASES, ids=str)
+def test_per_head_is_each_head_alone(name, hq, hkv, sq, skv, causal):
+    assert_per_head_is_each_head_alone(name, *qk(11, hq, hkv, sq, skv), causal)
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "nvfp4_mass", "nvfp4_mass_q8"])
@@ -140,14 +145,7 @@ def test_per_head_nvfp4_is_each_head_alone(name, hq, hkv, sq, skv, causal):
     # two quantizations agree, and so must the lists.
     q, k = qk(11, hq, hkv, sq, skv)
     q[0, :, 0, 0], k[0, :, 0, 0] = 50, 50
-    idx, cnt = sa.select(name, q, k, 3, causal=causal, head_lists="per_head")
-    g = hq // hkv
-    for h in range(hq):
-        hi, hc = sa.select(name, q[:, h:h + 1], k[:, h // g:h // g + 1], 3, causal=causal)
-        np.testing.assert_array_equal(idx[:, h:h + 1], hi, err_msg="head %d" % h)
-        np.testing.assert_array_equal(cnt[:, h:h + 1], hc, err_msg="head %d" % h)
-    gi, _ = sa.select(name, q, k, 3, causal=causal)
-    assert not np.array_equal(np.repeat(gi, g, axis=1), idx)
+    assert_per_head_is_each_head_alone(name, q, k, causal)
 
 
 @pytest.mark.parametrize("keep_sink", [False, True])
