@@ -49,8 +49,8 @@ SA_API size_t sa_kv_max_tasks(const struct sa_shape *s, const struct sa_query_li
 /* Queries per task of the GPU kernel: 128 / (heads_q / heads_kv), so a task gathers at most 128
  * rows (queries x heads of the group), one MMA tile. 0 when the group has more than 128 heads. */
 SA_API int sa_kv_task_queries(const struct sa_shape *s);
-/* Queries per window of the task order: SA_KV_WINDOW_ROWS / (heads_q / heads_kv), at least 1;
- * 0 for a shape that fails sa_shape_check. */
+/* Queries per window of the task order: SA_KV_WINDOW_ROWS / (heads_q / heads_kv), rounded down
+ * to whole Q tiles (SA_TILE), at least one tile; 0 for a shape that fails sa_shape_check. */
 SA_API int sa_kv_window_queries(const struct sa_shape *s);
 
 /* CPU reference of part 1 (host memory). Validates the lists (sa_query_lists_check, empty rows

@@ -1,20 +1,37 @@
 // KV-centric part 1: the reverse index and the task list, on the GPU.
 //
+// Why a counting index: a bucket's entries are ascending in position, and positions are ordered
+// by query, so a bucket is the concatenation, tile by tile in query order, of the entries each
+// 128-query tile holds in it. Counting per (tile, block) and one prefix over the tiles places
+// every entry without a sort. Every size the launches need is a function of the shape, never of
+// the lists: nothing waits for a count on the host, and a tile with nothing left to the
+// KV-centric part (the hybrid's planned tiles) costs almost nothing. The earlier index, a CUB
+// radix sort of every list position, sorted all of them even when the plan had taken them all.
+//
 // Dataflow (one launch each, all on the caller's stream):
-//   1. kv_keys: every list position gets a key, its bucket (batch, kv head, block), or a
-//      sentinel past the last bucket for unused slots and bad entries; its value is the
-//      position itself. Count, index and empty-row errors are recorded here.
-//   2. CUB radix sort of (key, position), stable: a bucket's entries keep ascending position
-//      order, which is ascending query order. That is the deterministic order the reference has.
-//   3. kv_offsets: offsets[k] = lower bound of k in the sorted keys (no atomics, no memset), and
-//      the number of tasks of each bucket.
-//   4. CUB exclusive sum of the task counts: where each bucket's tasks start.
-//   5. kv_tasks: every task slot finds its bucket by binary search and writes its task; its key
-//      is the query window of its first entry, so a second stable radix sort orders tasks by
-//      window, ties in (bucket, chunk) order. Then kv_gather_tasks applies that order.
-//   6. (validate) kv_duplicates: a row naming a block twice leaves two neighbours in one bucket
-//      with the same row.
-// The sentinel keeps a bad list from ever becoming an address, with or without validation.
+//   1. kv_tile<COUNT>, one CTA per tile (b, hkv, t): per block, how many of the tile's queries
+//      list it (their entry goes to the KV-centric part), into tcount[bucket][t]; the tile's
+//      total into tile_left. Count, index, empty-row, future-block and duplicate errors are
+//      recorded here. The hybrid's planned entries are left out (their partial LSE = -inf).
+//   2. kv_columns, a warp per bucket: the exclusive prefix of tcount over the tiles (in place:
+//      where the tile's entries start inside the bucket), the bucket's size, and per query
+//      window the bucket's first chunk whose first entry falls in it, so the tasks per
+//      (window, bucket).
+//   3. one CUB exclusive sum over the bucket sizes and the tasks per (window, bucket), laid out
+//      as one array: offsets, then the task starts (past the entries' total).
+//   4. kv_tile<SCATTER>: the tiles again; each entry goes to offsets[bucket] + its tile's start
+//      + its rank among the tile's queries that list the block (a 32-bit mask per block, 32
+//      queries at a time). Tiles with nothing left return at once.
+//   5. kv_task_list, a warp per (window, bucket): its tasks in (bh, window, bucket, chunk)
+//      order, the order the reference gets by a stable sort on the window of a task's first
+//      entry (windows are whole tiles: sa_kv_window_queries).
+//   (validate) one 8-byte copy and a stream sync bring the error word back; the attention is
+//   never launched on bad lists. Without validation a bad entry still never becomes an address:
+//   it is counted nowhere, and a row that names a block twice has one entry for it.
+//
+// Shared memory of step 1 and 4: four ints per block (planned, mask, taken, running count), over
+// the blocks in slices of SA_KV_INDEX_SLICE when there are more (each slice reads the tile's
+// lists again).
 #include <string.h>
 
 #include <cub/cub.cuh>
@@ -26,19 +43,12 @@
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kSub = 32; // queries per pass of kv_tile: one 32-bit mask word per block
 
 int grid_for(size_t n)
 {
     size_t g = (n + kThreads - 1) / kThreads;
     return (int)(g < 8192 ? (g ? g : 1) : 8192); // grid-stride loops cover the rest
-}
-
-int bits_for(unsigned long long x)
-{
-    int b = 0;
-    while (x >> b)
-        b++;
-    return b ? b : 1;
 }
 
 __device__ void record_error(unsigned long long *err, long long row, int pos, int code)
@@ -53,191 +63,313 @@ struct kv_causal_args {
     int causal, allow_future, q_off;
 };
 
-// The hybrid schedule (kv_plan.cu): entries whose block is in their tile's plan run Q-centric.
-// With validation they get the key sentinel + 1 + bucket: out of every bucket (no task), yet
-// still sorted next to each other, so kv_duplicates sees a row that names such a block twice.
-// Without it they get the sentinel itself, as unused slots do: the sort then needs no more key
-// bits than the plain schedule's (one radix pass fewer when the bucket count is a power of two
-// up to 256, measured 10 us at 16K). Their partial slots get LSE = -inf, which the combine skips.
-struct kv_hybrid_args {
-    const int32_t *tile_idx, *tile_cnt; // NULL: no plan
-    int cap;                            // entries per plan row
-    int own_range;                      // 1: planned keys past the sentinel (validation)
-    // Rows the combine skips (all of their entries planned, no o_f32): their planned slots' LSE
-    // is never read, so it is not written. NULL: every planned slot gets it.
-    const int32_t *row_left;
-    int q_tiles, heads_q, heads_kv;
+struct tile_args {
+    const int32_t *idx, *counts;
+    int m, len_q, q_tiles, blocks, slice, allow_empty;
+    long long tiles; // B * Hkv * q_tiles
+    kv_causal_args ca;
+    // The hybrid schedule (kv_plan.cu): entries whose block is in their tile's plan run
+    // Q-centric. They are counted nowhere, and their partial slots get LSE = -inf for every head
+    // of the group, which the combine then skips, unless it skips the whole row (row_left 0,
+    // no o_f32: lse_all 0). tile_idx NULL: no plan.
+    const int32_t *tile_idx, *tile_cnt, *row_left;
+    int cap, lse_all, heads_q, heads_kv;
+    // 1: a tile whose rows have nothing left skips its passes (no validation, no LSE to write).
+    int skip_done;
     float *part_lse;
+    int32_t *tcount;    // (buckets, q_tiles): the tile's entries per block, then its start
+    int32_t *tile_left; // (tiles): entries the tile leaves to the KV-centric part
+    const int32_t *offsets;
+    int32_t *entries;
+    unsigned long long *err;
 };
 
-// Whether block b is in the ascending plan list of n entries.
-__device__ bool kv_planned(const int32_t *list, int n, int b)
+// The host validator's checks of list position (row, j), the row's count c: the same codes at
+// the same (row, position), so atomicMin keeps the error the host reports first.
+__device__ void check_entry(const tile_args &a, long long row, int j, int c)
 {
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (list[mid] < b)
-            lo = mid + 1;
-        else
-            hi = mid;
+    int visible = a.blocks;
+    if (a.ca.causal) {
+        const long long last = row % a.len_q + a.ca.q_off; // the row's last visible key
+        visible = last < 0 ? 0 : (int)(last / SA_TILE) + 1;
     }
-    return lo < n && list[lo] == b;
+    if (c < 0 || c > a.m) {
+        if (j == 0)
+            record_error(a.err, row, 0, SA_ERR_COUNT);
+    } else if (c == 0) {
+        // A causal row that sees no key has nothing to list: it may be empty (host rule).
+        if (j == 0 && !a.allow_empty && visible > 0)
+            record_error(a.err, row, 0, SA_ERR_EMPTY_ROW);
+    } else if (j < c) {
+        const int blk = a.idx[row * a.m + j];
+        if (blk < 0 || blk >= a.blocks)
+            record_error(a.err, row, j + 1, SA_ERR_INDEX);
+        // A future block stays in its bucket (the attention masks it to nothing); with it not
+        // allowed it is an error. At the same slot a duplicate (-6) wins over it (-18), as in
+        // the host validator.
+        else if (blk >= visible && !a.ca.allow_future)
+            record_error(a.err, row, j + 1, SA_ERR_FUTURE_BLOCK);
+    }
 }
 
-__global__ void kv_keys(const int32_t *__restrict__ idx, const int32_t *__restrict__ counts,
-                        int m, int len_q, int blocks, long long n, uint32_t sentinel,
-                        int allow_empty, kv_causal_args ca, kv_hybrid_args ha, uint32_t *keys,
-                        int32_t *vals, unsigned long long *err)
+// Row `row` names block blk twice among its first c slots: the error is at the second one.
+__device__ void record_duplicate(const tile_args &a, long long row, int c, int blk)
 {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long row = i / m;
-        int slot = (int)(i - row * m);
-        int c = counts ? counts[row] : m;
-        int visible = blocks;
-        if (ca.causal) {
-            const long long last = row % len_q + ca.q_off; // the row's last visible key
-            visible = last < 0 ? 0 : (int)(last / SA_TILE) + 1;
+    const int32_t *r = a.idx + row * a.m;
+    for (int j = 0, seen = 0; j < c; j++)
+        if (r[j] == blk && seen++) {
+            record_error(a.err, row, j + 1, SA_ERR_DUPLICATE);
+            return;
         }
-        uint32_t key = sentinel;
-        if (c < 0 || c > m) {
-            if (slot == 0)
-                record_error(err, row, 0, SA_ERR_COUNT);
-        } else if (c == 0) {
-            // A causal row that sees no key has nothing to list: it may be empty (host rule).
-            if (slot == 0 && !allow_empty && visible > 0)
-                record_error(err, row, 0, SA_ERR_EMPTY_ROW);
-        } else if (slot < c) {
-            int blk = idx[i];
-            if (blk < 0 || blk >= blocks) {
-                record_error(err, row, slot + 1, SA_ERR_INDEX);
-            } else {
-                // A future block stays in its bucket (the attention masks it to nothing); with
-                // it not allowed it is an error. At the same slot a duplicate (recorded by
-                // kv_duplicates, code -6) wins over it (-18), as in the host validator.
-                if (blk >= visible && !ca.allow_future)
-                    record_error(err, row, slot + 1, SA_ERR_FUTURE_BLOCK);
-                key = (uint32_t)((row / len_q) * blocks + blk);
-                if (ha.tile_idx) {
-                    const long long bh = row / len_q;
-                    const int q = (int)(row - bh * len_q);
-                    const long long tr = bh * ha.q_tiles + q / SA_TILE;
-                    if (kv_planned(ha.tile_idx + tr * ha.cap, ha.tile_cnt[tr], blk)) {
-                        key = ha.own_range ? key + sentinel + 1 : sentinel;
-                        // The slot's partial, for every head of the group: nothing to add
-                        // (unless the combine skips the row).
-                        const int group = ha.heads_q / ha.heads_kv;
-                        const bool skipped = ha.row_left && ha.row_left[row] == 0;
-                        const long long b = bh / ha.heads_kv, hkv = bh - b * ha.heads_kv;
-                        for (int g = 0; g < (skipped ? 0 : group); g++) {
-                            const long long head = b * ha.heads_q + hkv * group + g;
-                            ha.part_lse[(head - bh) * len_q * m + i] = -INFINITY;
+}
+
+enum { COUNT, SCATTER };
+
+// Steps 1 and 4, one CTA per tile (b, hkv, t) at a time. Over each slice of blocks and each 32
+// queries of the tile: every entry sets its query's bit in its block's mask (a bit already set
+// is a duplicate); SCATTER then writes each entry at its block's running count plus the bits
+// below its own; the running counts grow by the masks' bit counts.
+template <int MODE>
+__global__ void __launch_bounds__(kThreads) kv_tile(const tile_args a)
+{
+    extern __shared__ int32_t sh[];
+    int32_t *planned = sh, *cnt = sh + a.slice;
+    uint32_t *mask = reinterpret_cast<uint32_t *>(sh + 2 * a.slice),
+             *taken = reinterpret_cast<uint32_t *>(sh + 3 * a.slice);
+    __shared__ int total;
+    for (long long tr = blockIdx.x; tr < a.tiles; tr += gridDim.x) {
+        const long long bh = tr / a.q_tiles;
+        const int t = (int)(tr - bh * a.q_tiles), q0 = t * SA_TILE;
+        const int nq = min(SA_TILE, a.len_q - q0);
+        const long long row0 = bh * a.len_q + q0;
+        if (MODE == SCATTER) {
+            if (a.tile_left[tr] == 0)
+                continue;
+        } else if (a.skip_done) {
+            const bool any =
+                __syncthreads_or(threadIdx.x < nq && a.row_left[row0 + threadIdx.x] > 0);
+            if (!any) {
+                for (int b = threadIdx.x; b < a.blocks; b += kThreads)
+                    a.tcount[(bh * a.blocks + b) * a.q_tiles + t] = 0;
+                if (threadIdx.x == 0)
+                    a.tile_left[tr] = 0;
+                continue;
+            }
+        }
+        if (MODE == COUNT && threadIdx.x == 0)
+            total = 0;
+        const int32_t *plan = a.tile_idx ? a.tile_idx + tr * a.cap : nullptr;
+        const int np = plan ? a.tile_cnt[tr] : 0;
+        for (int b0 = 0; b0 < a.blocks; b0 += a.slice) {
+            const int nb = min(a.slice, a.blocks - b0);
+            for (int i = threadIdx.x; i < nb; i += kThreads) {
+                const long long k = bh * a.blocks + b0 + i;
+                planned[i] = 0;
+                mask[i] = taken[i] = 0u;
+                cnt[i] = MODE == COUNT ? 0 : a.offsets[k] + a.tcount[k * a.q_tiles + t];
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < np; i += kThreads) {
+                const int b = plan[i] - b0;
+                if (b >= 0 && b < nb)
+                    planned[b] = 1;
+            }
+            __syncthreads();
+            for (int s0 = 0; s0 < nq; s0 += kSub) {
+                const int ns = min(kSub, nq - s0);
+                for (int e = threadIdx.x; e < ns * a.m; e += kThreads) {
+                    const int qs = e / a.m, j = e - qs * a.m;
+                    const long long row = row0 + s0 + qs;
+                    const int c = a.counts ? a.counts[row] : a.m;
+                    if (MODE == COUNT && b0 == 0)
+                        check_entry(a, row, j, c);
+                    if (c < 0 || c > a.m || j >= c)
+                        continue;
+                    const int blk = a.idx[row * a.m + j];
+                    if (blk < b0 || blk >= b0 + nb) // also every index out of range
+                        continue;
+                    const uint32_t bit = 1u << qs;
+                    const uint32_t old = atomicOr(&mask[blk - b0], bit);
+                    if (MODE == COUNT && (old & bit))
+                        record_duplicate(a, row, c, blk);
+                    if (MODE == COUNT && planned[blk - b0] &&
+                        (a.lse_all || a.row_left[row] != 0)) {
+                        const int group = a.heads_q / a.heads_kv;
+                        const long long b = bh / a.heads_kv, hkv = bh - b * a.heads_kv;
+                        for (int g = 0; g < group; g++) {
+                            const long long head = b * a.heads_q + hkv * group + g;
+                            a.part_lse[((head - bh) * a.len_q + row) * a.m + j] = -INFINITY;
                         }
                     }
                 }
+                __syncthreads();
+                if (MODE == SCATTER) {
+                    for (int e = threadIdx.x; e < ns * a.m; e += kThreads) {
+                        const int qs = e / a.m, j = e - qs * a.m;
+                        const long long row = row0 + s0 + qs;
+                        const int c = a.counts ? a.counts[row] : a.m;
+                        if (c < 0 || c > a.m || j >= c)
+                            continue;
+                        const int blk = a.idx[row * a.m + j];
+                        if (blk < b0 || blk >= b0 + nb || planned[blk - b0])
+                            continue;
+                        // One entry per (query, block), also when a row names it twice.
+                        const uint32_t bit = 1u << qs;
+                        if (atomicOr(&taken[blk - b0], bit) & bit)
+                            continue;
+                        const int at = cnt[blk - b0] + __popc(mask[blk - b0] & (bit - 1u));
+                        a.entries[at] = (int32_t)(row * a.m + j);
+                    }
+                    __syncthreads();
+                }
+                for (int i = threadIdx.x; i < nb; i += kThreads) {
+                    if (!planned[i])
+                        cnt[i] += __popc(mask[i]);
+                    mask[i] = taken[i] = 0u;
+                }
+                __syncthreads();
             }
+            if (MODE == COUNT) {
+                int sum = 0;
+                for (int i = threadIdx.x; i < nb; i += kThreads) {
+                    a.tcount[(bh * a.blocks + b0 + i) * a.q_tiles + t] = cnt[i];
+                    sum += cnt[i];
+                }
+                if (sum)
+                    atomicAdd(&total, sum);
+            }
+            __syncthreads(); // the arrays (and total) are reused by the next slice or tile
         }
-        keys[i] = key;
-        vals[i] = (int32_t)i;
+        if (MODE == COUNT && threadIdx.x == 0)
+            a.tile_left[tr] = total;
     }
 }
 
-__device__ long long lower_bound(const uint32_t *a, long long n, uint32_t x)
-{
-    long long lo = 0, hi = n;
-    while (lo < hi) {
-        long long mid = (lo + hi) / 2;
-        if (a[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-// Per bucket k in [0, buckets]: offsets and tasks per bucket (0 for the last).
-__global__ void kv_offsets(const uint32_t *__restrict__ keys, long long n, int buckets, int tq,
-                           int32_t *offsets, int32_t *task_n)
-{
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k <= buckets;
-         k += (long long)gridDim.x * blockDim.x) {
-        long long lo = lower_bound(keys, n, (uint32_t)k);
-        offsets[k] = (int32_t)lo;
-        if (k == buckets) {
-            task_n[k] = 0;
-            continue;
-        }
-        long long cnt = lower_bound(keys, n, (uint32_t)k + 1) - lo;
-        task_n[k] = (int32_t)((cnt + tq - 1) / tq);
-    }
-}
-
-// The window of a task (sa_kvcentric.h, task order): (bh, query of its first entry / wq).
-struct kv_window_args {
-    const int32_t *entries;
-    int m, len_q, blocks, wq, windows; // windows per (batch, kv head)
-    uint32_t sentinel;                 // the number of windows in all: after every real task
+struct column_args {
+    int32_t *tcount, *bucket_n, *first_chunk, *wtasks;
+    long long buckets, nwt;
+    int q_tiles, blocks, tq, tpw, windows; // tpw: tiles per query window
 };
 
-__global__ void kv_tasks(const int32_t *__restrict__ offsets, const int32_t *__restrict__ task_off,
-                         int buckets, int tq, long long max_tasks, kv_window_args wa,
-                         sa_kv_task *tasks, uint32_t *tkeys, int32_t *tvals, int32_t *info)
+// Step 2, a warp per bucket k = (bh, b): tcount[k][t] becomes the exclusive prefix over the tiles
+// (the tile's first position in the bucket), bucket_n[k] the bucket's size; first_chunk[bh][w][b]
+// the first chunk of the bucket whose first entry lies in window w (w = windows: the chunk
+// count), and wtasks[bh][w][b] the chunks whose first entry lies in window w. Each lane loads
+// kColRun consecutive tiles before it adds any, so a warp waits for memory once per 32 x kColRun
+// tiles (a load per 32 tiles, each waited for, took 15 us at 64K).
+constexpr int kColRun = 8;
+__global__ void __launch_bounds__(kThreads) kv_columns(const column_args a)
 {
-    int total = task_off[buckets];
+    const int lane = threadIdx.x % 32;
+    const long long warps = (long long)gridDim.x * (kThreads / 32);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        info[0] = offsets[buckets];
-        info[1] = total;
+        a.bucket_n[a.buckets] = 0; // the exclusive sums' last elements: the totals
+        a.wtasks[a.nwt] = 0;
     }
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < max_tasks;
-         t += (long long)gridDim.x * blockDim.x) {
-        sa_kv_task task = {0, 0, 0, 0};
-        uint32_t key = wa.sentinel;
-        if (t < total) {
-            // The last bucket whose first task is <= t (empty buckets share a start).
-            int lo = 0, hi = buckets - 1;
-            while (lo < hi) {
-                int mid = (lo + hi + 1) / 2;
-                if (task_off[mid] <= t)
-                    lo = mid;
-                else
-                    hi = mid - 1;
+    for (long long k = (blockIdx.x * (long long)kThreads + threadIdx.x) / 32; k < a.buckets;
+         k += warps) {
+        const long long bh = k / a.blocks;
+        const int b = (int)(k - bh * a.blocks);
+        int32_t *col = a.tcount + k * a.q_tiles;
+        int32_t *fc = a.first_chunk + bh * (a.windows + 1) * a.blocks + b; // stride: blocks
+        int run = 0;
+        for (int t0 = 0; t0 < a.q_tiles; t0 += 32 * kColRun) {
+            const int tl = t0 + lane * kColRun; // this lane's first tile
+            int v[kColRun];
+#pragma unroll
+            for (int i = 0; i < kColRun; i++)
+                v[i] = tl + i < a.q_tiles ? col[tl + i] : 0;
+            int mine = 0;
+#pragma unroll
+            for (int i = 0; i < kColRun; i++)
+                mine += v[i];
+            int incl = mine;
+            for (int d = 1; d < 32; d *= 2) {
+                const int y = __shfl_up_sync(0xffffffffu, incl, d);
+                if (lane >= d)
+                    incl += y;
             }
-            int chunk = (int)(t - task_off[lo]);
-            int n = offsets[lo + 1] - offsets[lo];
-            int cnt = min(tq, n - chunk * tq);
-            task = {lo, offsets[lo] + chunk * tq, cnt, chunk};
-            const int q = (wa.entries[task.begin] / wa.m) % wa.len_q, bh = lo / wa.blocks;
-            key = (uint32_t)((long long)bh * wa.windows + q / wa.wq);
+            int excl = run + incl - mine;
+#pragma unroll
+            for (int i = 0; i < kColRun; i++) {
+                const int t = tl + i;
+                if (t < a.q_tiles) {
+                    col[t] = excl;
+                    if (t % a.tpw == 0)
+                        fc[(long long)(t / a.tpw) * a.blocks] = (excl + a.tq - 1) / a.tq;
+                }
+                excl += v[i];
+            }
+            run += __shfl_sync(0xffffffffu, incl, 31);
         }
-        tasks[t] = task;
-        tkeys[t] = key;
-        tvals[t] = (int32_t)t;
+        if (lane == 0) {
+            a.bucket_n[k] = run;
+            fc[(long long)a.windows * a.blocks] = (run + a.tq - 1) / a.tq;
+        }
+        __syncwarp(); // the lanes' first chunks are visible to the whole warp
+        int32_t *wt = a.wtasks + bh * a.windows * a.blocks + b;
+        for (int w = lane; w < a.windows; w += 32)
+            wt[(long long)w * a.blocks] =
+                fc[(long long)(w + 1) * a.blocks] - fc[(long long)w * a.blocks];
     }
 }
 
-__global__ void kv_gather_tasks(const sa_kv_task *__restrict__ in, const int32_t *__restrict__ order,
-                                long long n, sa_kv_task *out)
-{
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n;
-         t += (long long)gridDim.x * blockDim.x)
-        out[t] = in[order[t]];
-}
+struct task_args {
+    const int32_t *offsets, *first_chunk, *task_off;
+    long long buckets, nwt;
+    int blocks, windows, tq;
+    sa_kv_task *tasks;
+    int32_t *info;
+};
 
-// Over every sorted key but the sentinel (unused slots, bad entries): the hybrid's planned
-// entries sort after it (kv_keys) and are checked too.
-__global__ void kv_duplicates(const uint32_t *__restrict__ keys, const int32_t *__restrict__ entries,
-                              long long n, uint32_t sentinel, int m, unsigned long long *err)
+static_assert(sizeof(sa_kv_task) == sizeof(int4), "a task is one 16-byte store");
+
+// Step 5, a warp per (bh, window, block): its chunks of the bucket, from the window's first chunk
+// to the next window's, at the position the exclusive sum gave; the lanes write consecutive
+// tasks (a thread per cell wrote up to a window's whole share of a bucket alone: 128 tasks a
+// thread at the kvcentric bench's shape, 2.2x slower in all).
+__global__ void __launch_bounds__(kThreads) kv_task_list(const task_args a)
 {
-    for (long long p = 1 + blockIdx.x * (long long)blockDim.x + threadIdx.x; p < n;
-         p += (long long)gridDim.x * blockDim.x) {
-        int e = entries[p], prev = entries[p - 1];
-        if (keys[p] == keys[p - 1] && keys[p] != sentinel && e / m == prev / m)
-            record_error(err, e / m, e % m + 1, SA_ERR_DUPLICATE);
+    // One exclusive sum ran over bucket_n and wtasks together (step 3): the task starts begin at
+    // the entries' total.
+    const int base = a.offsets[a.buckets];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        a.info[0] = base;
+        a.info[1] = a.task_off[a.nwt] - base;
+    }
+    const int lane = threadIdx.x % 32;
+    const long long per = (long long)a.windows * a.blocks;
+    const long long warps = (long long)gridDim.x * (kThreads / 32);
+    for (long long i = (blockIdx.x * (long long)kThreads + threadIdx.x) / 32; i < a.nwt;
+         i += warps) {
+        const long long bh = i / per, rem = i - bh * per;
+        const int w = (int)(rem / a.blocks), b = (int)(rem - (long long)w * a.blocks);
+        const long long k = bh * a.blocks + b;
+        const int32_t *fc = a.first_chunk + bh * (a.windows + 1) * a.blocks + b;
+        const int c0 = fc[(long long)w * a.blocks], c1 = fc[(long long)(w + 1) * a.blocks];
+        const int begin = a.offsets[k], n = a.offsets[k + 1] - begin, at = a.task_off[i] - base;
+        for (int c = c0 + lane; c < c1; c += 32)
+            reinterpret_cast<int4 *>(a.tasks)[at + c - c0] =
+                make_int4((int)k, begin + c * a.tq, min(a.tq, n - c * a.tq), c);
     }
 }
 
 // Checked (sa_checked.h): SA_SIZE_BAD in, or past int64, gives SA_SIZE_BAD.
 int64_t align_up(int64_t x) { return sa_sz_round_up(x, KV_ALIGN); }
+
+// The shared memory of kv_tile: four ints per block of a slice.
+int tile_slice(int blocks) { return blocks < SA_KV_INDEX_SLICE ? blocks : SA_KV_INDEX_SLICE; }
+
+template <int MODE> int tile_smem_once()
+{
+    static int set;
+    if (!set) {
+        SA_CUDA_TRY(cudaFuncSetAttribute(kv_tile<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         4 * SA_KV_INDEX_SLICE * (int)sizeof(int32_t)));
+        set = 1;
+    }
+    return SA_OK;
+}
 
 } // namespace
 
@@ -269,11 +401,19 @@ int kv_check_args(const sa_kv_params *p)
         return SA_ERR_UNSUPPORTED;
     if (s->head_dim != KV_D || sa_kv_task_queries(s) == 0)
         return SA_ERR_UNSUPPORTED;
-    // Entries, buckets and tasks are int32; a slot must fit the error word's 24 bits.
+    // Entries, buckets and tasks are int32; a slot must fit the error word's 24 bits. The
+    // counting index keeps an int per (bucket, Q tile) and per (bucket, query window), and CUB's
+    // sums take int counts.
     size_t tq = (size_t)sa_kv_task_queries(s);
+    const int64_t per_tile = sa_sz_mul((int64_t)sa_kv_buckets(s), sa_q_tiles(s));
+    // Step 3 sums entries and tasks in one int32 scan: their totals together fit it.
     if (sa_kv_max_entries(s, &p->lists) >= INT32_MAX ||
         sa_kv_max_tasks(s, &p->lists, (int)tq) >= INT32_MAX ||
-        sa_kv_buckets(s) >= INT32_MAX - 1 || p->lists.max_blocks >= (1 << 23))
+        !sa_sz_within(sa_sz_add((int64_t)sa_kv_max_entries(s, &p->lists),
+                                (int64_t)sa_kv_max_tasks(s, &p->lists, (int)tq)),
+                      INT32_MAX - 1) ||
+        sa_kv_buckets(s) >= INT32_MAX - 1 || p->lists.max_blocks >= (1 << 23) ||
+        !sa_sz_within(per_tile, INT32_MAX - 1))
         return SA_ERR_UNSUPPORTED;
     return SA_OK;
 }
@@ -298,30 +438,21 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     if (partial_rows < 0)
         return SA_ERR_UNSUPPORTED;
     w->partial_rows = (size_t)partial_rows;
-    // Keys 0 .. buckets (the sentinel); the hybrid's planned entries 2 * buckets at most.
-    w->entry_bits = bits_for(p->schedule == SA_KV_SCHEDULE_HYBRID ? 2 * w->buckets : w->buckets);
-    w->window_queries = sa_kv_window_queries(s);
+    w->window_queries = sa_kv_window_queries(s); // whole Q tiles
     w->windows = (s->len_q + w->window_queries - 1) / w->window_queries;
-    // Keys 0 .. B * Hkv * windows (the sentinel); at most the query rows, below 2^31.
-    w->task_bits = bits_for((unsigned long long)s->batch * s->heads_kv * w->windows);
-    if (cub::DeviceRadixSort::SortPairs(nullptr, w->sort_entries_tmp, (uint32_t *)nullptr,
-                                        (uint32_t *)nullptr, (int32_t *)nullptr, (int32_t *)nullptr,
-                                        (int)w->max_entries, 0, w->entry_bits) != cudaSuccess ||
-        cub::DeviceRadixSort::SortPairs(nullptr, w->sort_tasks_tmp, (uint32_t *)nullptr,
-                                        (uint32_t *)nullptr, (int32_t *)nullptr, (int32_t *)nullptr,
-                                        (int)w->max_tasks, 0, w->task_bits) != cudaSuccess ||
-        cub::DeviceScan::ExclusiveSum(nullptr, w->scan_tmp, (int32_t *)nullptr,
-                                      (int32_t *)nullptr, (int)w->buckets + 1) != cudaSuccess)
+    const int q_tiles = sa_q_tiles(s);
+    w->tiles = (size_t)s->batch * s->heads_kv * q_tiles;
+    // (bh, window, block), at most (bh, tile, block): below INT32_MAX by the check.
+    w->window_buckets = w->buckets * w->windows;
+    // Step 3's one exclusive sum runs over bucket_n and wtasks as one array (below INT32_MAX
+    // items, by the check).
+    w->scan_items = w->buckets + 1 + w->window_buckets + 1;
+    if (cub::DeviceScan::ExclusiveSum(nullptr, w->tmp_bytes, (int32_t *)nullptr,
+                                      (int32_t *)nullptr, (int)w->scan_items) != cudaSuccess)
         return SA_ERR_CUDA;
-    w->tmp_bytes = w->sort_entries_tmp;
-    if (w->sort_tasks_tmp > w->tmp_bytes)
-        w->tmp_bytes = w->sort_tasks_tmp;
-    if (w->scan_tmp > w->tmp_bytes)
-        w->tmp_bytes = w->scan_tmp;
 
-    const int64_t nb1 = sa_sz_mul(sa_sz_add((int64_t)w->buckets, 1), sizeof(int32_t)),
+    const int64_t nscan = sa_sz_mul((int64_t)w->scan_items, sizeof(int32_t)),
                   ne = sa_sz_mul((int64_t)w->max_entries, sizeof(int32_t)),
-                  nt = sa_sz_mul((int64_t)w->max_tasks, sizeof(int32_t)),
                   ntask = sa_sz_mul((int64_t)w->max_tasks, sizeof(sa_kv_task));
     const int64_t part_elem = p->partial_format == SA_KV_PARTIAL_F32 ? 4 : 2;
     // Carve in order; with base == NULL only the offsets (the total) matter. `at` goes to
@@ -335,28 +466,23 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     } while (0)
     KV_CARVE(err, sizeof(unsigned long long));
     KV_CARVE(info, 2 * sizeof(int32_t));
-    KV_CARVE(offsets, nb1);
-    KV_CARVE(task_n, nb1);
-    KV_CARVE(task_off, nb1);
-    KV_CARVE(keys_in, ne);
-    KV_CARVE(keys_out, ne);
-    KV_CARVE(vals_in, ne);
+    KV_CARVE(bucket_n, nscan); // then wtasks
+    KV_CARVE(offsets, nscan);  // then task_off
+    KV_CARVE(tcount, sa_sz_mul3((int64_t)w->buckets, q_tiles, sizeof(int32_t)));
+    KV_CARVE(tile_left, sa_sz_mul((int64_t)w->tiles, sizeof(int32_t)));
+    KV_CARVE(first_chunk,
+             sa_sz_mul3(sa_sz_mul((int64_t)s->batch, s->heads_kv), (int64_t)w->windows + 1,
+                        sa_sz_mul(sa_kv_blocks(s), sizeof(int32_t))));
     KV_CARVE(entries, ne);
-    KV_CARVE(tkeys_in, nt);
-    KV_CARVE(tkeys_out, nt);
-    KV_CARVE(tvals_in, nt);
-    KV_CARVE(tvals_out, nt);
-    KV_CARVE(tasks_unsorted, ntask);
     KV_CARVE(tasks, ntask);
     KV_CARVE(tmp, (int64_t)w->tmp_bytes);
     if (p->schedule == SA_KV_SCHEDULE_HYBRID) {
         // A tile's union has at most 128 * max_blocks blocks, and never more than there are.
         const int64_t cap = sa_sz_mul(SA_TILE, p->lists.max_blocks);
         w->plan_cap = (int)(cap < sa_kv_blocks(s) ? cap : sa_kv_blocks(s));
-        const int64_t tiles = sa_sz_mul3(s->batch, s->heads_kv, sa_q_tiles(s));
-        const int64_t plan = sa_sz_mul(tiles, w->plan_cap);
+        const int64_t plan = sa_sz_mul((int64_t)w->tiles, w->plan_cap);
         KV_CARVE(tile_idx, sa_sz_mul(plan, sizeof(int32_t)));
-        KV_CARVE(tile_cnt, sa_sz_mul(tiles, sizeof(int32_t)));
+        KV_CARVE(tile_cnt, sa_sz_mul((int64_t)w->tiles, sizeof(int32_t)));
         KV_CARVE(row_masks, sa_sz_mul(plan, 4 * sizeof(uint32_t)));
         KV_CARVE(row_left, sa_sz_mul(sa_query_rows(s), sizeof(int32_t)));
         KV_CARVE(merge_rows, sa_sz_mul(sa_query_rows(s), sizeof(int32_t)));
@@ -366,7 +492,8 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     KV_CARVE(part_lse, sa_sz_mul(partial_rows, sizeof(float)));
     KV_CARVE(part_o, sa_sz_mul3(partial_rows, KV_D, part_elem));
 #undef KV_CARVE
-    w->bucket_n = nullptr; // counted by binary search instead
+    w->wtasks = w->bucket_n ? w->bucket_n + w->buckets + 1 : nullptr;
+    w->task_off = w->offsets ? w->offsets + w->buckets + 1 : nullptr;
     if (!sa_sz_fits_size_t(at))
         return SA_ERR_UNSUPPORTED; // unreachable within the limits of kv_check_args
     w->total = (size_t)at;
@@ -408,52 +535,72 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
     int err = kv_layout(p, p->workspace, &w);
     if (err)
         return err;
+    if ((err = tile_smem_once<COUNT>()) || (err = tile_smem_once<SCATTER>()))
+        return err;
     cudaStream_t st = kv_stream(p);
     const sa_shape *s = &p->shape;
-    int m = p->lists.max_blocks, blocks = sa_kv_blocks(s), nb = (int)w.buckets;
-    long long ne = (long long)w.max_entries, nt = (long long)w.max_tasks;
-    size_t tmp;
+    const int blocks = sa_kv_blocks(s), q_tiles = sa_q_tiles(s);
 
     SA_CUDA_TRY(cudaMemsetAsync(w.err, 0xff, sizeof *w.err, st));
-    const kv_causal_args ca = {p->causal, p->allow_future_blocks, s->len_kv - s->len_q};
     const bool hybrid = p->schedule == SA_KV_SCHEDULE_HYBRID;
     if (hybrid && (err = kv_plan(p, &w)) != SA_OK)
         return err;
-    const kv_hybrid_args ha = {hybrid ? w.tile_idx : nullptr, w.tile_cnt, w.plan_cap,
-                               p->validate, p->o_f32 ? nullptr : w.row_left, sa_q_tiles(s),
-                               s->heads_q, s->heads_kv, w.part_lse};
-    // The workspace is sized for the planned keys' own range; without validation they are
-    // sentinels and the keys need only the plain schedule's bits.
-    const int entry_bits = hybrid && !p->validate ? bits_for(w.buckets) : w.entry_bits;
-    kv_keys<<<grid_for(ne), kThreads, 0, st>>>(p->lists.indices, p->lists.counts, m, s->len_q,
-                                               blocks, ne, (uint32_t)nb, p->allow_empty_rows, ca,
-                                               ha, w.keys_in, w.vals_in, w.err);
+
+    tile_args a;
+    a.idx = p->lists.indices;
+    a.counts = p->lists.counts;
+    a.m = p->lists.max_blocks;
+    a.len_q = s->len_q;
+    a.q_tiles = q_tiles;
+    a.blocks = blocks;
+    a.slice = tile_slice(blocks);
+    a.allow_empty = p->allow_empty_rows;
+    a.tiles = (long long)w.tiles;
+    a.ca = {p->causal, p->allow_future_blocks, s->len_kv - s->len_q};
+    a.tile_idx = hybrid ? w.tile_idx : nullptr;
+    a.tile_cnt = w.tile_cnt;
+    a.row_left = w.row_left;
+    a.cap = w.plan_cap;
+    a.lse_all = p->o_f32 != nullptr; // the combine then reads every row
+    a.heads_q = s->heads_q;
+    a.heads_kv = s->heads_kv;
+    a.skip_done = hybrid && !p->validate && !a.lse_all;
+    a.part_lse = w.part_lse;
+    a.tcount = w.tcount;
+    a.tile_left = w.tile_left;
+    a.offsets = w.offsets;
+    a.entries = w.entries;
+    a.err = w.err;
+    const size_t smem = 4 * (size_t)a.slice * sizeof(int32_t);
+    const unsigned grid = (unsigned)(w.tiles < 65535 ? w.tiles : 65535);
+    kv_tile<COUNT><<<grid, kThreads, smem, st>>>(a);
     SA_CUDA_TRY(cudaGetLastError());
-    tmp = w.tmp_bytes;
-    SA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.keys_in, w.keys_out, w.vals_in,
-                                            w.entries, (int)ne, 0, entry_bits, st));
-    kv_offsets<<<grid_for(w.buckets + 1), kThreads, 0, st>>>(w.keys_out, ne, nb, w.task_queries,
-                                                             w.offsets, w.task_n);
+
+    const column_args c = {w.tcount,
+                           w.bucket_n,
+                           w.first_chunk,
+                           w.wtasks,
+                           (long long)w.buckets,
+                           (long long)w.window_buckets,
+                           q_tiles,
+                           blocks,
+                           w.task_queries,
+                           w.window_queries / SA_TILE,
+                           w.windows};
+    kv_columns<<<grid_for(w.buckets * 32), kThreads, 0, st>>>(c);
     SA_CUDA_TRY(cudaGetLastError());
-    tmp = w.tmp_bytes;
-    SA_CUDA_TRY(cub::DeviceScan::ExclusiveSum(w.tmp, tmp, w.task_n, w.task_off, nb + 1, st));
-    const kv_window_args wa = {w.entries, m, s->len_q, blocks, w.window_queries, w.windows,
-                               (uint32_t)((long long)s->batch * s->heads_kv * w.windows)};
-    kv_tasks<<<grid_for(w.max_tasks), kThreads, 0, st>>>(w.offsets, w.task_off, nb,
-                                                         w.task_queries, nt, wa, w.tasks_unsorted,
-                                                         w.tkeys_in, w.tvals_in, w.info);
+    size_t tmp = w.tmp_bytes;
+    SA_CUDA_TRY(cub::DeviceScan::ExclusiveSum(w.tmp, tmp, w.bucket_n, w.offsets,
+                                              (int)w.scan_items, st));
+    kv_tile<SCATTER><<<grid, kThreads, smem, st>>>(a);
     SA_CUDA_TRY(cudaGetLastError());
-    tmp = w.tmp_bytes;
-    SA_CUDA_TRY(cub::DeviceRadixSort::SortPairs(w.tmp, tmp, w.tkeys_in, w.tkeys_out, w.tvals_in,
-                                            w.tvals_out, (int)nt, 0, w.task_bits, st));
-    kv_gather_tasks<<<grid_for(w.max_tasks), kThreads, 0, st>>>(w.tasks_unsorted, w.tvals_out, nt,
-                                                                w.tasks);
+    const task_args ta = {w.offsets,    w.first_chunk, w.task_off,          (long long)w.buckets,
+                          (long long)w.window_buckets, blocks,           w.windows,
+                          w.task_queries, w.tasks,     w.info};
+    kv_task_list<<<grid_for(w.window_buckets * 32), kThreads, 0, st>>>(ta);
     SA_CUDA_TRY(cudaGetLastError());
     if (!p->validate)
         return SA_OK;
-    kv_duplicates<<<grid_for(ne), kThreads, 0, st>>>(w.keys_out, w.entries, ne, (uint32_t)nb, m,
-                                                     w.err);
-    SA_CUDA_TRY(cudaGetLastError());
     unsigned long long first = 0;
     SA_CUDA_TRY(cudaMemcpyAsync(&first, w.err, sizeof first, cudaMemcpyDeviceToHost, st));
     SA_CUDA_TRY(cudaStreamSynchronize(st));

@@ -46,8 +46,9 @@ int sa_kv_window_queries(const sa_shape *s)
 {
     if (sa_shape_check(s))
         return 0;
-    int w = SA_KV_WINDOW_ROWS / (s->heads_q / s->heads_kv);
-    return w > 0 ? w : 1;
+    /* Whole Q tiles, so the GPU index counts windows tile by tile. */
+    int w = SA_KV_WINDOW_ROWS / (s->heads_q / s->heads_kv) / SA_TILE * SA_TILE;
+    return w > SA_TILE ? w : SA_TILE;
 }
 
 /* A task and its sort key (window), for the stable sort of the task list. */

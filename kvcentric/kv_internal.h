@@ -10,6 +10,10 @@
 
 #define KV_D 128          // the kernels are written for head_dim 128
 #define KV_ALIGN 256      // every workspace array starts on a 256-byte boundary
+// The reverse index's per-tile pass keeps four ints per KV block in shared memory (64 KB for
+// 4096 blocks); shapes with more blocks take them in slices of this many (each slice reads the
+// tile's lists again).
+#define SA_KV_INDEX_SLICE 4096
 
 // The first list error found on the GPU is kept as the minimum of (row << 32 | pos << 8 | -code),
 // pos = 0 for the row's count, slot + 1 for an entry: the same error the host validator reports
@@ -19,21 +23,25 @@
 typedef struct kv_ws {
     // sizes
     size_t buckets, max_entries, max_tasks, partial_rows;
-    int task_queries, entry_bits, task_bits;
+    size_t tiles;          // B * Hkv * q_tiles
+    size_t window_buckets; // B * Hkv * windows * kv_blocks: the task list's (window, bucket) cells
+    int task_queries;
     int window_queries, windows; // the task order's query windows (sa_kv_window_queries)
-    size_t sort_entries_tmp, sort_tasks_tmp, scan_tmp, tmp_bytes, total;
+    size_t scan_items; // buckets + 1 + window_buckets + 1: step 3's one exclusive sum
+    size_t tmp_bytes, total;
     // arrays (NULL when only the size was asked)
     unsigned long long *err;
-    int32_t *info;      // [0] entries used, [1] tasks used
-    int32_t *bucket_n;  // (buckets + 1) entries per bucket, last 0
-    int32_t *offsets;   // (buckets + 1)
-    uint32_t *keys_in, *keys_out;
-    int32_t *vals_in, *entries;
-    int32_t *task_n;    // (buckets + 1) tasks per bucket, last 0
-    int32_t *task_off;  // (buckets + 1)
-    uint32_t *tkeys_in, *tkeys_out;
-    int32_t *tvals_in, *tvals_out;
-    sa_kv_task *tasks_unsorted, *tasks;
+    int32_t *info;        // [0] entries used, [1] tasks used
+    int32_t *bucket_n;    // (buckets + 1) entries per bucket, last 0; wtasks follows it
+    int32_t *offsets;     // (buckets + 1); task_off follows it
+    int32_t *tcount;      // (buckets, q_tiles): a tile's entries in the bucket, then their start
+    int32_t *tile_left;   // (tiles): entries each tile leaves to the KV-centric part
+    int32_t *first_chunk; // (B * Hkv, windows + 1, kv_blocks): first chunk whose first entry is
+                          // in the window (windows: the bucket's chunk count)
+    int32_t *wtasks;      // (window_buckets + 1): tasks per (bh, window, block), last 0
+    int32_t *task_off;    // (window_buckets + 1): entries' total + where they start in the list
+    int32_t *entries;
+    sa_kv_task *tasks;
     void *tmp;
     // SA_KV_SCHEDULE_HYBRID only: the plan (per tile the blocks that hybrid_share / 128 of its
     // queries list, as tile lists with list_heads = Hkv, each with the row mask of the queries

@@ -34,8 +34,8 @@
 //   5. every (query, slot) again: a planned block sets the query's bit in its row mask, the
 //      others count towards the query's row_left (entries left to the KV-centric part); a query
 //      with entries left goes on the combine's list (merge_rows: the only rows it reads).
-// With validation on, duplicates are still caught: the index keeps the planned entries in
-// their own key range (kv_index.cu), next to each other in the sort.
+// With validation on, duplicates are still caught: the index's per-tile pass (kv_index.cu) marks
+// every entry in its block's query mask, planned or not.
 #include "kv_internal.h"
 #include "sa_internal.h"
 
@@ -43,37 +43,52 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// A tile's list entries are staged in shared memory when there are at most this many (128
+// queries x 32 slots, 16 KB): steps 2, 3 and 5 then read them there. Each pass over global memory
+// waited for a count and then an index per entry (the plan took 15 us at 16K keys, 23 at 64K).
+constexpr int kCacheEntries = SA_TILE * 32;
+
 struct plan_args {
     const int32_t *idx, *counts;
     int m, len_q, q_tiles, blocks, share, cap;
+    int cached; // 1: SA_TILE * m <= kCacheEntries
     int whole; // 1: the whole-union rule of step 3 (row masks: share below 128)
     long long tiles;
     int32_t *tile_idx, *tile_cnt, *row_left, *merge_rows, *merge_n;
     uint32_t *row_masks;
 };
 
-// The entries of the tile's rows, one per thread at a time: f(query in tile, block) for each
-// valid one (slots past a row's count and indices out of range are skipped).
+// The block of the tile's entry e (query e / m, slot e % m), or -1 for a slot past the row's
+// count or an index out of range.
+__device__ __forceinline__ int entry_block(const plan_args &a, long long bh, int q0, int e)
+{
+    const int qi = e / a.m, j = e - qi * a.m;
+    const long long row = bh * a.len_q + q0 + qi;
+    int c = a.counts ? a.counts[row] : a.m;
+    c = c < 0 ? 0 : (c > a.m ? a.m : c);
+    if (j >= c)
+        return -1;
+    const int b = a.idx[row * a.m + j];
+    return b >= 0 && b < a.blocks ? b : -1;
+}
+
+// The valid entries of the tile's rows, one per thread at a time: f(query in tile, block), from
+// the staged copy when there is one.
 template <class F>
-__device__ __forceinline__ void for_entries(const plan_args &a, long long bh, int q0, int nq, F f)
+__device__ __forceinline__ void for_entries(const plan_args &a, const int *cache, long long bh,
+                                            int q0, int nq, F f)
 {
     for (int e = threadIdx.x; e < nq * a.m; e += kThreads) {
-        const int qi = e / a.m, j = e - qi * a.m;
-        const long long row = bh * a.len_q + q0 + qi;
-        int c = a.counts ? a.counts[row] : a.m;
-        c = c < 0 ? 0 : (c > a.m ? a.m : c);
-        if (j < c) {
-            const int b = a.idx[row * a.m + j];
-            if (b >= 0 && b < a.blocks)
-                f(qi, b);
-        }
+        const int b = a.cached ? cache[e] : entry_block(a, bh, q0, e);
+        if (b >= 0)
+            f(e / a.m, b);
     }
 }
 
 __global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
 {
-    extern __shared__ int hist[]; // blocks counters, then SA_TILE per-query counts
-    int *left = hist + a.blocks;
+    extern __shared__ int hist[]; // blocks counters, SA_TILE per-query counts, the staged entries
+    int *left = hist + a.blocks, *cache = left + SA_TILE;
     // Step 3's sums: entries below the share, queries holding them, blocks below the share.
     __shared__ int below_entries, below_rows, below_blocks;
     const int lane = threadIdx.x % 32;
@@ -86,9 +101,15 @@ __global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
             hist[i] = 0;
         for (int i = threadIdx.x; i < SA_TILE; i += kThreads)
             left[i] = 0;
+        if (a.cached) {
+            // No atomics in this loop: the loads of several entries are in flight at once.
+#pragma unroll 4
+            for (int e = threadIdx.x; e < nq * a.m; e += kThreads)
+                cache[e] = entry_block(a, bh, q0, e);
+        }
         __syncthreads();
         // Step 2.
-        for_entries(a, bh, q0, nq, [&](int, int b) { atomicAdd(&hist[b], 1); });
+        for_entries(a, cache, bh, q0, nq, [&](int, int b) { atomicAdd(&hist[b], 1); });
         __syncthreads();
         // Step 3: at least share/128 of the tile's nq queries, rounded up, and at least one; or 1
         // when the tile's union goes whole.
@@ -96,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
         if (a.whole && need > 1) {
             if (threadIdx.x == 0)
                 below_entries = below_rows = below_blocks = 0;
-            for_entries(a, bh, q0, nq, [&](int qi, int b) {
+            for_entries(a, cache, bh, q0, nq, [&](int qi, int b) {
                 if (hist[b] < need)
                     atomicAdd(&left[qi], 1);
             });
@@ -143,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
         }
         __syncthreads(); // the positions and the zeroed masks are visible to the whole CTA
         // Step 5.
-        for_entries(a, bh, q0, nq, [&](int qi, int b) {
+        for_entries(a, cache, bh, q0, nq, [&](int qi, int b) {
             const int pos = hist[b];
             if (pos >= 0)
                 atomicOr(masks + 4 * pos + qi / 32, 1u << (qi % 32));
@@ -175,14 +196,17 @@ int kv_plan(const sa_kv_params *p, const kv_ws *w)
         SA_CUDA_TRY(cudaMemsetAsync(w->row_left, 1, sa_query_rows(s) * sizeof(int32_t), st));
         return SA_OK;
     }
-    const size_t smem = (size_t)(blocks + SA_TILE) * sizeof(int);
+    const bool cached = (long long)SA_TILE * m <= kCacheEntries;
+    const size_t smem = (size_t)(blocks + SA_TILE + (cached ? SA_TILE * m : 0)) * sizeof(int);
     static int smem_set;
     if (!smem_set) {
         SA_CUDA_TRY(cudaFuncSetAttribute(kv_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (SA_KV_PLAN_MAX_BLOCKS + SA_TILE) * (int)sizeof(int)));
+                                         (SA_KV_PLAN_MAX_BLOCKS + SA_TILE + kCacheEntries) *
+                                             (int)sizeof(int)));
         smem_set = 1;
     }
     plan_args a;
+    a.cached = cached;
     a.idx = p->lists.indices;
     a.counts = p->lists.counts;
     a.m = m;

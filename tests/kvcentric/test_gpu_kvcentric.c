@@ -287,6 +287,13 @@ START_TEST(test_extremes)
     run_full(&w, 8, KV_PAT_RANDOM, 1, &r);
     sa_shape w128 = shape(1, 128, 1, 700, 1000);
     run_full(&w128, 3, KV_PAT_RANDOM, 1, &r);
+    /* More KV blocks than the index's per-tile pass holds at once (SA_KV_INDEX_SLICE, 4096):
+     * two slices, the second partial. */
+    sa_shape sl = shape(1, 4, 1, 300, 4200 * 128 - 77);
+    run_full(&sl, 6, KV_PAT_RANDOM, 1, &r);
+    /* GQA 96: windows of 256 queries (341 rounded down to whole tiles), one query a task. */
+    sa_shape w96 = shape(1, 96, 1, 700, 1000);
+    run_full(&w96, 3, KV_PAT_RANDOM, 1, &r);
 }
 END_TEST
 

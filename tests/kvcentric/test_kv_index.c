@@ -81,6 +81,14 @@ START_TEST(test_windows)
                   .head_dim = 128};
     ck_assert_int_eq(sa_kv_window_queries(&t), SA_KV_WINDOW_ROWS / 64);
     run_case(&t, 4, KV_PAT_RANDOM, 2, 1, &r);
+    /* A group that does not divide SA_KV_WINDOW_ROWS: whole Q tiles all the same (the GPU index
+     * counts windows tile by tile). GQA 96: 341 queries, one tile of 256. */
+    sa_shape g = {.batch = 1, .heads_q = 96, .heads_kv = 1, .len_q = 700, .len_kv = 1000,
+                  .head_dim = 128};
+    ck_assert_int_eq(sa_kv_window_queries(&g), 2 * SA_TILE);
+    run_case(&g, 3, KV_PAT_RANDOM, 1, 1, &r);
+    g.heads_q = 3; /* 10922 queries: 85 tiles */
+    ck_assert_int_eq(sa_kv_window_queries(&g), 85 * SA_TILE);
 
     /* Two queries in different windows choose block 0, one in the first window block 1: bucket
      * order would be (b0 q0), (b0 q300), (b1 q1); window order puts (b1 q1) second. */
@@ -314,17 +322,20 @@ START_TEST(test_entry_args)
         b.shape = (sa_shape){1, 1, 1, 1, 0x7fffffff, 128};
         ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_SHAPE);
     }
-    /* Limits of the GPU index: a slot fits 23 bits, entries stay below INT32_MAX. The valid
-     * sides of both pass every check (and then find no device here). */
+    /* Limits of the GPU index: a slot fits 23 bits, entries stay below INT32_MAX, and so do
+     * entries and tasks together (its one int32 scan sums both). The valid sides pass every
+     * check (and then find no device here). GQA 2: 64 queries a task, one bucket. */
     {
         sa_kv_params b = p;
         b.lists.max_blocks = 1 << 23;
         ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_UNSUPPORTED);
         b.lists.max_blocks = (1 << 23) - 1;
-        b.shape.len_q = 256; /* 256 * (2^23 - 1) entries: below INT32_MAX */
+        b.shape.len_q = 252; /* 2113928964 entries + 33030141 tasks: below INT32_MAX */
         if (!sa_gpu_available())
             ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_NO_DEVICE);
-        b.shape.len_q = 257;
+        b.shape.len_q = 253; /* 2122317571 + 33161213: past it together, not alone */
+        ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_UNSUPPORTED);
+        b.shape.len_q = 257; /* the entries alone */
         ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_UNSUPPORTED);
     }
     if (!sa_gpu_available())
