@@ -227,10 +227,14 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
 // (batch * qh, q_tiles, kv_blocks floats) the softmax mass each scored head's tile puts in each
 // block, the softmax over each query's visible keys with scores (qd . kd) ts_q ts_k / sqrt(dim);
 // blocks past a tile's visible prefix are not written. Tile lists only (SA_ERR_UNSUPPORTED for
-// per_query). scratch: sel_nvfp4_mass_scratch(sh) bytes of device memory. Queues work only.
-size_t sel_nvfp4_mass_scratch(const SelScoreShape &sh);
+// per_query). chunk: sel_nvfp4_chunk(sh), the blocks per work unit, chosen once for the
+// scratch's size and the launches; scratch: sel_nvfp4_mass_scratch(sh, chunk) bytes of device
+// memory. Queues work only.
+int sel_nvfp4_chunk(const SelScoreShape &sh);
+size_t sel_nvfp4_mass_scratch(const SelScoreShape &sh, int chunk);
 int sel_nvfp4_mass(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
-                   const SelScoreShape &sh, void *scratch, float *mass, cudaStream_t st);
+                   const SelScoreShape &sh, int chunk, void *scratch, float *mass,
+                   cudaStream_t st);
 
 // Per-head block scores (nvfp4_mass's masses, (batch * qh, q_tiles, kv_blocks)) into lists
 // (sel_pool.cu). qh scored heads per batch; list head lh takes the scored heads of

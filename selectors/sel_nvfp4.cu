@@ -280,15 +280,10 @@ int finish(const int *bad, const sa_select_params *p, cudaStream_t st)
     return h_bad ? SA_ERR_ARG : SA_OK;
 }
 
-int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
-                      const sa_select_params *p, int per_query, int32_t *indices, int32_t *counts)
+// What both nvfp4 GPU functions do first, after their CPU checks (sel_begin_cpu): the GPU's
+// limits on the context, then the device (SA_ERR_NO_DEVICE before any allocation).
+int nvfp4_gpu_limits(const sel_ctx &c)
 {
-    sel_ctx c;
-    // The CPU's checks, counts required with causal included (SA_ERR_NULL, as on the CPU).
-    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1,
-                            per_query ? SEL_MODES_GROUP : SEL_MODES_HEADS, &c);
-    if (err)
-        return err;
     // Without causal, a local block off the diagonal (len_q < len_kv): the CPU function has it,
     // the top-k not yet. Under causal it is the diagonal block causal keeps (sel_row_choose).
     if (c.keep_local && !c.causal)
@@ -297,7 +292,51 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         !sel_aligned16(c.q) || !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;
     int sms = 0, major = 0;
-    if ((err = sa_cuda_device_info(&sms, &major))) // SA_ERR_NO_DEVICE before any allocation
+    return sa_cuda_device_info(&sms, &major);
+}
+
+// The quantizer's part of a call's scratch: the dequantized Q and K, then amax, the tensor
+// scales and the non-finite flag, adjacent so that one memset clears the three.
+struct QuantSlots {
+    size_t nq, nk, qd, kd, amax, ts, bad;
+};
+QuantSlots quant_slots(SelScratch &scr, const sa_shape *s, const sel_ctx &c)
+{
+    QuantSlots o;
+    o.nq = (size_t)s->batch * c.qh * s->len_q * c.dim;
+    o.nk = (size_t)s->batch * c.kh * s->len_kv * c.dim;
+    o.qd = scr.add(o.nq * 2);
+    o.kd = scr.add(o.nk * 2);
+    o.amax = scr.add(2 * sizeof(unsigned));
+    o.ts = scr.add(2 * sizeof(float));
+    o.bad = scr.add(sizeof(int));
+    return o;
+}
+// Once the scratch is committed: clear amax, the scales and the flag, then quantize Q and K
+// together into the dequantized copies (one amax and one quantize launch).
+int queue_quantizer(const SelScratch &scr, const QuantSlots &o, const sel_ctx &c, cudaStream_t st)
+{
+    SA_CUDA_TRY(cudaMemsetAsync(scr.at<char>(o.amax), 0, o.bad + sizeof(int) - o.amax, st));
+    const QuantJob job = {{c.q, c.k},
+                          {o.nq, o.nk},
+                          scr.at<unsigned>(o.amax),
+                          scr.at<int>(o.bad),
+                          nullptr,
+                          nullptr,
+                          {scr.at<__nv_bfloat16>(o.qd), scr.at<__nv_bfloat16>(o.kd)},
+                          scr.at<float>(o.ts),
+                          0};
+    return quantize_async(job, st);
+}
+
+int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
+                      const sa_select_params *p, int per_query, int32_t *indices, int32_t *counts)
+{
+    sel_ctx c;
+    // The CPU's checks, counts required with causal included (SA_ERR_NULL, as on the CPU).
+    int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1,
+                            per_query ? SEL_MODES_GROUP : SEL_MODES_HEADS, &c);
+    if (err || (err = nvfp4_gpu_limits(c)))
         return err;
     cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
     // Scored heads c.qh (query or index heads) pair with key heads c.kh; list group g of a batch
@@ -305,8 +344,6 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     // (heads_kv, or heads_q with per-head lists), or
     // qh where fewer index heads than KV heads are shared.
     const int groups = c.qh < c.list_heads ? c.qh : c.list_heads;
-    const size_t nq = (size_t)s->batch * c.qh * s->len_q * c.dim;
-    const size_t nk = (size_t)s->batch * c.kh * s->len_kv * c.dim;
     const int per_bh = per_query ? s->len_q : c.q_tiles;
     const size_t rows = (size_t)s->batch * c.list_heads * per_bh;
     const size_t scored_rows = (size_t)s->batch * groups * per_bh;
@@ -315,31 +352,25 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const bool replicate = groups < c.list_heads;
 
     SelScratch scr(st);
-    const size_t o_qd = scr.add(nq * 2), o_kd = scr.add(nk * 2);
+    const QuantSlots qs = quant_slots(scr, s, c);
     const size_t o_keys = scr.add(scored_rows * c.kv_blocks * sizeof(unsigned));
-    const size_t o_amax = scr.add(2 * sizeof(unsigned)), o_ts = scr.add(2 * sizeof(float));
-    const size_t o_bad = scr.add(sizeof(int));
     const size_t o_idx = replicate ? scr.add(scored_rows * c.k_sel * sizeof(int32_t)) : 0;
     const size_t o_cnt = replicate ? scr.add(scored_rows * sizeof(int32_t)) : 0;
     if ((err = scr.commit()))
         return err;
-    __nv_bfloat16 *qd = scr.at<__nv_bfloat16>(o_qd), *kd = scr.at<__nv_bfloat16>(o_kd);
-    unsigned *keys = scr.at<unsigned>(o_keys), *amax = scr.at<unsigned>(o_amax); // amax: Q, K
-    float *ts = scr.at<float>(o_ts);                                                // ts: Q, K
-    int *bad = scr.at<int>(o_bad);
+    unsigned *keys = scr.at<unsigned>(o_keys);
     // Every block a row ranks (all, or with causal the row's visible prefix) gets at least one
     // atomicMax with a finite score; 0 is below any key written.
     // With one scored head per list group every key a row reads is written by exactly one CTA,
     // so the scorer stores it (sel_nvfp4_score) and the memset is not needed.
     if (c.qh / groups > 1)
         SA_CUDA_TRY(cudaMemsetAsync(keys, 0, scored_rows * c.kv_blocks * sizeof(unsigned), st));
-    SA_CUDA_TRY(cudaMemsetAsync(amax, 0, o_bad + sizeof(int) - o_amax, st)); // amax, ts, bad
-    const QuantJob job = {{c.q, c.k}, {nq, nk}, amax, bad, nullptr, nullptr, {qd, kd}, ts, 0};
-    if ((err = quantize_async(job, st)))
+    if ((err = queue_quantizer(scr, qs, c, st)))
         return err;
     const SelScoreShape sh = {s->batch, c.qh, c.kh, groups, s->len_q, s->len_kv, c.dim,
                               c.q_tiles, c.kv_blocks, per_query, c.causal};
-    if ((err = sel_nvfp4_score(qd, kd, ts, sh, keys, st)))
+    if ((err = sel_nvfp4_score(scr.at<__nv_bfloat16>(qs.qd), scr.at<__nv_bfloat16>(qs.kd),
+                               scr.at<float>(qs.ts), sh, keys, st)))
         return err;
     const SelRowRule rule = {c.kv_blocks, per_bh, per_query, c.k_sel, c.keep_diagonal,
                              c.keep_sink, c.causal, s->len_q, s->len_kv};
@@ -353,7 +384,7 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             t_idx, t_cnt, indices, counts, rows, per_bh, c.list_heads, groups, c.k_sel);
         SA_CUDA_TRY(cudaGetLastError());
     }
-    return finish(bad, p, st);
+    return finish(scr.at<int>(qs.bad), p, st);
 }
 
 // nvfp4_mass on the GPU: the quantizer and scorer of nvfp4 (the scorer in its mass modes), then
@@ -364,19 +395,9 @@ int nvfp4_mass_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 {
     sel_ctx c;
     int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_MASS, &c);
-    if (err)
-        return err;
-    if (c.keep_local && !c.causal) // as nvfp4: the top-k has no off-diagonal local block
-        return SA_ERR_UNSUPPORTED;
-    if (c.dim > SEL_CUDA_NVFP4_MAX_DIM || c.kv_blocks > SEL_CUDA_MAX_BLOCKS ||
-        !sel_aligned16(c.q) || !sel_aligned16(c.k))
-        return SA_ERR_UNSUPPORTED;
-    int sms = 0, major = 0;
-    if ((err = sa_cuda_device_info(&sms, &major)))
+    if (err || (err = nvfp4_gpu_limits(c)))
         return err;
     cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
-    const size_t nq = (size_t)s->batch * c.qh * s->len_q * c.dim;
-    const size_t nk = (size_t)s->batch * c.kh * s->len_kv * c.dim;
     const size_t list_rows = (size_t)s->batch * c.list_heads * c.q_tiles;
     const size_t mass_n = (size_t)s->batch * c.qh * c.q_tiles * c.kv_blocks;
     if (list_rows > 0x7fffffffu)
@@ -384,24 +405,19 @@ int nvfp4_mass_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const bool pooled = c.head_lists == SA_HEAD_LISTS_POOLED;
     const SelScoreShape sh = {s->batch, c.qh, c.kh, c.qh, s->len_q, s->len_kv, c.dim,
                               c.q_tiles, c.kv_blocks, 0, c.causal};
+    const int chunk = sel_nvfp4_chunk(sh);
     SelScratch scr(st);
-    const size_t o_qd = scr.add(nq * 2), o_kd = scr.add(nk * 2);
+    const QuantSlots qs = quant_slots(scr, s, c);
     const size_t o_mass = scr.add(mass_n * sizeof(float));
-    const size_t o_work = scr.add(sel_nvfp4_mass_scratch(sh));
+    const size_t o_work = scr.add(sel_nvfp4_mass_scratch(sh, chunk));
     const size_t o_keys = pooled ? 0 : scr.add(list_rows * c.kv_blocks * sizeof(uint32_t));
-    const size_t o_amax = scr.add(2 * sizeof(unsigned)), o_ts = scr.add(2 * sizeof(float));
-    const size_t o_bad = scr.add(sizeof(int));
     if ((err = scr.commit()))
         return err;
-    __nv_bfloat16 *qd = scr.at<__nv_bfloat16>(o_qd), *kd = scr.at<__nv_bfloat16>(o_kd);
-    float *mass = scr.at<float>(o_mass), *ts = scr.at<float>(o_ts);
-    unsigned *amax = scr.at<unsigned>(o_amax);
-    int *bad = scr.at<int>(o_bad);
-    SA_CUDA_TRY(cudaMemsetAsync(amax, 0, o_bad + sizeof(int) - o_amax, st)); // amax, ts, bad
-    const QuantJob job = {{c.q, c.k}, {nq, nk}, amax, bad, nullptr, nullptr, {qd, kd}, ts, 0};
-    if ((err = quantize_async(job, st)))
+    float *mass = scr.at<float>(o_mass);
+    if ((err = queue_quantizer(scr, qs, c, st)))
         return err;
-    if ((err = sel_nvfp4_mass(qd, kd, ts, sh, scr.at<void>(o_work), mass, st)))
+    if ((err = sel_nvfp4_mass(scr.at<__nv_bfloat16>(qs.qd), scr.at<__nv_bfloat16>(qs.kd),
+                              scr.at<float>(qs.ts), sh, chunk, scr.at<void>(o_work), mass, st)))
         return err;
     const SelHeadsShape hs = {s->batch, s->heads_q, c.group, c.qh, c.list_heads, c.q_tiles,
                               c.kv_blocks};
@@ -416,7 +432,7 @@ int nvfp4_mass_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     }
     if (err)
         return err;
-    return finish(bad, p, st);
+    return finish(scr.at<int>(qs.bad), p, st);
 }
 
 } // namespace

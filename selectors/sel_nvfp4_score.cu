@@ -561,9 +561,10 @@ __global__ void lse_kernel(const float2 *__restrict__ part, float *__restrict__ 
     lse2[r] = sum > 0.0f ? mx + log2f(sum) : -INFINITY;
 }
 
-// Shared setup of both entry points: the checks, the tensor maps, the args and the grid.
+// Shared setup of both entry points: the checks, the tensor maps, the args and the grid. chunk:
+// the caller's (sel_nvfp4_chunk), or 0 to choose it here.
 int score_setup(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const SelScoreShape &sh,
-                CUtensorMap &qm, CUtensorMap &km, ScoreArgs &a, int &grid)
+                int chunk, CUtensorMap &qm, CUtensorMap &km, ScoreArgs &a, int &grid)
 {
     if (sh.dim <= 0 || sh.dim > 4 * kPanelCols || sh.dim % 8)
         return SA_ERR_UNSUPPORTED;
@@ -582,7 +583,7 @@ int score_setup(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const SelScore
     a.qh = sh.qh, a.kh = sh.kh, a.groups = sh.groups;
     a.len_q = sh.len_q, a.len_kv = sh.len_kv, a.q_tiles = sh.q_tiles, a.kv_blocks = sh.kv_blocks;
     a.per_query = sh.per_query, a.causal = sh.causal;
-    a.chunk = choose_chunk(sh, sms);
+    a.chunk = chunk > 0 ? chunk : choose_chunk(sh, sms);
     a.nchunks = (sh.kv_blocks + a.chunk - 1) / a.chunk;
     a.units = (long long)sh.batch * sh.qh * sh.q_tiles * a.nchunks;
     grid = (int)(a.units < sms ? a.units : sms);
@@ -597,7 +598,7 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
     CUtensorMap qm, km;
     ScoreArgs a;
     int grid = 0;
-    int err = score_setup(qd, kd, sh, qm, km, a, grid);
+    int err = score_setup(qd, kd, sh, 0, qm, km, a, grid);
     if (err)
         return err;
     a.ts = ts, a.keys = keys;
@@ -612,26 +613,31 @@ static size_t lse_bytes(const SelScoreShape &sh)
     return ((size_t)sh.batch * sh.qh * sh.len_q * sizeof(float) + 255) & ~size_t(255);
 }
 
-size_t sel_nvfp4_mass_scratch(const SelScoreShape &sh)
+int sel_nvfp4_chunk(const SelScoreShape &sh)
 {
     int sms = 0, major = 0;
     if (sa_cuda_device_info(&sms, &major)) // no device: the call that follows says so
         sms = 1;
-    // The chunk score_setup picks.
-    const int chunk = choose_chunk(sh, sms), nchunks = (sh.kv_blocks + chunk - 1) / chunk;
+    return choose_chunk(sh, sms);
+}
+
+size_t sel_nvfp4_mass_scratch(const SelScoreShape &sh, int chunk)
+{
+    const int nchunks = (sh.kv_blocks + chunk - 1) / chunk;
     const size_t rows = (size_t)sh.batch * sh.qh * sh.len_q;
     return lse_bytes(sh) + rows * nchunks * sizeof(float2);
 }
 
 int sel_nvfp4_mass(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float *ts,
-                   const SelScoreShape &sh, void *scratch, float *mass, cudaStream_t st)
+                   const SelScoreShape &sh, int chunk, void *scratch, float *mass,
+                   cudaStream_t st)
 {
-    if (sh.per_query)
+    if (sh.per_query || chunk <= 0)
         return SA_ERR_UNSUPPORTED;
     CUtensorMap qm, km;
     ScoreArgs a;
     int grid = 0;
-    int err = score_setup(qd, kd, sh, qm, km, a, grid);
+    int err = score_setup(qd, kd, sh, chunk, qm, km, a, grid);
     if (err)
         return err;
     const size_t rows = (size_t)sh.batch * sh.qh * sh.len_q;

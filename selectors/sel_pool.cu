@@ -53,8 +53,7 @@ __global__ void __launch_bounds__(1024)
                 int32_t *__restrict__ indices, int32_t *__restrict__ counts)
 {
     extern __shared__ uint32_t staged[]; // STAGED: H rows of n keys
-    __shared__ unsigned long long s_thr[32];
-    __shared__ int s_floor[32], s_cnt[32];
+    __shared__ int s_cnt[32];
     const int lane = threadIdx.x % 32, j = threadIdx.x / 32, H = h.group;
     const int heads_kv = h.heads_q / H;
     const int t = (int)(blockIdx.x % h.q_tiles), bg = (int)(blockIdx.x / h.q_tiles);
