@@ -60,7 +60,7 @@ static void print_head(const bench_flags *f, const sa_stage *st, const sa_shape 
     if (f->json) {
         printf("{\"bench\":\"dense\",\"kind\":\"%s\",\"stage_id\":%d,\"stage\":",
                all_blocks ? "all_blocks" : "stage", st->id);
-        bench_json_str(st->name);
+        cli_json_str(st->name);
         printf(",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"Sq\":%d,\"Skv\":%d,\"D\":%d", s->batch,
                s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->head_dim);
     } else {
@@ -78,7 +78,7 @@ static void print_not_run(const bench_flags *f, const sa_stage *st, const sa_sha
     print_head(f, st, s, all_blocks);
     if (f->json) {
         printf(",\"status\":\"%s\",\"reason\":", status);
-        bench_json_str(why);
+        cli_json_str(why);
         printf("}\n");
     } else {
         printf("%s: %s\n", status, why);

@@ -98,9 +98,6 @@ static inline void bench_parse(int argc, char **argv, const char *name, int spar
     }
 }
 
-/* Prints `s` as a JSON string (cli_json_str). */
-static inline void bench_json_str(const char *s) { cli_json_str(s); }
-
 /* Milliseconds for `flops` at `tflops`, and for `bytes` at `bytes_per_s`. */
 static inline double bench_flop_ms(double flops, double tflops) { return flops / (tflops * 1e9); }
 static inline double bench_byte_ms(double bytes, double bps) { return bytes / bps * 1e3; }
@@ -138,7 +135,7 @@ static inline int bench_open(const char *name, const bench_flags *f, bench_env *
     }
     if (f->json) {
         printf("{\"bench\":\"%s\",\"kind\":\"device\",\"device\":", name);
-        bench_json_str(e->dev.name);
+        cli_json_str(e->dev.name);
         printf(",\"cc\":\"%d.%d\",\"sms\":%d,\"l2_bytes\":%zu,\"mem_total\":%zu,"
                "\"copy_bytes_per_s\":%.6g,\"copy_bytes\":%zu,\"gemm_tflops\":%.6g,"
                "\"gemm_tflops_source\":\"%s\",\"seed\":%llu,\"reps\":%d,\"warmup\":%d}\n",

@@ -167,9 +167,9 @@ static void print_row(const bench_flags *f, const char *what, double ms, double 
 {
     if (f->json) {
         printf("{\"bench\":\"kvcentric\",\"kind\":\"time\",\"what\":");
-        bench_json_str(what);
+        cli_json_str(what);
         printf(",\"median_ms\":%.6g,\"floor_ms\":%.6g,\"floor\":", ms, floor_ms);
-        bench_json_str(floor_what);
+        cli_json_str(floor_what);
         printf(",\"vs_dense\":%.6g}\n", ratio_dense);
     } else {
         printf("  %-34s %8.3f ms", what, ms);

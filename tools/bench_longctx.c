@@ -458,7 +458,7 @@ static int run_len(const lc_flags *f, bench_env *e, int len, int *cell, int cell
             printf("{\"bench\":\"longctx\",\"kind\":\"length\",\"Sq\":%d,\"status\":\"skipped\","
                    "\"reason\":",
                    len);
-            bench_json_str(why);
+            cli_json_str(why);
             printf("}\n");
         } else {
             printf("S %d skipped: inputs: %s\n", len, why);

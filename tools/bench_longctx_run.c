@@ -90,11 +90,11 @@ static void print_slot(const lc_run_opts *opt, const lc_cell *c, const lc_slot *
                "\"Sq\":%d,\"Skv\":%d,\"D\":%d,\"topk\":%d,\"structure\":\"%s\",\"contender\":",
                c->s.batch, c->s.heads_q, c->s.heads_kv, c->s.len_q, c->s.len_kv, c->s.head_dim,
                LC_TOPK, c->structure);
-        bench_json_str(sl->ct->name);
+        cli_json_str(sl->ct->name);
         printf(",\"status\":\"%s\",\"workspace_bytes\":%zu", sl->status, sl->ws);
         if (*sl->why) {
             printf(",\"reason\":");
-            bench_json_str(sl->why);
+            cli_json_str(sl->why);
         }
         if (ok) {
             printf(",\"median_ms\":%.6g,\"min_ms\":%.6g,\"max_ms\":%.6g,\"host_us_per_call\":%.6g,"

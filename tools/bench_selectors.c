@@ -231,10 +231,10 @@ static void print_timing_json(const char *part, const sa_shape *s, const char *s
 {
     printf("{\"bench\":\"selectors\",\"kind\":\"%s\",\"len_kv\":%d,\"selector\":", part,
            s->len_kv);
-    bench_json_str(sel);
+    cli_json_str(sel);
     if (workload) {
         printf(",\"workload\":");
-        bench_json_str(workload);
+        cli_json_str(workload);
     }
     printf(",\"median_ms\":%.6g,\"min_ms\":%.6g,\"max_ms\":%.6g,\"reps\":%d,"
            "\"host_us_per_call\":%.6g",

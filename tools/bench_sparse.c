@@ -115,12 +115,12 @@ static void print_dense_line(const bench_flags *f, const sa_stage *st, const sa_
     if (f->json) {
         printf("{\"bench\":\"sparse\",\"kind\":\"dense_baseline\",\"stage_id\":%d,\"stage\":",
                st->id);
-        bench_json_str(st->name);
+        cli_json_str(st->name);
         json_shape(s);
         printf(",\"status\":\"%s\"", status);
         if (why) {
             printf(",\"reason\":");
-            bench_json_str(why);
+            cli_json_str(why);
         }
         if (t)
             printf(",\"median_ms\":%.6g,\"min_ms\":%.6g,\"max_ms\":%.6g,\"reps\":%d,"
@@ -208,7 +208,7 @@ static void print_sparse_head(const bench_flags *f, const sa_stage *st, const sp
 {
     if (f->json) {
         printf("{\"bench\":\"sparse\",\"kind\":\"stage\",\"stage_id\":%d,\"stage\":", st->id);
-        bench_json_str(st->name);
+        cli_json_str(st->name);
         json_shape(c->s);
         printf(",\"pattern\":\"%s\",\"topk\":%d,\"list_heads\":%d", c->pattern,
                SA_BENCH_SPARSE_K, c->s->heads_kv);
@@ -246,7 +246,7 @@ static int sparse_one(const bench_flags *f, bench_env *e, const sa_stage *st, bh
     if (*why) {
         if (f->json) {
             printf(",\"status\":\"%s\",\"reason\":", status);
-            bench_json_str(why);
+            cli_json_str(why);
             printf("}\n");
         } else {
             printf("%s: %s\n", status, why);
