@@ -17,8 +17,9 @@
 //
 // PER KV BLOCK (consumer warpgroup):
 //   1. wait for the block's K on its ring slot (k_full);
-//   2. issue S = Q_half K^T, 64 x 128, as 4 * panels wgmma m64n128k16 (both operands K-major in
-//      shared memory), into the accumulator the previous block is not using;
+//   2. issue S = Q_half K^T, 64 x 128, as 4 * panels wgmma m64n128k16 (K K-major in shared
+//      memory; Q from registers, loaded once per unit, for dim <= 128, else from shared memory
+//      too), into the accumulator the previous block is not using;
 //   3. wait for the previous block's wgmma group (wait_group 1), release its slot (k_empty);
 //   4. max-pool the previous block: over its 128 keys per query row (nvfp4_query: one atomicMax
 //      per query into the block-score rows, which also takes the max over the group's heads), or
@@ -40,7 +41,8 @@
 // BARRIERS
 //   | barrier        | count               | completes when
 //   | q_full[b]      | 1 + TMA bytes       | the producer's copy of a unit's Q tile has landed
-//   | q_empty[b]     | 8 (consumer warps)  | every consumer warp's last wgmma of the unit is done
+//   | q_empty[b]     | 8 (consumer warps)  | every consumer warp has its Q rows in registers
+//   |                |                     | (dim > 128: its last wgmma of the unit is done)
 //   | k_full[s]      | 1 + TMA bytes       | a K block has landed in ring slot s
 //   | k_empty[s]     | 8 (consumer warps)  | every consumer warp saw its wgmma on slot s complete
 //   | named 1 (256)  | consumer threads    | nvfp4: the unit's block maxima are all in shared
@@ -51,7 +53,10 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "sa_mbarrier.cuh"
+#include "sa_mma_sync.cuh" // ldsm_x4
 #include "sa_tma.cuh"
 #include "sa_warpgroup.cuh"
 #include "sa_wgmma.cuh"
@@ -69,6 +74,17 @@ constexpr uint32_t kDescHi = sa_desc_hi_sw128(8 * 128);  // 1024-byte atoms of 8
 constexpr int kMaxChunk = 256;                           // blocks per unit (shared maxima)
 constexpr size_t kSmemMax = 227 * 1024;                  // Hopper's opt-in limit per CTA
 constexpr double kUnitOverhead = 0.5; // blocks' worth of time a unit costs beyond its blocks
+
+// Q in registers (stage 17 version 4's form): each consumer warpgroup loads its 64 Q rows into
+// wgmma A fragments once per unit and issues S = Q K^T as register-A wgmma, so the tensor core
+// reads only K from shared memory (an SS m64n128k16 reads 2 KB of Q besides K's 4 KB, which with
+// the TMA's writes brings shared memory near its 128 bytes per clock). Up to two panels (dim
+// <= 128): wider Q would crowd the two accumulators out of the 232 registers.
+#ifndef SA_SEL_SCORE_Q_IN_REGS
+#define SA_SEL_SCORE_Q_IN_REGS 1
+#endif
+template <int P> constexpr bool kQInRegs = SA_SEL_SCORE_Q_IN_REGS != 0 && P <= 2;
+template <int P> constexpr int kQFrags = kQInRegs<P> ? 16 * P : 1; // 4 registers per k-step
 
 // What a unit's consumers do with each block's scores (MASS MODES above).
 enum ScoreMode { kMax = 0, kLse = 1, kMass = 2 };
@@ -141,6 +157,44 @@ template <int P> __device__ __forceinline__ void issue(float (&d)[64], uint32_t 
     sa_wgmma_commit();
 }
 
+// The A fragments of this warpgroup's 64 rows of the Q tile at q_base for the 4P k-steps
+// (ldmatrix.x4 gives the wgmma register layout, as in stage 17's load_q_frags): TMA's 128-byte
+// swizzle puts 16-byte chunk k of row r at r * 128 + ((k ^ (r & 7)) << 4) in its panel.
+template <int P>
+__device__ __forceinline__ void load_q_frags(uint32_t (&qa)[kQFrags<P>], uint32_t q_base, int wg,
+                                             int warp, int lane)
+{
+    const int r = 64 * wg + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < 4 * P; kk++) {
+        const int chunk = 2 * (kk % 4) + (lane >> 4);
+        uint32_t f[4];
+        ldsm_x4(f, q_base + (kk / 4) * kPanelBytes + r * 128 + ((chunk ^ (r & 7)) << 4));
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            qa[4 * kk + i] = f[i];
+    }
+}
+
+// The same product with Q from registers.
+template <int P>
+__device__ __forceinline__ void issue_rs(float (&d)[64], const uint32_t (&qa)[kQFrags<P>],
+                                         uint32_t k_lo)
+{
+    sa_wgmma_fence();
+    {
+        const uint32_t a0[4] = {qa[0], qa[1], qa[2], qa[3]};
+        sa_wgmma_m64n128k16_rs_zero(d, a0, sa_desc_join(k_lo, kDescHi));
+    }
+#pragma unroll
+    for (int kk = 1; kk < 4 * P; kk++) {
+        const uint32_t off = ((kk / 4) * kPanelBytes + (kk % 4) * 32) >> 4;
+        const uint32_t ak[4] = {qa[4 * kk], qa[4 * kk + 1], qa[4 * kk + 2], qa[4 * kk + 3]};
+        sa_wgmma_m64n128k16_rs<0>(d, ak, sa_desc_join(k_lo + off, kDescHi), 1);
+    }
+    sa_wgmma_commit();
+}
+
 // In-place tree max of x[0..N) (N a power of two) into x[0]: log2 N dependent steps, not N. The
 // halving is a template recursion so that every index is a constant (a runtime-bounded loop would
 // put the accumulator in local memory).
@@ -165,73 +219,77 @@ struct Rows {
     bool tile_full;      // all 128 rows valid
 };
 
+// The keys [0, vis[i]) of block kb that row i of the thread may see (the masking); true when
+// every row sees the whole block (warp-uniform: the callers then skip the masking, with the same
+// operations in the same order, so the same bits).
+__device__ __forceinline__ bool visible(const Rows &rw, int kb, int (&vis)[2])
+{
+    const long long kbase = (long long)kb * SA_TILE;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        vis[i] = !rw.ok[i] ? 0 : (int)max(0LL, min((long long)SA_TILE, rw.lim[i] - kbase));
+    return rw.tile_full && kbase + SA_TILE <= rw.first_lim;
+}
+
 // The max-pool of block kb (step 4). d is only read: an instruction other than a wgmma that
-// writes an accumulator register makes ptxas serialize the wgmma pipeline (C7515).
+// writes an accumulator register makes ptxas serialize the wgmma pipeline (C7515). A block that
+// every row sees whole (the warp-uniform `fast`) skips the masking: its maxima are plain trees.
 __device__ __forceinline__ void pool(const ScoreArgs &a, const Rows &rw, const float (&d)[64],
                                      int kb, int lane, float scale, unsigned *slot,
                                      size_t key_row0)
 {
-    const long long kbase = (long long)kb * SA_TILE;
-    const bool fast = rw.tile_full && kbase + SA_TILE <= rw.first_lim;
-    // Branch-free masking: keys [0, vis) of the block are visible to each row.
-    int vis[2];
+    int vis[2]; // keys [0, vis) of the block are visible to each row
+    const bool fast = visible(rw, kb, vis);
+    const auto run = [&](auto masked) {
+        auto v = [&](int j, int e) {
+            if constexpr (!decltype(masked)::value)
+                return d[4 * j + e];
+            else
+                return 8 * j + 2 * (lane % 4) + (e % 2) < vis[e / 2] ? d[4 * j + e] : -INFINITY;
+        };
+        if (a.per_query) {
+            float m[2];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-        vis[i] = fast ? SA_TILE
-                 : !rw.ok[i] ? 0
-                             : (int)max(0LL, min((long long)SA_TILE, rw.lim[i] - kbase));
-    auto v = [&](int j, int e) {
-        return 8 * j + 2 * (lane % 4) + (e % 2) < vis[e / 2] ? d[4 * j + e] : -INFINITY;
-    };
-    if (a.per_query) {
-        float m[2];
+            for (int i = 0; i < 2; i++) {
+                float x[16];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float x[16];
+                for (int j = 0; j < 16; j++)
+                    x[j] = fmaxf(v(j, 2 * i), v(j, 2 * i + 1));
+                m[i] = tree_max<16>(x);
+                m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 1));
+                m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 2));
+            }
+            if (lane % 4 == 0)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    // -inf: no key of the block is visible to the query; its key stays 0 and
+                    // the top-k never reads it (the block lies past the query's competing
+                    // prefix).
+                    if (rw.ok[i] && (a.store || m[i] > -INFINITY)) {
+                        unsigned *key = a.keys + (key_row0 + rw.r0 + 8 * i) * a.kv_blocks + kb;
+                        const unsigned k = sel_score_key(__fmul_rn(m[i], scale));
+                        if (a.store)
+                            *key = k;
+                        else
+                            atomicMax(key, k);
+                    }
+        } else {
+            float x[32];
 #pragma unroll
             for (int j = 0; j < 16; j++)
-                x[j] = fmaxf(v(j, 2 * i), v(j, 2 * i + 1));
-            m[i] = tree_max<16>(x);
-            m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 1));
-            m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 2));
+                x[2 * j] = fmaxf(v(j, 0), v(j, 2)), x[2 * j + 1] = fmaxf(v(j, 1), v(j, 3));
+            float m = tree_max<32>(x);
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            if (lane == 0 && m > -INFINITY)
+                atomicMax(slot, sel_score_key(__fmul_rn(m, scale)));
         }
-        if (lane % 4 == 0)
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                // -inf: no key of the block is visible to the query; its key stays 0 and the
-                // top-k never reads it (the block lies past the query's competing prefix).
-                if (rw.ok[i] && (a.store || m[i] > -INFINITY)) {
-                    unsigned *key = a.keys + (key_row0 + rw.r0 + 8 * i) * a.kv_blocks + kb;
-                    const unsigned v = sel_score_key(__fmul_rn(m[i], scale));
-                    if (a.store)
-                        *key = v;
-                    else
-                        atomicMax(key, v);
-                }
-    } else {
-        float x[32];
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-            x[2 * j] = fmaxf(v(j, 0), v(j, 2)), x[2 * j + 1] = fmaxf(v(j, 1), v(j, 3));
-        float m = tree_max<32>(x);
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1)
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0 && m > -INFINITY)
-            atomicMax(slot, sel_score_key(__fmul_rn(m, scale)));
-    }
-}
-
-// The keys [0, vis[i]) of block kb that row i of the thread may see (pool's masking).
-__device__ __forceinline__ void visible(const Rows &rw, int kb, int (&vis)[2])
-{
-    const long long kbase = (long long)kb * SA_TILE;
-    const bool fast = rw.tile_full && kbase + SA_TILE <= rw.first_lim;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-        vis[i] = fast ? SA_TILE
-                 : !rw.ok[i] ? 0
-                             : (int)max(0LL, min((long long)SA_TILE, rw.lim[i] - kbase));
+    };
+    if (fast)
+        run(std::false_type{});
+    else
+        run(std::true_type{});
 }
 
 // kLse, block kb: folds the thread's visible scores (log2-scaled) of each of its rows into the
@@ -240,28 +298,35 @@ __device__ __forceinline__ void pool_lse(const Rows &rw, const float (&d)[64], i
                                          float sl2, float (&m)[2], float (&z)[2])
 {
     int vis[2];
-    visible(rw, kb, vis);
+    const bool whole = visible(rw, kb, vis);
+    const auto run = [&](auto masked) {
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float x[32], y[32];
+        for (int i = 0; i < 2; i++) {
+            float x[32], y[32];
 #pragma unroll
-        for (int j = 0; j < 16; j++)
+            for (int j = 0; j < 16; j++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const bool ok = 8 * j + 2 * (lane % 4) + e < vis[i];
-                x[2 * j + e] = ok ? d[4 * j + 2 * i + e] * sl2 : -INFINITY;
-                y[2 * j + e] = x[2 * j + e];
-            }
-        const float mn = fmaxf(m[i], tree_max<32>(y));
-        if (mn == -INFINITY)
-            continue; // nothing visible yet
-        float acc = z[i] * exp2f(m[i] - mn);
+                for (int e = 0; e < 2; e++) {
+                    const bool ok =
+                        !decltype(masked)::value || 8 * j + 2 * (lane % 4) + e < vis[i];
+                    x[2 * j + e] = ok ? d[4 * j + 2 * i + e] * sl2 : -INFINITY;
+                    y[2 * j + e] = x[2 * j + e];
+                }
+            const float mn = fmaxf(m[i], tree_max<32>(y));
+            if (mn == -INFINITY)
+                continue; // nothing visible yet
+            float acc = z[i] * exp2f(m[i] - mn);
 #pragma unroll
-        for (int j = 0; j < 32; j++)
-            acc += exp2f(x[j] - mn);
-        m[i] = mn;
-        z[i] = acc;
-    }
+            for (int j = 0; j < 32; j++)
+                acc += exp2f(x[j] - mn);
+            m[i] = mn;
+            z[i] = acc;
+        }
+    };
+    if (whole)
+        run(std::false_type{});
+    else
+        run(std::true_type{});
 }
 
 // kMass, block kb: the warp's sum of exp2(score - lse2) over its rows' visible keys, stored by
@@ -270,19 +335,25 @@ __device__ __forceinline__ void pool_mass(const Rows &rw, const float (&d)[64], 
                                           float sl2, const float (&l2)[2], float *wslot)
 {
     int vis[2];
-    visible(rw, kb, vis);
+    const bool whole = visible(rw, kb, vis);
     float acc = 0.0f;
+    const auto run = [&](auto masked) {
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (!(l2[i] > -INFINITY))
-            continue; // the row sees no key at all
+        for (int i = 0; i < 2; i++) {
+            if (!(l2[i] > -INFINITY))
+                continue; // the row sees no key at all
 #pragma unroll
-        for (int j = 0; j < 16; j++)
+            for (int j = 0; j < 16; j++)
 #pragma unroll
-            for (int e = 0; e < 2; e++)
-                if (8 * j + 2 * (lane % 4) + e < vis[i])
-                    acc += exp2f(d[4 * j + 2 * i + e] * sl2 - l2[i]);
-    }
+                for (int e = 0; e < 2; e++)
+                    if (!decltype(masked)::value || 8 * j + 2 * (lane % 4) + e < vis[i])
+                        acc += exp2f(d[4 * j + 2 * i + e] * sl2 - l2[i]);
+        }
+    };
+    if (whole)
+        run(std::false_type{});
+    else
+        run(std::true_type{});
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -316,6 +387,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = tid; i < kMaxChunk; i += kThreads)
         slot[i] = 0;
     __syncthreads();
+    // Launched programmatically behind the quantizer (or the LSE pass): the setup above overlapped
+    // its tail; every read of its outputs (Q, K, the tensor scales, lse2) comes after this.
+    sa_pdl_wait();
 
     if (tid >= kConsumerThreads) { // ---------------------------------------------- producer
         sa_setmaxnreg_dec<kProducerRegs>();
@@ -396,6 +470,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         const unsigned qb = nu % G::QB;
         sa_mbar_wait(&q_full[qb], (nu / G::QB) & 1);
         const uint32_t q_lo = sa_desc_lo(sa_smem_addr(sq + qb * G::TILE_BYTES) + wg * 64 * 128, 16);
+        uint32_t qa[kQFrags<P>];
+        if constexpr (kQInRegs<P>) {
+            load_q_frags<P>(qa, sa_smem_addr(sq + qb * G::TILE_BYTES), wg, warp, lane);
+            if (lane == 0)
+                sa_mbar_arrive(&q_empty[qb]); // the warp's ldmatrix have returned: Q is free
+        }
+        auto issue_s = [&](float (&d)[64], uint32_t k) {
+            if constexpr (kQInRegs<P>)
+                issue_rs<P>(d, qa, k);
+            else
+                issue<P>(d, q_lo, k);
+        };
         auto k_lo = [&](unsigned c) {
             return sa_desc_lo(sk_addr + (c % G::S) * G::TILE_BYTES, 16);
         };
@@ -411,13 +497,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int n = w.k1 - w.k0;
         auto step = [&](float (&next)[64], float (&cur)[64], int i) { // cur holds block i
             wait_full(kc + 1);
-            issue<P>(next, q_lo, k_lo(kc + 1));
+            issue_s(next, k_lo(kc + 1));
             sa_wgmma_wait<1>();
             release(kc++);
             pool_any(cur, i);
         };
         wait_full(kc);
-        issue<P>(acc0, q_lo, k_lo(kc));
+        issue_s(acc0, k_lo(kc));
         int i = 0;
         for (; i + 2 < n; i += 2) {
             step(acc1, acc0, i);
@@ -433,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             release(kc++);
             pool_any(acc0, i);
         }
-        if (lane == 0)
+        if (!kQInRegs<P> && lane == 0)
             sa_mbar_arrive(&q_empty[qb]); // every wgmma of the unit has completed
         nu++;
         if constexpr (MODE == kLse) { // the row's (max, sum) over the unit, from its 4 threads
@@ -517,9 +603,8 @@ int launch(const CUtensorMap &qm, const CUtensorMap &km, const ScoreArgs &a, int
     int err = sel_smem_optin(reinterpret_cast<const void *>(score_wgmma<P, MODE>), Geo<P>::SMEM);
     if (err)
         return err;
-    score_wgmma<P, MODE><<<grid, kThreads, Geo<P>::SMEM, st>>>(qm, km, a);
-    SA_CUDA_TRY(cudaGetLastError());
-    return SA_OK;
+    return sel_launch_pdl(score_wgmma<P, MODE>, dim3(grid), dim3(kThreads), Geo<P>::SMEM, st, qm,
+                          km, a);
 }
 
 template <int MODE>

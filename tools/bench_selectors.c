@@ -172,7 +172,7 @@ static int call_quantizer_async(void *ctx, void *stream)
     const sel_call *c = ctx;
     float *ts = c->buf->qwork;
     return sel_nvfp4_quantize_async(c->a->q, sa_q_elems(&c->a->shape), c->buf->qv, c->buf->qs, ts,
-                                    (int *)(ts + 1), (unsigned *)(ts + 2), stream);
+                                    (int *)(ts + 1), (unsigned *)(ts + 2), NULL, stream);
 }
 
 /* Times fn on the sets in rotation (call i on sets[i % nsets]), its context sel / attn / buf and

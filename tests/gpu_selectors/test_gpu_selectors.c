@@ -526,7 +526,13 @@ static void quant_same(const uint16_t *x, size_t n)
     CK_CUDA(cudaMemset(g.values, 0xAB, n / 2));
     CK_CUDA(cudaMemset(g.scales, 0xAB, n / 16));
     CK_CUDA(cudaMemset(dbad, 0xAB, 4));
-    ck_assert_int_eq(sel_nvfp4_quantize_async(dx, n, g.values, g.scales, dts, dbad, dwork, NULL),
+    uint16_t *ddeq, *hdeq = malloc(n * 2);
+    float *cdeq = malloc(n * 4);
+    ck_assert(hdeq && cdeq);
+    CK_CUDA(cudaMalloc((void **)&ddeq, n * 2));
+    CK_CUDA(cudaMemset(ddeq, 0xFF, n * 2)); /* NaN */
+    ck_assert_int_eq(sel_nvfp4_quantize_async(dx, n, g.values, g.scales, dts, dbad, dwork, ddeq,
+                                              NULL),
                      SA_OK);
     CK_CUDA(cudaMemcpy(gv, g.values, n / 2, cudaMemcpyDeviceToHost));
     CK_CUDA(cudaMemcpy(gs, g.scales, n / 16, cudaMemcpyDeviceToHost));
@@ -538,6 +544,18 @@ static void quant_same(const uint16_t *x, size_t n)
     ck_assert_msg(!memcmp(c.scales, gs, n / 16) && !memcmp(c.values, gv, n / 2),
                   "async: bytes differ from the CPU quantizer (seed %llu)",
                   (unsigned long long)sa_test_seed());
+    /* The scorer's input: each BF16 value times the tensor scale is the CPU's dequantized value
+     * bit for bit (both are an exact product rounded once by the tensor scale). */
+    CK_CUDA(cudaMemcpy(hdeq, ddeq, n * 2, cudaMemcpyDeviceToHost));
+    ck_assert_int_eq(sa_nvfp4_dequantize(&c, cdeq), SA_OK);
+    for (size_t i = 0; i < n; i++) {
+        const float gpu = sa_bf16_to_f32(hdeq[i]) * c.tensor_scale;
+        ck_assert_msg(!memcmp(&gpu, &cdeq[i], 4),
+                      "deq %zu: GPU %a (BF16 0x%04x) x %a, CPU %a (seed %llu)", i,
+                      sa_bf16_to_f32(hdeq[i]), hdeq[i], c.tensor_scale, cdeq[i],
+                      (unsigned long long)sa_test_seed());
+    }
+    cudaFree(ddeq), free(hdeq), free(cdeq);
     cudaFree(dts), cudaFree(dbad), cudaFree(dwork);
     cudaFree(dx), cudaFree(g.values), cudaFree(g.scales);
     free(c.values), free(c.scales), free(gv), free(gs);
@@ -599,7 +617,7 @@ START_TEST(test_quantizer_errors)
         ck_assert_int_eq(sa_nvfp4_quantize_bf16(hb, 32, &c), SA_ERR_ARG);
         ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 32, &g, NULL), SA_ERR_ARG);
         ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 32, g.values, g.scales, (float *)dw, dw + 1,
-                                                  (unsigned *)(dw + 2), NULL),
+                                                  (unsigned *)(dw + 2), NULL, NULL),
                          SA_OK);
         int hbad = 0;
         CK_CUDA(cudaMemcpy(&hbad, dw + 1, 4, cudaMemcpyDeviceToHost));
@@ -607,11 +625,15 @@ START_TEST(test_quantizer_errors)
         free(c.values), free(c.scales);
     }
     ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 24, g.values, g.scales, (float *)dw, dw + 1,
-                                              (unsigned *)(dw + 2), NULL),
+                                              (unsigned *)(dw + 2), NULL, NULL),
                      SA_ERR_SHAPE);
     ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 32, g.values, g.scales, NULL, dw + 1,
-                                              (unsigned *)(dw + 2), NULL),
+                                              (unsigned *)(dw + 2), NULL, NULL),
                      SA_ERR_NULL);
+    /* deq, when given, must be 16-byte aligned like x */
+    ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 32, g.values, g.scales, (float *)dw, dw + 1,
+                                              (unsigned *)(dw + 2), (uint16_t *)(dw + 3), NULL),
+                     SA_ERR_UNSUPPORTED);
     cudaFree(dw);
     cudaFree(dx), cudaFree(g.values), cudaFree(g.scales);
 }
