@@ -388,8 +388,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         slot[i] = 0;
     __syncthreads();
     // Launched programmatically behind the quantizer (or the LSE pass): the setup above overlapped
-    // its tail; every read of its outputs (Q, K, the tensor scales, lse2) comes after this.
+    // its tail; every read of its outputs (Q, K, the tensor scales, lse2) comes after this. The
+    // top-k behind this launch waits for all of it in turn, so it may be scheduled now.
     sa_pdl_wait();
+    sa_pdl_trigger();
 
     if (tid >= kConsumerThreads) { // ---------------------------------------------- producer
         sa_setmaxnreg_dec<kProducerRegs>();
