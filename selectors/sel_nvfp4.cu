@@ -38,11 +38,16 @@ constexpr float kTensorDiv = kE2M1Max * kE4M3Max; // 2688
 
 __device__ __forceinline__ uint8_t e2m1_from_f32(float x)
 {
-    const uint8_t sign = signbit(x) ? 0x8 : 0x0;
+    // The magnitude's code is the number of E2M1's rounding thresholds it passes (a tie goes to
+    // the even code: 0.25 -> 0, 0.75 -> 2, 1.25 -> 2, ...), summed without branches: a chain of
+    // conditionals compiled to four branches per element, which the warp's lanes took apart.
+    // Written as !(a <= t) so that NaN passes all seven, as it fell through the chain (code 7).
+    const uint32_t sign = signbit(x) ? 0x8u : 0x0u;
     const float a = fabsf(x);
-    const uint8_t m = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3
-                    : a <= 2.5f  ? 4 : a < 3.5f  ? 5 : a <= 5.0f  ? 6 : 7;
-    return sign | m;
+    const uint32_t m = (uint32_t)!(a <= 0.25f) + (uint32_t)!(a < 0.75f) + (uint32_t)!(a <= 1.25f) +
+                       (uint32_t)!(a < 1.75f) + (uint32_t)!(a <= 2.5f) + (uint32_t)!(a < 3.5f) +
+                       (uint32_t)!(a <= 5.0f);
+    return (uint8_t)(sign | m);
 }
 
 __device__ __forceinline__ float e2m1_to_f32(uint8_t code)
