@@ -12,8 +12,9 @@
 // block, and a unit past it is skipped by both roles.
 //
 // ROLES (384 threads): warpgroups 0 and 1 consume, 64 query rows each (rows 64 wg .. 64 wg + 63
-// of the tile), with 232 registers each (setmaxnreg: two accumulators of 64 and the max-pool's
-// copies); warpgroup 2 produces, one lane issuing TMA copies, with 40.
+// of the tile), with 232 registers each (setmaxnreg: two accumulators of 64, Q's A fragments (32
+// at dim 128) and the max-pool's copies); warpgroup 2 produces, one lane issuing TMA copies,
+// with 40.
 //
 // PER KV BLOCK (consumer warpgroup):
 //   1. wait for the block's K on its ring slot (k_full);
