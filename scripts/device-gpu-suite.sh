@@ -8,7 +8,8 @@
 # device run); unset, every gpu test runs. SA_SANITIZE_ONLY="gpu_a ..." limits only the
 # sanitizer runs.
 # Extra flags: $SA_BENCH_ARGS goes to every `sparseattn bench NAME` (e.g. "--json"),
-# $SA_PEERS_ARGS to bench/peers.py (e.g. "--mode sparse --budget-s 200").
+# $SA_PEERS_ARGS to bench/peers.py (e.g. "--mode sparse --budget-s 200"). The last lines repeat
+# the test counts and each sanitizer run's summary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-logs}
@@ -62,5 +63,13 @@ while [ $i -lt ${#shift_args[@]} ]; do
             2>&1 | tee "$out/peers.txt" ;;
     esac
     i=$((i + 1))
+done
+# The verdicts again, last: the device tool returns only the tail of a run's output, and the
+# benchmarks above can push the test and sanitizer lines out of it.
+echo "== summary"
+grep -E "^Ok:|^Fail:|^Skipped:" "$out/gpu-tests.log"
+for f in "$out"/sanitize-*.log; do
+    [ -f "$f" ] || continue
+    echo "$(basename "$f" .log): $(grep -E 'SUMMARY' "$f" | tail -1)"
 done
 exit $(( status || ${status_build:-0} ))
