@@ -232,6 +232,22 @@ __device__ __forceinline__ bool visible(const Rows &rw, int kb, int (&vis)[2])
     return rw.tile_full && kbase + SA_TILE <= rw.first_lim;
 }
 
+// Runs f(std::false_type) for a block every row sees whole (visible's answer), else
+// f(std::true_type): the mask-free and the masked copies of a pool step.
+template <typename F> __device__ __forceinline__ void by_mask(bool whole, F &&f)
+{
+    if (whole)
+        f(std::false_type{});
+    else
+        f(std::true_type{});
+}
+// Whether column 8 j + 2 (lane % 4) + e of the thread's row i is a key it sees (always, unmasked).
+template <bool MASKED>
+__device__ __forceinline__ bool key_seen(const int (&vis)[2], int i, int j, int e, int lane)
+{
+    return !MASKED || 8 * j + 2 * (lane % 4) + e < vis[i];
+}
+
 // The max-pool of block kb (step 4). d is only read: an instruction other than a wgmma that
 // writes an accumulator register makes ptxas serialize the wgmma pipeline (C7515). A block that
 // every row sees whole (the warp-uniform `fast`) skips the masking: its maxima are plain trees.
@@ -241,12 +257,10 @@ __device__ __forceinline__ void pool(const ScoreArgs &a, const Rows &rw, const f
 {
     int vis[2]; // keys [0, vis) of the block are visible to each row
     const bool fast = visible(rw, kb, vis);
-    const auto run = [&](auto masked) {
+    by_mask(fast, [&](auto masked) {
         auto v = [&](int j, int e) {
-            if constexpr (!decltype(masked)::value)
-                return d[4 * j + e];
-            else
-                return 8 * j + 2 * (lane % 4) + (e % 2) < vis[e / 2] ? d[4 * j + e] : -INFINITY;
+            return key_seen<decltype(masked)::value>(vis, e / 2, j, e % 2, lane) ? d[4 * j + e]
+                                                                                 : -INFINITY;
         };
         if (a.per_query) {
             float m[2];
@@ -286,11 +300,7 @@ __device__ __forceinline__ void pool(const ScoreArgs &a, const Rows &rw, const f
             if (lane == 0 && m > -INFINITY)
                 atomicMax(slot, sel_score_key(__fmul_rn(m, scale)));
         }
-    };
-    if (fast)
-        run(std::false_type{});
-    else
-        run(std::true_type{});
+    });
 }
 
 // kLse, block kb: folds the thread's visible scores (log2-scaled) of each of its rows into the
@@ -299,8 +309,7 @@ __device__ __forceinline__ void pool_lse(const Rows &rw, const float (&d)[64], i
                                          float sl2, float (&m)[2], float (&z)[2])
 {
     int vis[2];
-    const bool whole = visible(rw, kb, vis);
-    const auto run = [&](auto masked) {
+    by_mask(visible(rw, kb, vis), [&](auto masked) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             float x[32], y[32];
@@ -308,8 +317,7 @@ __device__ __forceinline__ void pool_lse(const Rows &rw, const float (&d)[64], i
             for (int j = 0; j < 16; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const bool ok =
-                        !decltype(masked)::value || 8 * j + 2 * (lane % 4) + e < vis[i];
+                    const bool ok = key_seen<decltype(masked)::value>(vis, i, j, e, lane);
                     x[2 * j + e] = ok ? d[4 * j + 2 * i + e] * sl2 : -INFINITY;
                     y[2 * j + e] = x[2 * j + e];
                 }
@@ -323,11 +331,7 @@ __device__ __forceinline__ void pool_lse(const Rows &rw, const float (&d)[64], i
             m[i] = mn;
             z[i] = acc;
         }
-    };
-    if (whole)
-        run(std::false_type{});
-    else
-        run(std::true_type{});
+    });
 }
 
 // kMass, block kb: the warp's sum of exp2(score - lse2) over its rows' visible keys, stored by
@@ -336,9 +340,8 @@ __device__ __forceinline__ void pool_mass(const Rows &rw, const float (&d)[64], 
                                           float sl2, const float (&l2)[2], float *wslot)
 {
     int vis[2];
-    const bool whole = visible(rw, kb, vis);
     float acc = 0.0f;
-    const auto run = [&](auto masked) {
+    by_mask(visible(rw, kb, vis), [&](auto masked) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             if (!(l2[i] > -INFINITY))
@@ -347,14 +350,10 @@ __device__ __forceinline__ void pool_mass(const Rows &rw, const float (&d)[64], 
             for (int j = 0; j < 16; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++)
-                    if (!decltype(masked)::value || 8 * j + 2 * (lane % 4) + e < vis[i])
+                    if (key_seen<decltype(masked)::value>(vis, i, j, e, lane))
                         acc += exp2f(d[4 * j + 2 * i + e] * sl2 - l2[i]);
         }
-    };
-    if (whole)
-        run(std::false_type{});
-    else
-        run(std::true_type{});
+    });
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         acc += __shfl_xor_sync(0xffffffffu, acc, o);
