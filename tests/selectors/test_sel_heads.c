@@ -214,8 +214,11 @@ START_TEST(test_pooled_brute_force)
                 ck_assert_int_eq(sa_tile_lists_check(s, &l, 1), SA_OK);
                 const char *why = bf_check_pooled(s, sc, &p, idx, cnt, cap, &moved);
                 ck_assert_msg(!why, "%s causal %d: %s (seed %llu)", sel->name, causal, why, SEED);
-                ck_assert_msg(moved > 0, "%s causal %d: pooling moved no block (seed %llu)",
-                              sel->name, causal, SEED);
+                ck_assert_msg(moved > 0,
+                              "%s causal %d, shape (%d,%d,%d,%d,%d,%d): pooling moved no block "
+                              "(seed %llu)",
+                              sel->name, causal, s->batch, s->heads_q, s->heads_kv, s->len_q,
+                              s->len_kv, s->head_dim, SEED);
                 /* A cap of k: every head keeps exactly its own best k, the per-head lists. */
                 p.pool_cap = p.k;
                 int32_t *c1, *c2;
