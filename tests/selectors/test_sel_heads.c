@@ -185,13 +185,28 @@ START_TEST(test_pooled_brute_force)
         const sa_shape one = {s->batch, s->heads_q, s->heads_q, s->len_q, s->len_kv,
                               s->head_dim};
         const int tiles = sa_q_tiles(s);
-        /* Heads of unequal spread, so that pooling moves blocks between them. */
+        /* Inputs on which pooling must move blocks, whatever the draw: along a direction d
+         * (|d| = 1), every key of block 0 leans +kLean and every other key -kLean, and the
+         * first query head of each group leans +kLean. That head then scores block 0 far above
+         * all others (raw scores -kLean^2 against about 0 for the other heads' noise; masses
+         * e^(-2 kLean^2 / sqrt(D)) against 1/n), so beyond its forced blocks it loses every
+         * slot to the other heads, which then hold more than k where n > k. Random heads of
+         * unequal spread besides. */
+        const float kLean = 4.0f, d_elem = 1.0f / sqrtf((float)s->head_dim);
         uint16_t *q = bf_random_bf16(&r, sa_q_elems(s), 1.0f);
         for (size_t i = 0; i < sa_q_elems(s); i++) {
             const size_t head = i / ((size_t)s->len_q * s->head_dim) % s->heads_q;
-            q[i] = sa_bf16_from_f32(sa_bf16_to_f32(q[i]) * (0.3f + 0.9f * (float)head));
+            const int first = head % (size_t)(s->heads_q / s->heads_kv) == 0;
+            const float d = (i % s->head_dim) % 2 ? -d_elem : d_elem;
+            const float x = sa_bf16_to_f32(q[i]) * (0.3f + 0.3f * (float)head);
+            q[i] = sa_bf16_from_f32(first ? 0.3f * x + kLean * d : x);
         }
         uint16_t *k = bf_random_bf16(&r, sa_kv_elems(s), 1.0f);
+        for (size_t i = 0; i < sa_kv_elems(s); i++) {
+            const size_t key = i / s->head_dim % (size_t)s->len_kv;
+            const float d = (i % s->head_dim) % 2 ? -d_elem : d_elem;
+            k[i] = sa_bf16_from_f32(sa_bf16_to_f32(k[i]) + (key < SA_TILE ? kLean : -kLean) * d);
+        }
         uint16_t *kk = bf_kv_per_head(s, k);
         for (int i = 0; i < sa_selector_count(); i++) {
             const sa_selector *sel = sa_selector_at(i);
