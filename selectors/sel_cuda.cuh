@@ -258,6 +258,9 @@ int sel_cuda_pool(const float *mass, const SelHeadsShape &h, const SelRowRule &r
 // rule lets compete (sel_row_of: the causal prefix, or all); each row of `indices`
 // (rows x rule.k) comes out sorted by block index, -1 past its count, and `counts` (may be NULL)
 // holds the count (rule.k without causal). Keys past a row's competing prefix are never read.
-// Queues work only (no sync).
+// Queues work only (no sync). With bad and verdict (the nvfp4 selectors' non-finite flag, set
+// by a kernel queued before the keys' scorer, and a verdict word) the first CTA also moves a
+// set flag into the verdict as SA_ERR_ARG.
 int sel_cuda_topk(const uint32_t *keys, int rows, const SelRowRule &rule, int32_t *indices,
-                  int32_t *counts, cudaStream_t st);
+                  int32_t *counts, cudaStream_t st, const int *bad = nullptr,
+                  int *verdict = nullptr);

@@ -64,17 +64,22 @@ static inline int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nv
 }
 #endif
 
+/* Bytes of the quantizer's device work buffer (the per-CTA maxima and flags of its first
+ * kernel, for two tensors). */
+#define SEL_NVFP4_QUANT_WORK_BYTES 4352
 /* The same quantization without any host synchronisation, for pipelines and for timing the
  * kernels alone: everything is device memory, tensor_scale receives the FP32 tensor scale, bad
- * becomes 1 on non-finite input (both zeroed here first), work is one scratch word. deq (n
+ * 1 on non-finite input and 0 otherwise, work is a scratch buffer of
+ * SEL_NVFP4_QUANT_WORK_BYTES (none needs zeroing: the kernels write each before reading it).
+ * deq (n
  * BF16, may be NULL) receives what the scorer multiplies: each element dequantized without the
  * tensor scale, E2M1(code) * E4M3(scale), exact in BF16. n must be a positive multiple of 16 and
  * x and deq 16-byte aligned (SA_ERR_SHAPE / SA_ERR_UNSUPPORTED); SA_ERR_NULL for a NULL pointer
- * other than deq. Queues two memsets and two kernels on `stream`. */
+ * other than deq. Queues two kernels on `stream`. */
 #ifdef SA_HAVE_CUDA
 SA_INTERNAL_API int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *values,
                                              uint8_t *scales, float *tensor_scale, int *bad,
-                                             unsigned *work, uint16_t *deq, void *stream);
+                                             void *work, uint16_t *deq, void *stream);
 #endif
 
 /* The nvfp4 scorer's kernel alone, for timing it (bench selectors): the block-score rows of

@@ -2,9 +2,11 @@
 //
 // Hopper has no FP4 tensor-core instruction, so the scorer dequantizes and uses BF16 wgmma:
 //   1. amax_kernel: |x| max over each tensor (Q index, K index) and a non-finite flag; a few
-//      looping CTAs per SM, so that few atomics meet on each tensor's word.
+//      looping CTAs per SM, each storing its own maximum and flag (no atomics, so nothing to
+//      zero first: a memset ahead of it would break the chain of dependent launches).
 //   2. quant_kernel, a programmatic dependent launch (it reads its elements while amax_kernel
-//      ends, then waits for the maxima): one thread per 16-element block, the algorithm of
+//      ends, then waits and reduces the per-CTA maxima, a few hundred loads per CTA from L2;
+//      CTA 0 stores the flag): one thread per 16-element block, the algorithm of
 //      nvfp4.c with the same single-rounding FP32 operations (__fdiv_rn, __fmul_rn), so codes
 //      and scales are bit-identical to sa_nvfp4_quantize_bf16. It can also write the
 //      dequantized value without
@@ -17,7 +19,8 @@
 //      a list takes (the GQA group, or the index heads its query heads map to) with atomicMax on
 //      order-preserving keys (sel_score_key). With causal each query's maximum runs over the keys
 //      it sees only, and a tile's work stops at its last visible block.
-//   4. sel_cuda_topk (causal: over each row's visible prefix, its last block forced).
+//   4. sel_cuda_topk (causal: over each row's visible prefix, its last block forced); with a
+//      verdict it also moves the quantizer's flag into it (no kernel of its own).
 //   5. With index heads shared by several list heads (index_heads < heads_kv, or below heads_q
 //      with per-head lists, sa_select_params.head_lists), the lists of the first list head of
 //      each share are copied to the others (replicate_kernel).
@@ -36,29 +39,32 @@ constexpr float kE4M3SubnormalStepInv = 512.0f;
 constexpr int kBlock = 16;
 constexpr float kTensorDiv = kE2M1Max * kE4M3Max; // 2688
 
-__device__ __forceinline__ uint8_t e2m1_from_f32(float x)
+constexpr uint32_t kE2M1KeepMant = 0xFFC00000u; // sign, exponent and the top mantissa bit
+constexpr uint32_t kE2M1HalfDrop = 0x001FFFFFu;  // half of the dropped 22 bits, less one
+
+// |x| rounded to E2M1's magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, nearest with ties to the even
+// code, as the CPU's thresholds do (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
+// 3.5 -> 4, 5 -> 4, above 5 -> 6; NaN and inf -> 6). Below 1 the grid is 0.5 apart: rint(2a)/2.
+// From 1 up it is FP32 with one mantissa bit: round the mantissa to its top bit (ties to even
+// bit 22), then saturate at 6. About ten instructions, where seven threshold tests with their
+// selects and the decoding of the code back to a value had taken about thirty.
+__device__ __forceinline__ float e2m1_round(float a)
 {
-    // The magnitude's code is the number of E2M1's rounding thresholds it passes (a tie goes to
-    // the even code: 0.25 -> 0, 0.75 -> 2, 1.25 -> 2, ...), summed without branches: a chain of
-    // conditionals compiled to four branches per element, which the warp's lanes took apart.
-    // Written as !(a <= t) so that NaN passes all seven, as it fell through the chain (code 7).
-    const uint32_t sign = signbit(x) ? 0x8u : 0x0u;
-    const float a = fabsf(x);
-    const uint32_t m = (uint32_t)!(a <= 0.25f) + (uint32_t)!(a < 0.75f) + (uint32_t)!(a <= 1.25f) +
-                       (uint32_t)!(a < 1.75f) + (uint32_t)!(a <= 2.5f) + (uint32_t)!(a < 3.5f) +
-                       (uint32_t)!(a <= 5.0f);
-    return (uint8_t)(sign | m);
+    const uint32_t b = __float_as_uint(a);
+    const float hi = fminf(__uint_as_float((b + kE2M1HalfDrop + ((b >> 22) & 1u)) & kE2M1KeepMant),
+                           kE2M1Max);
+    return a < 1.0f ? 0.5f * rintf(2.0f * a) : hi;
 }
 
-__device__ __forceinline__ float e2m1_to_f32(uint8_t code)
+// The E2M1 code of a value e2m1_round gave, with its sign: magnitudes below 1 are 0.5 * code;
+// from 1 up the exponent field and the top mantissa bit count up by one code per step (1.0,
+// FP32 bits >> 22 = 254, is code 2).
+__device__ __forceinline__ uint32_t e2m1_code(float v)
 {
-    // Magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6} built from their FP32 bits (exact, no table: a
-    // runtime-indexed local array would live in local memory): code 1 (subnormal) is 0.5, code
-    // c >= 2 is 2^((c >> 1) - 1) * (1 + (c & 1) / 2): exponent field (c >> 1) + 126, mantissa
-    // bit 22.
-    const uint32_t c = code & 7u;
-    const uint32_t bits = c < 2 ? c * (126u << 23) : (((c >> 1) + 126u) << 23) | ((c & 1u) << 22);
-    return __uint_as_float(bits | (uint32_t)(code & 0x8u) << 28);
+    const uint32_t b = __float_as_uint(v), a = b & 0x7FFFFFFFu, sign = b >> 31 << 3;
+    const uint32_t mag = __uint_as_float(a) < 1.0f ? (uint32_t)(2.0f * __uint_as_float(a))
+                                                   : (a >> 22) - 252u;
+    return sign | mag;
 }
 
 __device__ __forceinline__ uint8_t e4m3_from_f32(float x)
@@ -100,17 +106,21 @@ constexpr int kQuantThreads = 256;
 struct QuantJob {
     const uint16_t *x[2];
     size_t n[2];          // elements, multiples of 16; n[1] = 0 for one tensor
-    unsigned *amax;       // [2]: bits of max |x| (non-negative floats order as their bits)
-    int *bad;             // becomes 1 on any non-finite element
+    float *part;          // [grid0 + grid1]: each amax CTA's max |x| (tensor 0's CTAs first)
+    int *part_bad;        // [grid0 + grid1]: each amax CTA's non-finite flag
+    int *bad;             // 1 on any non-finite element, else 0 (stored by quant CTA 0)
     uint8_t *values, *scales; // tensor 0 only (the quantizer API); may be NULL
     __nv_bfloat16 *deq[2];    // dequantized without the tensor scale; may be NULL
     float *ts;                // [2]: tensor scales; may be NULL
-    int grid0;                // amax CTAs of tensor 0
+    int grid0, grid1;         // amax CTAs of tensors 0 and 1
 };
 
 constexpr int kAmaxLoads = 4; // 16-byte loads in flight per amax thread (8 measured no faster)
-constexpr int kAmaxCtasPerSm = 2;      // amax CTAs per SM and tensor: few atomics on one word
+constexpr int kAmaxCtasPerSm = 2;      // amax CTAs per SM and tensor: few partials to reduce
 constexpr int kAmaxSms = 132;          // H200's SM count (only sizes the grid)
+constexpr int kAmaxCtas = kAmaxSms * kAmaxCtasPerSm; // the most per tensor
+static_assert(2 * kAmaxCtas * (sizeof(float) + sizeof(int)) <= SEL_NVFP4_QUANT_WORK_BYTES,
+              "the quantizer's work buffer holds both tensors' partials");
 
 // |x| max and the non-finite flag over 8 BF16.
 __device__ __forceinline__ void amax_fold(const uint4 v, float &m, int &nf)
@@ -127,12 +137,14 @@ __device__ __forceinline__ void amax_fold(const uint4 v, float &m, int &nf)
 
 __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
 {
-    sa_pdl_trigger(); // quant_kernel may start loading its elements beside this launch
+    // Launched as a dependent too: wait for the kernel ahead (it may have written x), then
+    // let quant_kernel start loading its elements beside this launch (after the wait, so its
+    // early reads see x complete as well).
+    sa_pdl_wait();
+    sa_pdl_trigger();
     const int which = blockIdx.x >= (unsigned)j.grid0;
     const unsigned cta = which ? blockIdx.x - j.grid0 : blockIdx.x;
-    const unsigned ctas = which ? gridDim.x - j.grid0 : j.grid0;
-    unsigned *amax = j.amax + which;
-    int *bad = j.bad;
+    const unsigned ctas = which ? j.grid1 : j.grid0;
     float m = 0.0f;
     int nf = 0;
     // Fields picked by selects, not j.n[which]: a runtime index into the kernel parameter would
@@ -153,7 +165,6 @@ __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
     }
     for (; i < n8; i += stride)
         amax_fold(__ldg(x8 + i), m, nf);
-    // One atomic per CTA: thousands of warps hitting one address would serialise in L2.
     __shared__ float wm[kQuantThreads / 32];
     __shared__ int wnf[kQuantThreads / 32];
     for (int o = 16; o; o >>= 1) {
@@ -170,10 +181,47 @@ __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
             m = fmaxf(m, wm[w]);
             nf |= wnf[w];
         }
-        atomicMax(amax, __float_as_uint(m));
-        if (nf)
-            atomicOr(bad, 1);
+        j.part[blockIdx.x] = m;
+        j.part_bad[blockIdx.x] = nf;
     }
+}
+
+// The tensor maxima from the amax CTAs' partials (every thread of the CTA gets both) and, in
+// CTA 0, the flag stored. After sa_pdl_wait(); every thread of the CTA must call it.
+__device__ __forceinline__ float2 reduce_parts(const QuantJob &j)
+{
+    __shared__ float wm[2][kQuantThreads / 32];
+    __shared__ int wnf[kQuantThreads / 32];
+    float m0 = 0.0f, m1 = 0.0f;
+    int nf = 0;
+    for (int i = threadIdx.x; i < j.grid0 + j.grid1; i += kQuantThreads) {
+        const float v = j.part[i];
+        if (i < j.grid0)
+            m0 = fmaxf(m0, v);
+        else
+            m1 = fmaxf(m1, v);
+        nf |= j.part_bad[i];
+    }
+    for (int o = 16; o; o >>= 1) {
+        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+        nf |= __shfl_xor_sync(0xffffffffu, nf, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        wm[0][threadIdx.x / 32] = m0;
+        wm[1][threadIdx.x / 32] = m1;
+        wnf[threadIdx.x / 32] = nf;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kQuantThreads / 32; w++) {
+        m0 = fmaxf(m0, wm[0][w]);
+        m1 = fmaxf(m1, wm[1][w]);
+        nf |= wnf[w];
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        *j.bad = nf;
+    return make_float2(m0, m1);
 }
 
 // One thread per block of 16, over tensor 0's blocks and then tensor 1's. values/scales may be
@@ -184,9 +232,10 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
     sa_pdl_trigger(); // the scorer's CTAs may be scheduled once these have all started
     const size_t b0 = j.n[0] / kBlock, all = b0 + j.n[1] / kBlock;
     size_t blk = blockIdx.x * (size_t)kQuantThreads + threadIdx.x;
-    if (blk >= all) // before any read: a one-tensor job has one amax word
-        return;
-    const int which = blk >= b0;
+    // Threads past the end (last CTA only) load nothing but still reach the one barrier in
+    // reduce_parts: every thread of a warp must execute the same bar.sync.
+    const bool live = blk < all;
+    const int which = live && blk >= b0;
     if (which)
         blk -= b0;
     const uint16_t *x = which ? j.x[1] : j.x[0]; // selects: see amax_kernel
@@ -195,7 +244,8 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
     // The elements and their block's |max| do not depend on amax_kernel: read them while it
     // may still run (programmatic dependent launch), then wait for its tensor maxima.
     const uint4 *src = reinterpret_cast<const uint4 *>(x + blk * kBlock);
-    const uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
+    const uint4 v0 = live ? __ldg(src) : make_uint4(0, 0, 0, 0);
+    const uint4 v1 = live ? __ldg(src + 1) : make_uint4(0, 0, 0, 0);
     const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     float f[kBlock];
     float bamax = 0.0f;
@@ -208,28 +258,28 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
     for (int i = 0; i < kBlock; i++)
         bamax = fabsf(f[i]) > bamax ? fabsf(f[i]) : bamax;
     sa_pdl_wait();
-    const float ts = __fdiv_rn(__uint_as_float(j.amax[which]), kTensorDiv);
+    const float2 amax = reduce_parts(j);
+    if (!live)
+        return;
+    const float ts = __fdiv_rn(which ? amax.y : amax.x, kTensorDiv);
     if (blk == 0 && j.ts)
         j.ts[which] = ts;
     const uint8_t sc = ts > 0.0f ? e4m3_from_f32(__fdiv_rn(__fdiv_rn(bamax, kE2M1Max), ts)) : 0;
     const float d = e4m3_to_f32(sc);
-    uint32_t packed[2] = {0, 0};
-    uint8_t code[kBlock];
-    if (d == 0.0f) {
+    // Each element's E2M1 value with its sign (+0 for every element when d is 0), as a float.
+    const float denom = __fmul_rn(d, ts);
 #pragma unroll
-        for (int i = 0; i < kBlock; i++)
-            code[i] = 0;
-    } else {
-        const float denom = __fmul_rn(d, ts);
-#pragma unroll
-        for (int i = 0; i < kBlock; i++)
-            code[i] = e2m1_from_f32(__fdiv_rn(f[i], denom));
+    for (int i = 0; i < kBlock; i++) {
+        const float x = __fdiv_rn(f[i], denom);
+        f[i] = d == 0.0f ? 0.0f : copysignf(e2m1_round(fabsf(x)), x);
     }
+    if (values) { // the codes, only for the quantizer API (the scorer needs deq alone)
+        uint32_t packed[2] = {0, 0};
 #pragma unroll
-    for (int i = 0; i < kBlock; i++)
-        packed[i / 8] |= (uint32_t)code[i] << (4 * (i % 8));
-    if (values)
+        for (int i = 0; i < kBlock; i++)
+            packed[i / 8] |= e2m1_code(f[i]) << (4 * (i % 8));
         *reinterpret_cast<uint2 *>(values + blk * (kBlock / 2)) = make_uint2(packed[0], packed[1]);
+    }
     if (scales)
         scales[blk] = sc;
     if (deq) {
@@ -237,9 +287,8 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             // Exact: see the file comment.
-            const __nv_bfloat16 lo = __float2bfloat16_rn(__fmul_rn(e2m1_to_f32(code[2 * i]), d));
-            const __nv_bfloat16 hi =
-                __float2bfloat16_rn(__fmul_rn(e2m1_to_f32(code[2 * i + 1]), d));
+            const __nv_bfloat16 lo = __float2bfloat16_rn(__fmul_rn(f[2 * i], d));
+            const __nv_bfloat16 hi = __float2bfloat16_rn(__fmul_rn(f[2 * i + 1], d));
             out[i] = (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
         }
         uint4 *dst = reinterpret_cast<uint4 *>(deq + blk * kBlock);
@@ -250,31 +299,37 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
 
 int amax_grid(size_t n)
 {
-    // Each CTA ends in one atomicMax on the tensor's word, so a few looping CTAs per SM beat
-    // one CTA per 256 loads (up to 2112 atomics on one address serialize in L2).
+    // Every quant CTA reduces all the amax CTAs' partials, so a few looping CTAs per SM beat
+    // one CTA per 256 loads (up to 2112 partials, where an atomic per CTA on one word had
+    // serialised in L2).
     const size_t b = (n / 8 + kQuantThreads * kAmaxLoads - 1) / (kQuantThreads * kAmaxLoads);
-    const size_t cap = (size_t)kAmaxSms * kAmaxCtasPerSm;
-    return (int)(b < 1 ? 1 : b > cap ? cap : b);
+    return (int)(b < 1 ? 1 : b > (size_t)kAmaxCtas ? kAmaxCtas : b);
 }
 
-// Queues the quantization of j's tensors (j.amax[0..1] and j.bad zeroed already): two launches.
-int quantize_async(QuantJob j, cudaStream_t st)
+// Queues the quantization of j's tensors: two launches, the first a dependent launch too (it
+// writes nothing the kernel ahead of it reads, and reads nothing it writes: the caller's
+// inputs are ready before the call). work: SEL_NVFP4_QUANT_WORK_BYTES.
+int quantize_async(QuantJob j, void *work, cudaStream_t st)
 {
     j.grid0 = amax_grid(j.n[0]);
-    const int grid1 = j.n[1] ? amax_grid(j.n[1]) : 0;
-    amax_kernel<<<j.grid0 + grid1, kQuantThreads, 0, st>>>(j);
-    SA_CUDA_TRY(cudaGetLastError());
+    j.grid1 = j.n[1] ? amax_grid(j.n[1]) : 0;
+    j.part = static_cast<float *>(work);
+    j.part_bad = reinterpret_cast<int *>(j.part + 2 * kAmaxCtas);
+    int err = sel_launch_pdl(amax_kernel, dim3(j.grid0 + j.grid1), dim3(kQuantThreads), 0, st, j);
+    if (err)
+        return err;
     const size_t blocks = (j.n[0] + j.n[1]) / kBlock;
     const unsigned ctas = (unsigned)((blocks + kQuantThreads - 1) / kQuantThreads);
     return sel_launch_pdl(quant_kernel, dim3(ctas), dim3(kQuantThreads), 0, st, j);
 }
 
-// One tensor x (n BF16, n % 16 == 0) into amax[0] / ts_out[0].
-int quantize_one_async(const uint16_t *x, size_t n, unsigned *amax, int *bad, uint8_t *values,
+// One tensor x (n BF16, n % 16 == 0) into bad / ts_out[0].
+int quantize_one_async(const uint16_t *x, size_t n, void *work, int *bad, uint8_t *values,
                        uint8_t *scales, __nv_bfloat16 *deq, float *ts_out, cudaStream_t st)
 {
-    QuantJob j = {{x, nullptr}, {n, 0}, amax, bad, values, scales, {deq, nullptr}, ts_out, 0};
-    return quantize_async(j, st);
+    QuantJob j = {{x, nullptr}, {n, 0}, nullptr, nullptr, bad, values, scales, {deq, nullptr},
+                  ts_out, 0, 0};
+    return quantize_async(j, work, st);
 }
 
 // Out row (b, lh, x) <- scored row (b, lh * groups / list_heads, x): the list heads (KV heads,
@@ -304,10 +359,13 @@ __global__ void bad_to_verdict_kernel(const int *bad, int *word)
         atomicMin(word, SA_ERR_ARG);
 }
 
-// The end of an nvfp4 selector's call: with a verdict, the quantizer's finding queued into it;
-// else one synchronization and SA_ERR_ARG for a non-finite input.
-int finish(const int *bad, const sa_select_params *p, cudaStream_t st)
+// The end of an nvfp4 selector's call: with a verdict, the quantizer's finding queued into it
+// (unless `folded`: the top-k did it); else one synchronization and SA_ERR_ARG for a
+// non-finite input.
+int finish(const int *bad, const sa_select_params *p, cudaStream_t st, bool folded = false)
 {
+    if (p && p->verdict && folded)
+        return SA_OK;
     if (p && p->verdict) { // no host synchronization: the verdict takes the code
         bad_to_verdict_kernel<<<1, 1, 0, st>>>(bad, sa_verdict_word(p->verdict));
         SA_CUDA_TRY(cudaGetLastError());
@@ -334,10 +392,10 @@ int nvfp4_gpu_limits(const sel_ctx &c)
     return sa_cuda_device_info(&sms, &major);
 }
 
-// The quantizer's part of a call's scratch: the dequantized Q and K, then amax, the tensor
-// scales and the non-finite flag, adjacent so that one memset clears the three.
+// The quantizer's part of a call's scratch: the dequantized Q and K, the amax partials, the
+// tensor scales and the non-finite flag (all written before they are read: no memset).
 struct QuantSlots {
-    size_t nq, nk, qd, kd, amax, ts, bad;
+    size_t nq, nk, qd, kd, work, ts, bad;
 };
 QuantSlots quant_slots(SelScratch &scr, const sa_shape *s, const sel_ctx &c)
 {
@@ -346,26 +404,27 @@ QuantSlots quant_slots(SelScratch &scr, const sa_shape *s, const sel_ctx &c)
     o.nk = (size_t)s->batch * c.kh * s->len_kv * c.dim;
     o.qd = scr.add(o.nq * 2);
     o.kd = scr.add(o.nk * 2);
-    o.amax = scr.add(2 * sizeof(unsigned));
+    o.work = scr.add(SEL_NVFP4_QUANT_WORK_BYTES);
     o.ts = scr.add(2 * sizeof(float));
     o.bad = scr.add(sizeof(int));
     return o;
 }
-// Once the scratch is committed: clear amax, the scales and the flag, then quantize Q and K
-// together into the dequantized copies (one amax and one quantize launch).
+// Once the scratch is committed: quantize Q and K together into the dequantized copies (one
+// amax and one quantize launch).
 int queue_quantizer(const SelScratch &scr, const QuantSlots &o, const sel_ctx &c, cudaStream_t st)
 {
-    SA_CUDA_TRY(cudaMemsetAsync(scr.at<char>(o.amax), 0, o.bad + sizeof(int) - o.amax, st));
     const QuantJob job = {{c.q, c.k},
                           {o.nq, o.nk},
-                          scr.at<unsigned>(o.amax),
+                          nullptr,
+                          nullptr,
                           scr.at<int>(o.bad),
                           nullptr,
                           nullptr,
                           {scr.at<__nv_bfloat16>(o.qd), scr.at<__nv_bfloat16>(o.kd)},
                           scr.at<float>(o.ts),
+                          0,
                           0};
-    return quantize_async(job, st);
+    return quantize_async(job, scr.at<void>(o.work), st);
 }
 
 int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
@@ -415,7 +474,10 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                              c.keep_sink, c.causal, s->len_q, s->len_kv};
     int32_t *t_idx = replicate ? scr.at<int32_t>(o_idx) : indices;
     int32_t *t_cnt = replicate ? scr.at<int32_t>(o_cnt) : counts;
-    if ((err = sel_cuda_topk(keys, (int)scored_rows, rule, t_idx, t_cnt, st)))
+    // With a verdict the top-k moves the quantizer's flag into it (one kernel fewer).
+    int *word = p && p->verdict && scored_rows ? sa_verdict_word(p->verdict) : nullptr;
+    if ((err = sel_cuda_topk(keys, (int)scored_rows, rule, t_idx, t_cnt, st,
+                             word ? scr.at<int>(qs.bad) : nullptr, word)))
         return err;
     if (replicate) {
         const size_t n = rows * (size_t)(c.k_sel + 1);
@@ -423,7 +485,7 @@ int nvfp4_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
             t_idx, t_cnt, indices, counts, rows, per_bh, c.list_heads, groups, c.k_sel);
         SA_CUDA_TRY(cudaGetLastError());
     }
-    return finish(scr.at<int>(qs.bad), p, st);
+    return finish(scr.at<int>(qs.bad), p, st, word != nullptr);
 }
 
 // nvfp4_mass on the GPU: the quantizer and scorer of nvfp4 (the scorer in its mass modes), then
@@ -505,17 +567,15 @@ extern "C" int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4
         return SA_ERR_UNSUPPORTED;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     SelScratch scr(st);
-    const size_t o_amax = scr.add(sizeof(unsigned)), o_ts = scr.add(sizeof(float));
+    const size_t o_work = scr.add(SEL_NVFP4_QUANT_WORK_BYTES), o_ts = scr.add(sizeof(float));
     const size_t o_bad = scr.add(sizeof(int));
     int err = scr.commit();
     if (err)
         return err;
-    unsigned *amax = scr.at<unsigned>(o_amax);
     float *ts = scr.at<float>(o_ts);
     int *bad = scr.at<int>(o_bad);
-    SA_CUDA_TRY(cudaMemsetAsync(amax, 0, sizeof(unsigned), st));
-    SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
-    if ((err = quantize_one_async(x, n, amax, bad, q->values, q->scales, nullptr, ts, st)))
+    if ((err = quantize_one_async(x, n, scr.at<void>(o_work), bad, q->values, q->scales, nullptr,
+                                  ts, st)))
         return err;
     int h_bad = 0;
     float h_ts = 0.0f;
@@ -531,7 +591,7 @@ extern "C" int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nvfp4
 
 extern "C" int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *values,
                                         uint8_t *scales, float *tensor_scale, int *bad,
-                                        unsigned *work, uint16_t *deq, void *stream)
+                                        void *work, uint16_t *deq, void *stream)
 {
     if (!x || !values || !scales || !tensor_scale || !bad || !work)
         return SA_ERR_NULL;
@@ -541,8 +601,6 @@ extern "C" int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *va
         (deq && !sel_aligned16(deq)))
         return SA_ERR_UNSUPPORTED;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    SA_CUDA_TRY(cudaMemsetAsync(work, 0, sizeof(unsigned), st));
-    SA_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st));
     return quantize_one_async(x, n, work, bad, values, scales,
                               reinterpret_cast<__nv_bfloat16 *>(deq), tensor_scale, st);
 }

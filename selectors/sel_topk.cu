@@ -57,13 +57,22 @@ __device__ int block_exclusive_scan(int v, int *red)
     return before + inc - v;
 }
 
+// An nvfp4 selector's non-finite flag into its verdict (bad and verdict both NULL elsewhere):
+// after sa_pdl_wait(), so the quantizer that set the flag, two launches back, has finished.
+__device__ __forceinline__ void fold_flag(const int *bad, int *verdict)
+{
+    if (verdict && blockIdx.x == 0 && threadIdx.x == 0 && *bad)
+        atomicMin(verdict, SA_ERR_ARG);
+}
+
 __global__ void __launch_bounds__(kThreads)
     topk_rows(const uint32_t *__restrict__ keys, SelRowRule rule, int32_t *__restrict__ indices,
-              int32_t *__restrict__ counts)
+              int32_t *__restrict__ counts, const int *bad, int *verdict)
 {
     extern __shared__ uint32_t sk[];
     __shared__ int red[kWarps];
     sa_pdl_wait(); // the keys come from the previous launch
+    fold_flag(bad, verdict);
     const size_t row = blockIdx.x;
     const uint32_t *src = keys + row * rule.n;
     const SelRow rr = sel_row_of(rule, (int)(row % rule.per_bh)); // the same for the whole CTA
@@ -123,9 +132,11 @@ constexpr int kWarpRowsPerCta = 4;
 template <int ITEMS> // keys per lane: rule.n <= 32 * ITEMS
 __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
     topk_warp_rows(const uint32_t *__restrict__ keys, int rows, SelRowRule rule,
-                   int32_t *__restrict__ indices, int32_t *__restrict__ counts)
+                   int32_t *__restrict__ indices, int32_t *__restrict__ counts, const int *bad,
+                   int *verdict)
 {
     sa_pdl_wait(); // the keys come from the previous launch
+    fold_flag(bad, verdict);
     const size_t row = (size_t)blockIdx.x * kWarpRowsPerCta + threadIdx.x / 32;
     if (row >= (size_t)rows) // whole warps leave together
         return;
@@ -152,7 +163,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
 } // namespace
 
 int sel_cuda_topk(const uint32_t *keys, int rows, const SelRowRule &rule, int32_t *indices,
-                  int32_t *counts, cudaStream_t st)
+                  int32_t *counts, cudaStream_t st, const int *bad, int *verdict)
 {
     const int n = rule.n;
     if (n > SEL_CUDA_MAX_BLOCKS)
@@ -163,16 +174,16 @@ int sel_cuda_topk(const uint32_t *keys, int rows, const SelRowRule &rule, int32_
     const dim3 wt(32 * kWarpRowsPerCta);
     if (n <= 32 * 4)
         return sel_launch_pdl(topk_warp_rows<4>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
-                              counts);
+                              counts, bad, verdict);
     if (n <= 32 * 8)
         return sel_launch_pdl(topk_warp_rows<8>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
-                              counts);
+                              counts, bad, verdict);
     if (n <= 32 * 16)
         return sel_launch_pdl(topk_warp_rows<16>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
-                              counts);
+                              counts, bad, verdict);
     if (n <= 32 * 32)
         return sel_launch_pdl(topk_warp_rows<32>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
-                              counts);
+                              counts, bad, verdict);
     return sel_launch_pdl(topk_rows, dim3(rows), dim3(kThreads), (size_t)n * sizeof(uint32_t), st,
-                          keys, rule, indices, counts);
+                          keys, rule, indices, counts, bad, verdict);
 }

@@ -21,6 +21,11 @@
  *      (sa_select_params.verdict), so the nvfp4 scorers queue the attention without a host
  *      synchronization, as a pipeline would call them. The nvfp4 row once more with index heads
  *      ("nvfp4/iN"): sa_index_generate("qk") of the workload's Q and K.
+ *   3. Per workload and per-query GPU selector (nvfp4_query, and /iN): the selector then the
+ *      KV-centric attention (sa_kvcentric_attention, schedules kv and hybrid), against the
+ *      attention alone on the same lists (bench_selectors_query.c). Issue 18's long-context
+ *      goal is this share at len_q = len_kv = 32K and 64K, batch 1.
+ * --selectors and --workloads narrow every part to the rows named.
  * Timing: the harness's (bench_harness.h) CUDA events around each call, warm-up, median, input
  * sets rotated to stay out of L2; each thing timed is a harness callback whose context is one
  * input set and what it runs (sel_call). The stage runs with validate = 0 (the lists come from a
@@ -28,11 +33,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench_gpu.h"
+#include "bench_selectors.h"
 #include "cli.h"
-#include "shapes.h" /* bench/shapes.h: the sparse shape, shared with bench/peers.py */
 
-#define BENCH_K SA_BENCH_SPARSE_K
 static const int bench_lens[] = SA_BENCH_SPARSE_LEN_KV;
 #define NLENS (int)(sizeof bench_lens / sizeof bench_lens[0])
 
@@ -42,7 +45,8 @@ static void usage(FILE *f)
             "usage: sparseattn bench selectors [--reps N] [--warmup N] [--stage ID] [--seed S]\n"
             "                                  [--gemm-tflops T] [--validate] [--json]\n"
             "                                  [--len-kv N] [--len-q N] [--batch N]\n"
-            "                                  [--no-pipeline] [--index-heads N]\n\n"
+            "                                  [--no-pipeline] [--index-heads N]\n"
+            "                                  [--selectors LIST] [--workloads LIST]\n\n"
             "GPU selectors alone (median time vs the memory floor), then the selector ->\n"
             "attention pipeline's useful TFLOP/s against the attention alone, at batch %d,\n"
             "%d query heads on %d KV head, D %d, %d queries, ",
@@ -56,7 +60,12 @@ static void usage(FILE *f)
             "--len-kv N runs that key length alone, --len-q N and --batch N set the queries and\n"
             "the batch; --no-pipeline times the selectors only;\n"
             "--index-heads N (default %d; 0: none) also times the nvfp4 scorers on index\n"
-            "vectors with N heads of dimension D.\n",
+            "vectors with N heads of dimension D. Per-query selectors (nvfp4_query) then feed\n"
+            "the KV-centric attention (schedules kv and hybrid): the per-query pipeline part.\n"
+            "--selectors LIST (comma-separated) keeps only those selectors or rows (nvfp4_query,\n"
+            "nvfp4_query/i1; \"scorer\": the scorer-kernel and quantizer rows), --workloads\n"
+            "LIST only those workloads in the pipeline parts. Long context, one index head:\n"
+            "  --batch 1 --len-q 32768 --len-kv 32768 --selectors nvfp4_query/i1\n",
             BENCH_K, SA_BENCH_SPARSE_HKV);
 }
 
@@ -77,7 +86,7 @@ int bench_selectors(int argc, char **argv)
 typedef struct sel_bufs {
     int32_t *idx, *cnt; /* selector-only output, sized for per-query lists */
     uint8_t *qv, *qs;   /* quantizer output */
-    void *qwork;        /* quantizer scalars: tensor scale, bad flag, amax (3 words) */
+    void *qwork;        /* quantizer: tensor scale, bad flag, then its work buffer (from 16) */
     unsigned *keys;     /* the scorer kernel's block-score rows (per query) */
     float *ts;          /* tensor scales 1, 1 for the scorer kernel alone */
 } sel_bufs;
@@ -94,11 +103,23 @@ typedef struct sel_call {
     int head_lists; /* sa_select_params.head_lists */
 } sel_call;
 
-/* Index vectors of every set for the nvfp4/iN rows: (B, heads, len, D) each. */
-typedef struct index_sets {
-    int heads; /* 0: none */
-    uint16_t *q[BENCH_MAX_SETS], *k[BENCH_MAX_SETS];
-} index_sets;
+/* --selectors and --workloads (NULL: every one). */
+static const char *want_selectors, *want_workloads;
+
+int bs_wanted(const char *list, const char *name, const char *row)
+{
+    if (!list)
+        return 1;
+    const size_t nl = strlen(name), rl = row ? strlen(row) : 0;
+    for (const char *e = list; *e;) {
+        const size_t len = strcspn(e, ",");
+        if ((len == nl && !strncmp(e, name, nl)) || (row && len == rl && !strncmp(e, row, rl)) ||
+            (!row && len > nl && !strncmp(e, name, nl) && e[nl] == '/'))
+            return 1;
+        e += len + (e[len] == ',');
+    }
+    return 0;
+}
 
 /* The pipeline's selectors record bad input here instead of synchronizing (the nvfp4 scorers'
  * sa_select_params.verdict); read after each pipeline's timing. */
@@ -172,7 +193,7 @@ static int call_quantizer_async(void *ctx, void *stream)
     const sel_call *c = ctx;
     float *ts = c->buf->qwork;
     return sel_nvfp4_quantize_async(c->a->q, sa_q_elems(&c->a->shape), c->buf->qv, c->buf->qs, ts,
-                                    (int *)(ts + 1), (unsigned *)(ts + 2), NULL, stream);
+                                    (int *)(ts + 1), ts + 4, NULL, stream);
 }
 
 /* Times fn on the sets in rotation (call i on sets[i % nsets]), its context sel / attn / buf and
@@ -271,7 +292,7 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
     }
     for (int i = 0; i < sa_selector_count(); i++) {
         const sa_selector *sel = sa_selector_at(i);
-        if (!sel->cuda)
+        if (!sel->cuda || !bs_wanted(want_selectors, sel->name, NULL))
             continue;
         const int nvfp4 = !strncmp(sel->name, "nvfp4", 5);
         /* nvfp4_mass runs the scorer's GEMMs twice (the log-sum-exp, then the mass). */
@@ -286,6 +307,8 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
             char name[40];
             snprintf(name, sizeof name, pass == 1 ? "%s/i%d" : pass == 2 ? "%s/ph" : pass == 3
                      ? "%s/pool" : "%s", sel->name, ix->heads);
+            if (!bs_wanted(want_selectors, sel->name, name))
+                continue;
             bh_timing t;
             int rc = time_call_mode(e, f, name, call_selector, sel, NULL, buf,
                                     pass == 1 ? ix : NULL, sets, nsets, mode, &t);
@@ -332,7 +355,10 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
         }
     }
     /* The scorer's kernel alone (no quantizer, top-k or host synchronisation), tile and
-     * per-query rows, with the attention's heads and with the index heads. */
+     * per-query rows, with the attention's heads and with the index heads; then the quantizer.
+     * With --selectors, only where the list names "scorer". */
+    if (!bs_wanted(want_selectors, "scorer", NULL))
+        return SA_OK;
     for (int pass = 0; pass < (ix->heads ? 2 : 1); pass++)
         for (int per_query = 0; per_query < 2; per_query++) {
             char name[40];
@@ -392,107 +418,222 @@ static int selectors_alone(bench_env *e, const bench_flags *f, const sa_shape *s
     return SA_OK;
 }
 
-/* Part 2 at one length: pipeline vs attention alone, per workload and tile selector. */
-static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, bh_set *sets,
-                     int nsets, const sa_stage *attn, const sel_bufs *buf, const index_sets *ix)
+/* A workload's inputs on the host, uploaded into every set: Q, K, V and the index vectors. */
+typedef struct wl_host {
+    uint16_t *q, *k, *v, *qi, *ki;
+} wl_host;
+
+static void wl_host_free(wl_host *h)
+{
+    free(h->q), free(h->k), free(h->v), free(h->qi), free(h->ki);
+}
+
+static int wl_host_alloc(const sa_shape *s, const index_sets *ix, wl_host *h)
 {
     const size_t nqi = (size_t)s->batch * ix->heads * s->len_q * s->head_dim;
     const size_t nki = (size_t)s->batch * ix->heads * s->len_kv * s->head_dim;
-    uint16_t *qi = ix->heads ? malloc(nqi * 2) : NULL, *ki = ix->heads ? malloc(nki * 2) : NULL;
+    *h = (wl_host){malloc(sa_q_elems(s) * 2), malloc(sa_kv_elems(s) * 2),
+                   malloc(sa_kv_elems(s) * 2), ix->heads ? malloc(nqi * 2) : NULL,
+                   ix->heads ? malloc(nki * 2) : NULL};
+    if (h->q && h->k && h->v && (!ix->heads || (h->qi && h->ki)))
+        return SA_OK;
+    wl_host_free(h);
+    return SA_ERR_NOMEM;
+}
+
+/* Workload w into every set, and its index vectors (sa_index_generate("qk"): the Q and K means
+ * per index head) into ix. */
+static int wl_load(const bench_flags *f, const sa_shape *s, int w, wl_host *h, bh_set *sets,
+                   int nsets, const index_sets *ix)
+{
     const size_t nq = sa_q_elems(s), nk = sa_kv_elems(s);
+    const size_t nqi = (size_t)s->batch * ix->heads * s->len_q * s->head_dim;
+    const size_t nki = (size_t)s->batch * ix->heads * s->len_kv * s->head_dim;
+    int rc = sa_workload_generate(sa_workload_at(w)->name, s, f->seed + (uint64_t)w,
+                                  SA_STRENGTH_DEFAULT, h->q, h->k, h->v);
+    for (int i = 0; !rc && i < nsets; i++) {
+        rc = bh_upload((void *)sets[i].a.q, h->q, nq * 2);
+        if (!rc)
+            rc = bh_upload((void *)sets[i].a.k, h->k, nk * 2);
+        if (!rc)
+            rc = bh_upload((void *)sets[i].a.v, h->v, nk * 2);
+    }
+    if (!rc && ix->heads)
+        rc = sa_index_generate("qk", s, h->q, h->k, ix->heads, s->head_dim, f->seed, h->qi,
+                               h->ki);
+    for (int i = 0; !rc && ix->heads && i < nsets; i++) {
+        rc = bh_upload(ix->q[i], h->qi, nqi * 2);
+        if (!rc)
+            rc = bh_upload(ix->k[i], h->ki, nki * 2);
+    }
+    if (rc)
+        fprintf(stderr, "sparseattn: bench selectors: workload %s: %s\n",
+                sa_workload_at(w)->name, bench_why(rc));
+    return rc;
+}
+
+/* Part 2 on the workload in the sets: per tile selector, the pipeline vs the attention alone.
+ * idx: host room for one set's tile lists. */
+static int tile_pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, bh_set *sets,
+                          int nsets, const sa_stage *attn, const sel_bufs *buf,
+                          const index_sets *ix, const sa_workload *wl, int32_t *idx)
+{
     const size_t rows = (size_t)s->batch * s->heads_kv * sa_q_tiles(s);
-    uint16_t *q = malloc(nq * 2), *k = malloc(nk * 2), *v = malloc(nk * 2);
-    int32_t *idx = malloc(rows * BENCH_K * sizeof *idx);
-    int rc = q && k && v && idx && (!ix->heads || (qi && ki)) ? SA_OK : SA_ERR_NOMEM;
-    if (!f->json && !rc)
+    int rc = SA_OK;
+    for (int i = 0; !rc && i < sa_selector_count() * 2; i++) {
+        /* Odd i: the nvfp4 scorers again with index heads. */
+        const sa_selector *sel = sa_selector_at(i / 2);
+        const int pass = i % 2;
+        if (!sel->cuda || sel->per_query ||
+            (pass && (strncmp(sel->name, "nvfp4", 5) || !ix->heads)))
+            continue;
+        char name[40];
+        snprintf(name, sizeof name, pass ? "%s/i%d" : "%s", sel->name, ix->heads);
+        if (!bs_wanted(want_selectors, sel->name, name))
+            continue;
+        size_t bad = 0;
+        bh_timing tp, ta;
+        /* One call on poisoned outputs with the stage's validation on (the default path). */
+        sel_call smoke = {sel, attn, buf, &sets[0].a, pass ? ix->q[0] : NULL,
+                          pass ? ix->k[0] : NULL, pass ? ix->heads : 0, SA_HEAD_LISTS_GROUP};
+        sets[0].a.validate = 1;
+        sets[0].a.verdict = NULL;
+        rc = bh_smoke(e->g, name, call_pipeline, &smoke, &sets[0].a, &bad);
+        if (!rc && bad)
+            fprintf(stderr, "sparseattn: bench selectors: %s -> stage %d left %zu outputs "
+                            "NaN/inf\n", name, attn->id, bad);
+        /* The pipeline's stage validates synchronously when --validate is on (no verdict). */
+        for (int j = 0; !rc && j < nsets; j++) {
+            sets[j].a.validate = !f->no_validate;
+            sets[j].a.verdict = NULL;
+        }
+        if (!rc)
+            rc = time_call(e, f, name, call_pipeline, sel, attn, buf, pass ? ix : NULL, sets,
+                           nsets, &tp);
+        if (!rc)
+            rc = sa_gpu_verdict_read(pipe_verdict, NULL);
+        /* The attention alone, on the lists the selector just left in every set. */
+        if (!rc)
+            rc = bh_time_stage(e->g, attn, sets, nsets, !f->no_validate, f->warmup, f->reps,
+                               &ta);
+        if (!rc)
+            rc = bh_download(idx, sets[0].a.lists.indices, rows * BENCH_K * sizeof *idx);
+        if (rc) {
+            fprintf(stderr, "sparseattn: bench selectors: %s pipeline: %s\n", name,
+                    bench_why(rc));
+            break;
+        }
+        const double flops = 4.0 * s->head_dim * selected_pairs(s, idx, BENCH_K);
+        const double tf_p = bench_tflops(flops, tp.median_ms);
+        const double tf_a = bench_tflops(flops, ta.median_ms);
+        if (f->json) {
+            print_timing_json("pipeline", s, name, wl->name, &tp);
+            printf(",\"stage\":%d,\"attn_median_ms\":%.6g,\"useful_flops\":%.6g,"
+                   "\"pipeline_tflops\":%.6g,\"attn_tflops\":%.6g,\"share\":%.4g}\n",
+                   attn->id, ta.median_ms, flops, tf_p, tf_a, tf_p / tf_a);
+        } else {
+            printf("%-10s %-8s %9.4f %9.4f %9.1f %9.1f %7.1f%%\n", wl->name, name,
+                   tp.median_ms, ta.median_ms, tf_p, tf_a, 100.0 * tf_p / tf_a);
+        }
+        fflush(stdout);
+    }
+    return rc;
+}
+
+/* Whether --selectors leaves part 2 a row: a tile selector with a GPU function, or its /iN row
+ * (index_heads heads). */
+static int tile_wanted(int index_heads)
+{
+    for (int i = 0; i < sa_selector_count(); i++) {
+        const sa_selector *sel = sa_selector_at(i);
+        char row[40];
+        snprintf(row, sizeof row, "%s/i%d", sel->name, index_heads);
+        if (sel->cuda && !sel->per_query &&
+            (bs_wanted(want_selectors, sel->name, sel->name) ||
+             (index_heads && bs_wanted(want_selectors, sel->name, row))))
+            return 1;
+    }
+    return 0;
+}
+
+/* Parts 2 (attn: the tile stage; NULL: skipped) and 3 (qp; NULL: skipped) at one length, each
+ * over the wanted workloads. */
+static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, bh_set *sets,
+                     int nsets, const sa_stage *attn, const sel_bufs *buf, const index_sets *ix,
+                     bs_query *qp)
+{
+    const size_t rows = (size_t)s->batch * s->heads_kv * sa_q_tiles(s);
+    wl_host h;
+    int rc = wl_host_alloc(s, ix, &h);
+    int32_t *idx = rc ? NULL : malloc(rows * BENCH_K * sizeof *idx);
+    if (!rc && !idx)
+        rc = SA_ERR_NOMEM;
+    if (rc) {
+        fprintf(stderr, "sparseattn: bench selectors: out of host memory\n");
+        wl_host_free(&h);
+        return rc;
+    }
+    if (!f->json && attn)
         printf("\n%-10s %-8s %9s %9s %9s %9s %8s  (len_kv %d, stage %d %s, useful TFLOP/s;"
                " share = pipe TF / attn TF, goal >= 85%% at 16K)\n",
                "workload", "selector", "pipe ms", "attn ms", "pipe TF", "attn TF", "share",
                s->len_kv, attn->id, attn->name);
-    for (int w = 0; !rc && w < sa_workload_count(); w++) {
-        const sa_workload *wl = sa_workload_at(w);
-        rc = sa_workload_generate(wl->name, s, f->seed + (uint64_t)w, SA_STRENGTH_DEFAULT, q, k, v);
-        for (int i = 0; !rc && i < nsets; i++) {
-            rc = bh_upload((void *)sets[i].a.q, q, nq * 2);
-            if (!rc)
-                rc = bh_upload((void *)sets[i].a.k, k, nk * 2);
-            if (!rc)
-                rc = bh_upload((void *)sets[i].a.v, v, nk * 2);
-        }
-        /* The index vectors of the nvfp4/iN row: the Q and K means per index head. */
-        if (!rc && ix->heads)
-            rc = sa_index_generate("qk", s, q, k, ix->heads, s->head_dim, f->seed, qi, ki);
-        for (int i = 0; !rc && ix->heads && i < nsets; i++) {
-            rc = bh_upload(ix->q[i], qi, nqi * 2);
-            if (!rc)
-                rc = bh_upload(ix->k[i], ki, nki * 2);
-        }
-        for (int i = 0; !rc && i < sa_selector_count() * 2; i++) {
-            /* Odd i: the nvfp4 scorers again with index heads. */
-            const sa_selector *sel = sa_selector_at(i / 2);
-            const int pass = i % 2;
-            if (!sel->cuda || sel->per_query ||
-                (pass && (strncmp(sel->name, "nvfp4", 5) || !ix->heads)))
-                continue;
-            char name[40];
-            snprintf(name, sizeof name, pass ? "%s/i%d" : "%s", sel->name, ix->heads);
-            size_t bad = 0;
-            bh_timing tp, ta;
-            /* One call on poisoned outputs with the stage's validation on (the default path). */
-            sel_call smoke = {sel, attn, buf, &sets[0].a, pass ? ix->q[0] : NULL,
-                              pass ? ix->k[0] : NULL, pass ? ix->heads : 0, SA_HEAD_LISTS_GROUP};
-            sets[0].a.validate = 1;
-            sets[0].a.verdict = NULL;
-            rc = bh_smoke(e->g, name, call_pipeline, &smoke, &sets[0].a, &bad);
-            if (!rc && bad)
-                fprintf(stderr, "sparseattn: bench selectors: %s -> stage %d left %zu outputs "
-                                "NaN/inf\n", name, attn->id, bad);
-            /* The pipeline's stage validates synchronously when --validate is on (no verdict). */
-            for (int j = 0; !rc && j < nsets; j++) {
-                sets[j].a.validate = !f->no_validate;
-                sets[j].a.verdict = NULL;
-            }
-            if (!rc)
-                rc = time_call(e, f, name, call_pipeline, sel, attn, buf, pass ? ix : NULL, sets,
-                               nsets, &tp);
-            if (!rc)
-                rc = sa_gpu_verdict_read(pipe_verdict, NULL);
-            /* The attention alone, on the lists the selector just left in every set. */
-            if (!rc)
-                rc = bh_time_stage(e->g, attn, sets, nsets, !f->no_validate, f->warmup, f->reps,
-                                   &ta);
-            if (!rc)
-                rc = bh_download(idx, sets[0].a.lists.indices, rows * BENCH_K * sizeof *idx);
-            if (rc) {
-                fprintf(stderr, "sparseattn: bench selectors: %s pipeline: %s\n", name,
-                        bench_why(rc));
-                break;
-            }
-            const double flops = 4.0 * s->head_dim * selected_pairs(s, idx, BENCH_K);
-            const double tf_p = bench_tflops(flops, tp.median_ms);
-            const double tf_a = bench_tflops(flops, ta.median_ms);
-            if (f->json) {
-                print_timing_json("pipeline", s, name, wl->name, &tp);
-                printf(",\"stage\":%d,\"attn_median_ms\":%.6g,\"useful_flops\":%.6g,"
-                       "\"pipeline_tflops\":%.6g,\"attn_tflops\":%.6g,\"share\":%.4g}\n",
-                       attn->id, ta.median_ms, flops, tf_p, tf_a, tf_p / tf_a);
-            } else {
-                printf("%-10s %-8s %9.4f %9.4f %9.1f %9.1f %7.1f%%\n", wl->name, name,
-                       tp.median_ms, ta.median_ms, tf_p, tf_a, 100.0 * tf_p / tf_a);
-            }
-            fflush(stdout);
-        }
+    for (int w = 0; !rc && attn && w < sa_workload_count(); w++) {
+        if (!bs_wanted(want_workloads, sa_workload_at(w)->name, NULL))
+            continue;
+        rc = wl_load(f, s, w, &h, sets, nsets, ix);
+        if (!rc)
+            rc = tile_pipelines(e, f, s, sets, nsets, attn, buf, ix, sa_workload_at(w), idx);
     }
-    if (rc == SA_ERR_NOMEM)
-        fprintf(stderr, "sparseattn: bench selectors: out of host memory\n");
-    free(q), free(k), free(v), free(idx), free(qi), free(ki);
+    if (!rc && qp)
+        bs_query_header(f, qp);
+    for (int w = 0; !rc && qp && w < sa_workload_count(); w++) {
+        if (!bs_wanted(want_workloads, sa_workload_at(w)->name, NULL))
+            continue;
+        rc = wl_load(f, s, w, &h, sets, nsets, ix);
+        if (!rc)
+            rc = bs_query_run(e, f, qp, sa_workload_at(w)->name, sets, nsets, ix);
+    }
+    wl_host_free(&h);
+    free(idx);
     return rc;
+}
+
+/* Exits with a usage error unless every entry of `list` names a GPU selector (a row "name/..."
+ * or "scorer" too) or, for workloads, a workload. */
+static void check_names(const char *flag, const char *list, int selectors)
+{
+    for (const char *e = list;;) {
+        const size_t len = strcspn(e, ",");
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), e);
+        if (selectors)
+            name[strcspn(name, "/")] = 0;
+        const sa_selector *sel = selectors ? sa_selector_by_name(name) : NULL;
+        const int ok = selectors ? (sel && sel->cuda) || !strcmp(name, "scorer")
+                                 : sa_workload_by_name(name) != NULL;
+        if (!ok || !len) {
+            char names[256] = "";
+            for (int i = 0; i < (selectors ? sa_selector_count() : sa_workload_count()); i++) {
+                const char *n = selectors ? (sa_selector_at(i)->cuda ? sa_selector_at(i)->name
+                                                                     : NULL)
+                                          : sa_workload_at(i)->name;
+                if (n)
+                    snprintf(names + strlen(names), sizeof names - strlen(names), " %s", n);
+            }
+            cli_usage_error("%s: '%s' is not one of:%s%s", flag, name, names,
+                            selectors ? " scorer (a name/row such as nvfp4_query/i1 too)" : "");
+        }
+        if (!e[len])
+            return;
+        e += len + 1;
+    }
 }
 
 int bench_selectors(int argc, char **argv)
 {
     bench_flags f;
-    /* --validate, --len-kv and --no-pipeline are ours; the shared parser knows the rest. */
+    /* These flags are ours; the shared parser knows the rest. */
     int validate = 0, only_len = 0, no_pipeline = 0, index_heads = SA_BENCH_SPARSE_HKV;
     int len_q = SA_BENCH_SPARSE_SQ, batch = SA_BENCH_SPARSE_B;
     for (int i = 1; i < argc; i++) {
@@ -516,6 +657,12 @@ int bench_selectors(int argc, char **argv)
         } else if (!strcmp(argv[i], "--index-heads")) {
             int j = i;
             index_heads = (int)cli_int_arg(argc, argv, &j, 0, SA_BENCH_SPARSE_HQ);
+            used = 2;
+        } else if (!strcmp(argv[i], "--selectors") || !strcmp(argv[i], "--workloads")) {
+            int j = i;
+            const char *list = cli_str_arg(argc, argv, &j);
+            check_names(argv[i], list, argv[i][2] == 's');
+            *(argv[i][2] == 's' ? &want_selectors : &want_workloads) = list;
             used = 2;
         }
         if (used) {
@@ -571,7 +718,7 @@ int bench_selectors(int argc, char **argv)
         if (!rc)
             rc = bh_alloc((void **)&buf.qs, sa_q_elems(&s) / 16);
         if (!rc)
-            rc = bh_alloc(&buf.qwork, 3 * sizeof(float));
+            rc = bh_alloc(&buf.qwork, 16 + SEL_NVFP4_QUANT_WORK_BYTES);
         const size_t key_words = (size_t)s.batch * s.heads_kv * s.len_q * sa_kv_blocks(&s);
         if (!rc)
             rc = bh_alloc((void **)&buf.keys, key_words * sizeof(unsigned));
@@ -609,12 +756,22 @@ int bench_selectors(int argc, char **argv)
             fprintf(stderr, "sparseattn: bench selectors: %s\n", bench_why(rc));
         if (!rc)
             rc = selectors_alone(&e, &f, &s, sets, nsets, &buf, &ix);
-        const sa_stage *attn = rc || no_pipeline ? NULL : attention_stage(&f, &sets[0].a);
-        if (!rc && !no_pipeline && !attn)
+        const int tiles = !rc && !no_pipeline && tile_wanted(ix.heads);
+        const sa_stage *attn = tiles ? attention_stage(&f, &sets[0].a) : NULL;
+        if (tiles && !attn)
             printf("no sparse attention stage in the registry runs len_kv %d: the pipeline part "
                    "is skipped\n", s.len_kv);
-        if (!rc && attn)
-            rc = pipelines(&e, &f, &s, sets, nsets, attn, &buf, &ix);
+        /* Part 3 where a per-query GPU selector is wanted. */
+        bs_query *qp = NULL;
+        if (!rc && !no_pipeline) {
+            rc = bs_query_open(&s, sets, nsets, want_selectors, &qp);
+            if (rc)
+                fprintf(stderr, "sparseattn: bench selectors: per-query pipelines: %s\n",
+                        bench_why(rc));
+        }
+        if (!rc && (attn || qp))
+            rc = pipelines(&e, &f, &s, sets, nsets, attn, &buf, &ix, qp);
+        bs_query_close(qp);
         bh_free(buf.idx), bh_free(buf.cnt), bh_free(buf.qv), bh_free(buf.qs);
         bh_free(buf.qwork), bh_free(buf.keys), bh_free(buf.ts);
         for (int i = 0; i < BENCH_MAX_SETS; i++)

@@ -517,12 +517,13 @@ static void quant_same(const uint16_t *x, size_t n)
                       i, c.values[i], gv[i], (unsigned long long)sa_test_seed());
     /* The asynchronous form: the same bytes, the tensor scale and the flag in device memory. */
     float *dts;
-    unsigned *dwork;
+    void *dwork;
     int *dbad, hbad = -1;
     float hts;
     CK_CUDA(cudaMalloc((void **)&dts, 4));
     CK_CUDA(cudaMalloc((void **)&dbad, 4));
-    CK_CUDA(cudaMalloc((void **)&dwork, 4));
+    CK_CUDA(cudaMalloc(&dwork, SEL_NVFP4_QUANT_WORK_BYTES));
+    CK_CUDA(cudaMemset(dwork, 0xAB, SEL_NVFP4_QUANT_WORK_BYTES)); /* needs no zeroing */
     CK_CUDA(cudaMemset(g.values, 0xAB, n / 2));
     CK_CUDA(cudaMemset(g.scales, 0xAB, n / 16));
     CK_CUDA(cudaMemset(dbad, 0xAB, 4));
@@ -600,8 +601,8 @@ START_TEST(test_quantizer_errors)
     sa_nvfp4 g = {0};
     CK_CUDA(cudaMalloc((void **)&g.values, 16));
     CK_CUDA(cudaMalloc((void **)&g.scales, 2));
-    int *dw; /* async form's tensor scale, flag, work word */
-    CK_CUDA(cudaMalloc((void **)&dw, 12));
+    int *dw; /* async form's tensor scale, flag, then (from dw + 4) its work buffer */
+    CK_CUDA(cudaMalloc((void **)&dw, 16 + SEL_NVFP4_QUANT_WORK_BYTES));
     ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(NULL, 32, &g, NULL), SA_ERR_NULL);
     ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 32, NULL, NULL), SA_ERR_NULL);
     ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 0, &g, NULL), SA_ERR_SHAPE);
@@ -617,7 +618,7 @@ START_TEST(test_quantizer_errors)
         ck_assert_int_eq(sa_nvfp4_quantize_bf16(hb, 32, &c), SA_ERR_ARG);
         ck_assert_int_eq(sa_nvfp4_quantize_bf16_cuda(dx, 32, &g, NULL), SA_ERR_ARG);
         ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 32, g.values, g.scales, (float *)dw, dw + 1,
-                                                  (unsigned *)(dw + 2), NULL, NULL),
+                                                  (dw + 4), NULL, NULL),
                          SA_OK);
         int hbad = 0;
         CK_CUDA(cudaMemcpy(&hbad, dw + 1, 4, cudaMemcpyDeviceToHost));
@@ -625,14 +626,14 @@ START_TEST(test_quantizer_errors)
         free(c.values), free(c.scales);
     }
     ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 24, g.values, g.scales, (float *)dw, dw + 1,
-                                              (unsigned *)(dw + 2), NULL, NULL),
+                                              (dw + 4), NULL, NULL),
                      SA_ERR_SHAPE);
     ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 32, g.values, g.scales, NULL, dw + 1,
-                                              (unsigned *)(dw + 2), NULL, NULL),
+                                              (dw + 4), NULL, NULL),
                      SA_ERR_NULL);
     /* deq, when given, must be 16-byte aligned like x */
     ck_assert_int_eq(sel_nvfp4_quantize_async(dx, 32, g.values, g.scales, (float *)dw, dw + 1,
-                                              (unsigned *)(dw + 2), (uint16_t *)(dw + 3), NULL),
+                                              (dw + 4), (uint16_t *)(dw + 3), NULL),
                      SA_ERR_UNSUPPORTED);
     cudaFree(dw);
     cudaFree(dx), cudaFree(g.values), cudaFree(g.scales);
