@@ -557,25 +557,6 @@ __device__ __forceinline__ uint32_t rows_in_word(uint32_t w, int warp, int lane)
     return (w & 1u) | ((w >> 7) & 2u);
 }
 
-// Version 4: the A fragments of this warpgroup's 64 Q rows for the 8 k-steps of S = Q K^T (the
-// wgmma register layout of sa_wgmma.cuh, which is ldmatrix.x4's: matrix m comes from lanes
-// 8m..8m+7 and is rows +8(m&1), columns +8(m>>1) of the k-step's 16 x 16 block). Q sits in the
-// 128B-swizzled layout of TMA: 16-byte chunk k of row r at r * 128 + ((k ^ (r & 7)) << 4).
-__device__ __forceinline__ void load_q_frags(uint32_t (&qa)[32], uint32_t q_base, int c, int warp,
-                                             int lane)
-{
-    const int r = 64 * c + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-        const int chunk = 2 * (kk % 4) + (lane >> 4);
-        uint32_t f[4];
-        ldsm_x4(f, q_base + (kk / 4) * HALF_BYTES + r * ROW_BYTES + ((chunk ^ (r & 7)) << 4));
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            qa[4 * kk + i] = f[i];
-    }
-}
-
 // Version 4: S = Q K^T with Q from registers; the k-steps of K as in issue_qk.
 __device__ __forceinline__ void issue_qk_rs(float (&sc)[64], const uint32_t (&qa)[32], uint32_t k_lo)
 {
@@ -840,7 +821,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         const int unmasked = MASKS ? read_lane0(&sm.unmasked[qb], lane) : count;
         uint32_t qa[32]; // version 4: this warpgroup's Q rows, loaded once per item
         if (Q_IN_REGS) {
-            load_q_frags(qa, sa_smem_addr(sm.q[qb]), c, warp, lane);
+            sa_wgmma_load_a_sw128<8, HALF_BYTES>(qa, sa_smem_addr(sm.q[qb]), c, warp, lane);
             warp_arrive(&sm.q_free[qb], lane); // Q and the record are read
         }
         float o[64], sc[64];

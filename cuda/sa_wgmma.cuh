@@ -167,3 +167,31 @@ __device__ __forceinline__ void sa_wgmma_m64n64k16_ss_zero(float (&d)[32], uint6
           "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
         : "l"(desc_a), "l"(desc_b), "r"(0));
 }
+
+// Register A of wgmma from a K-major BF16 tile that TMA wrote with the 128-byte swizzle: the
+// fragments of the tile's rows 64 wg .. 64 wg + 63 (warpgroup wg's; warp is the warp within it)
+// for KSTEPS k-steps of 16 columns. The tile is panels of 64 columns, PANEL_BYTES apart, rows of
+// 128 bytes, 16-byte chunk k of row r at r * 128 + ((k ^ (r & 7)) << 4). ldmatrix.x4 gives the
+// register layout above: matrix m comes from lanes 8m..8m+7 and is rows +8(m&1), columns
+// +8(m>>1) of the k-step's 16 x 16 block. Introduced by stage 17 (version 4, Q in registers);
+// the nvfp4 scorer (selectors/sel_nvfp4_score.cu) keeps it.
+template <int KSTEPS, uint32_t PANEL_BYTES>
+__device__ __forceinline__ void sa_wgmma_load_a_sw128(uint32_t (&a)[4 * KSTEPS], uint32_t base,
+                                                      int wg, int warp, int lane)
+{
+    constexpr uint32_t kRowBytes = 128;
+    const int r = 64 * wg + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; kk++) {
+        const int chunk = 2 * (kk % 4) + (lane >> 4);
+        const uint32_t addr =
+            base + (kk / 4) * PANEL_BYTES + r * kRowBytes + ((chunk ^ (r & 7)) << 4);
+        uint32_t f[4];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                     : "r"(addr));
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            a[4 * kk + i] = f[i];
+    }
+}

@@ -158,25 +158,6 @@ template <int P> __device__ __forceinline__ void issue(float (&d)[64], uint32_t 
     sa_wgmma_commit();
 }
 
-// The A fragments of this warpgroup's 64 rows of the Q tile at q_base for the 4P k-steps
-// (ldmatrix.x4 gives the wgmma register layout, as in stage 17's load_q_frags): TMA's 128-byte
-// swizzle puts 16-byte chunk k of row r at r * 128 + ((k ^ (r & 7)) << 4) in its panel.
-template <int P>
-__device__ __forceinline__ void load_q_frags(uint32_t (&qa)[kQFrags<P>], uint32_t q_base, int wg,
-                                             int warp, int lane)
-{
-    const int r = 64 * wg + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
-#pragma unroll
-    for (int kk = 0; kk < 4 * P; kk++) {
-        const int chunk = 2 * (kk % 4) + (lane >> 4);
-        uint32_t f[4];
-        ldsm_x4(f, q_base + (kk / 4) * kPanelBytes + r * 128 + ((chunk ^ (r & 7)) << 4));
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            qa[4 * kk + i] = f[i];
-    }
-}
-
 // The same product with Q from registers.
 template <int P>
 __device__ __forceinline__ void issue_rs(float (&d)[64], const uint32_t (&qa)[kQFrags<P>],
@@ -474,7 +455,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t q_lo = sa_desc_lo(sa_smem_addr(sq + qb * G::TILE_BYTES) + wg * 64 * 128, 16);
         uint32_t qa[kQFrags<P>];
         if constexpr (kQInRegs<P>) {
-            load_q_frags<P>(qa, sa_smem_addr(sq + qb * G::TILE_BYTES), wg, warp, lane);
+            sa_wgmma_load_a_sw128<4 * P, kPanelBytes>(qa, sa_smem_addr(sq + qb * G::TILE_BYTES),
+                                                      wg, warp, lane);
             if (lane == 0)
                 sa_mbar_arrive(&q_empty[qb]); // the warp's ldmatrix have returned: Q is free
         }
