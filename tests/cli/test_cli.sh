@@ -43,6 +43,10 @@ expect 2 "bench longctx bad flag" "$cli" bench longctx --nope
 expect 2 "bench longctx bad length" "$cli" bench longctx --lens 16384,1000
 expect 2 "bench longctx bad structure" "$cli" bench longctx --structures overlap17
 expect 0 "bench longctx help" "$cli" bench longctx --help
+expect 2 "bench selectors unknown selector" "$cli" bench selectors --selectors nope
+expect 2 "bench selectors unknown workload" "$cli" bench selectors --workloads gaussian,nope
+expect 2 "bench selectors empty entry" "$cli" bench selectors --selectors r1,
+expect 2 "bench selectors missing list" "$cli" bench selectors --selectors
 expect 2 "select-eval bad flag" "$cli" select-eval --nope
 expect 0 "help" "$cli" --help
 expect 0 "run help" "$cli" run --help
