@@ -57,7 +57,6 @@
 #include <type_traits>
 
 #include "sa_mbarrier.cuh"
-#include "sa_mma_sync.cuh" // ldsm_x4
 #include "sa_tma.cuh"
 #include "sa_warpgroup.cuh"
 #include "sa_wgmma.cuh"
