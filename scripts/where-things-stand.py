@@ -9,7 +9,8 @@
 --causal  the file `bench/causal.py --json PATH` writes ("dense" and "sparse" rows with a
           "tflops" dict per contender);
 --bench   output of `sparseattn bench selectors --json` and `sparseattn bench kvcentric --json`
-          (one JSON object per line; lines that are not JSON are skipped, so a whole log works).
+          (one JSON object per line; lines that are not JSON are skipped, so a whole log works);
+          the selectors' pipeline and query_pipeline lines give the pipelines' shares.
 
 Each input is optional; rows whose input is missing are left out. Ours / peer ratios are taken
 per case (shape, pattern) of the same run, and printed as a range over the cases. The goal
@@ -28,6 +29,10 @@ GOALS = {
     "causal sparse": [("FA4", 1.05)],
 }
 KV_GOAL = 0.75  # KV-centric with BF16 partials: at most this multiple of stage 14's time
+# Issue #18: a selector -> attention pipeline's share of the attention-only rate, at least this,
+# per row kind and length (keys); rows of other lengths or selectors carry no goal.
+TILE_PIPE_GOALS = {("nvfp4/i1", 16384): 0.75}
+QUERY_PIPE_GOALS = {32768: 0.70, 65536: 0.60}
 
 
 def rng(vals, fmt="%.0f"):
@@ -165,12 +170,56 @@ def causal_rows(doc):
     return rows
 
 
+def share_span(v):
+    """'72.8-73.8%' (or '73.1%') from a list of shares."""
+    lo, hi = 100 * min(v), 100 * max(v)
+    return "%.1f%%" % lo if "%.1f" % lo == "%.1f" % hi else "%.1f-%.1f%%" % (lo, hi)
+
+
+def pipeline_rows(tile, query):
+    """tile: {(selector, len_kv, stage): [share]}; query: {(selector, schedule, len_kv): [share]}
+    (shares over the workloads of one run)."""
+    rows = []
+    if tile:
+        cells, goals = [], []
+        for (name, n, stage) in sorted(tile, key=lambda k: (k[1], k[0])):
+            v = tile[(name, n, stage)]
+            cells.append("%s %s at %dK" % (name, share_span(v), n // 1024))
+            g = TILE_PIPE_GOALS.get((name, n))
+            if g is not None:
+                goals.append(">= %.0f%% (%s, %dK): %s" % (100 * g, name, n // 1024,
+                                                          "met" if min(v) >= g else "not met"))
+        stages = sorted({k[2] for k in tile})
+        rows.append(("tile selector -> stage %s pipeline, share of attention-only" %
+                     "/".join(str(x) for x in stages), "; ".join(cells),
+                     "the attention alone on the same lists", "; ".join(goals) or "-"))
+    if query:
+        cells, goals = [], []
+        for (name, sched, n) in sorted(query, key=lambda k: (k[2], k[0], k[1])):
+            cells.append("%s -> %s %s at %dK" % (name, sched, share_span(query[(name, sched, n)]),
+                                                 n // 1024))
+        for n, g in sorted(QUERY_PIPE_GOALS.items()):
+            v = [x for (_, _, m), xs in query.items() if m == n for x in xs]
+            if v:
+                goals.append(">= %.0f%% at %dK: %s" % (100 * g, n // 1024,
+                                                       "met" if min(v) >= g else "not met"))
+        rows.append(("per-query selector -> KV-centric pipeline, share of attention-only",
+                     "; ".join(cells), "the KV-centric attention alone on the same lists",
+                     "; ".join(goals) or "-"))
+    return rows
+
+
 def bench_rows(lines):
     rows = []
     sel, floor = {}, {}
     kv, kv_dense = {}, None
+    tile, query = {}, {}
     for o in lines:
-        if o.get("bench") == "selectors" and o.get("kind") == "selector":
+        if o.get("bench") == "selectors" and o.get("kind") == "pipeline":
+            tile.setdefault((o["selector"], o["len_kv"], o["stage"]), []).append(o["share"])
+        elif o.get("bench") == "selectors" and o.get("kind") == "query_pipeline":
+            query.setdefault((o["selector"], o["schedule"], o["len_kv"]), []).append(o["share"])
+        elif o.get("bench") == "selectors" and o.get("kind") == "selector":
             sel.setdefault(o["selector"], {})[o["len_kv"]] = o["median_ms"]
         elif o.get("bench") == "selectors" and o.get("kind") == "read_floor":
             floor[o["len_kv"]] = o["median_ms"]
@@ -187,6 +236,7 @@ def bench_rows(lines):
                                                                   for n in lens),
                      ours, "a kernel that only reads Q and K once: %s ms" % slash(
                          [floor.get(n) for n in lens], "%.3f"), "see `docs/selectors.md`"))
+    rows += pipeline_rows(tile, query)
     t = kv.get("BF16 total (no validation)")
     if t:
         vs = t.get("vs_dense")
