@@ -441,6 +441,10 @@ static int wl_host_alloc(const sa_shape *s, const index_sets *ix, wl_host *h)
     return SA_ERR_NOMEM;
 }
 
+/* Q elements from which the host's workload generation gets a progress line (32K queries of
+ * 16 heads and 128 dims and up). */
+#define kWorkloadNoteElems ((size_t)1 << 26)
+
 /* Workload w into every set, and its index vectors (sa_index_generate("qk"): the Q and K means
  * per index head) into ix. */
 static int wl_load(const bench_flags *f, const sa_shape *s, int w, wl_host *h, bh_set *sets,
@@ -449,6 +453,9 @@ static int wl_load(const bench_flags *f, const sa_shape *s, int w, wl_host *h, b
     const size_t nq = sa_q_elems(s), nk = sa_kv_elems(s);
     const size_t nqi = (size_t)s->batch * ix->heads * s->len_q * s->head_dim;
     const size_t nki = (size_t)s->batch * ix->heads * s->len_kv * s->head_dim;
+    if (nq >= kWorkloadNoteElems) /* the host generates it single-threaded: seconds at 64K */
+        fprintf(stderr, "sparseattn: bench selectors: generating workload %s (%.0fM values)\n",
+                sa_workload_at(w)->name, (double)(nq + 2 * nk) / 1e6);
     int rc = sa_workload_generate(sa_workload_at(w)->name, s, f->seed + (uint64_t)w,
                                   SA_STRENGTH_DEFAULT, h->q, h->k, h->v);
     for (int i = 0; !rc && i < nsets; i++) {
