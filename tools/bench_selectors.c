@@ -443,7 +443,7 @@ static int wl_host_alloc(const sa_shape *s, const index_sets *ix, wl_host *h)
 
 /* Q elements from which the host's workload generation gets a progress line (32K queries of
  * 16 heads and 128 dims and up). */
-#define kWorkloadNoteElems ((size_t)1 << 26)
+#define BS_WORKLOAD_NOTE_ELEMS ((size_t)1 << 26)
 
 /* Workload w into every set, and its index vectors (sa_index_generate("qk"): the Q and K means
  * per index head) into ix. */
@@ -453,7 +453,7 @@ static int wl_load(const bench_flags *f, const sa_shape *s, int w, wl_host *h, b
     const size_t nq = sa_q_elems(s), nk = sa_kv_elems(s);
     const size_t nqi = (size_t)s->batch * ix->heads * s->len_q * s->head_dim;
     const size_t nki = (size_t)s->batch * ix->heads * s->len_kv * s->head_dim;
-    if (nq >= kWorkloadNoteElems) /* the host generates it single-threaded: seconds at 64K */
+    if (nq >= BS_WORKLOAD_NOTE_ELEMS) /* the host generates it single-threaded: seconds at 64K */
         fprintf(stderr, "sparseattn: bench selectors: generating workload %s (%.0fM values)\n",
                 sa_workload_at(w)->name, (double)(nq + 2 * nk) / 1e6);
     int rc = sa_workload_generate(sa_workload_at(w)->name, s, f->seed + (uint64_t)w,
