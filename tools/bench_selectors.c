@@ -547,15 +547,15 @@ static int tile_pipelines(bench_env *e, const bench_flags *f, const sa_shape *s,
     return rc;
 }
 
-/* Whether --selectors leaves part 2 a row: a tile selector with a GPU function, or its /iN row
- * (index_heads heads). */
-static int tile_wanted(int index_heads)
+/* Whether --selectors leaves a row to the pipelines of tile (per_query 0, part 2) or per-query
+ * (1, part 3) selectors: a GPU selector of that kind, or its /iN row (index_heads heads). */
+static int pipeline_wanted(int per_query, int index_heads)
 {
     for (int i = 0; i < sa_selector_count(); i++) {
         const sa_selector *sel = sa_selector_at(i);
         char row[40];
         snprintf(row, sizeof row, "%s/i%d", sel->name, index_heads);
-        if (sel->cuda && !sel->per_query &&
+        if (sel->cuda && sel->per_query == per_query &&
             (bs_wanted(want_selectors, sel->name, sel->name) ||
              (index_heads && bs_wanted(want_selectors, sel->name, row))))
             return 1;
@@ -763,14 +763,14 @@ int bench_selectors(int argc, char **argv)
             fprintf(stderr, "sparseattn: bench selectors: %s\n", bench_why(rc));
         if (!rc)
             rc = selectors_alone(&e, &f, &s, sets, nsets, &buf, &ix);
-        const int tiles = !rc && !no_pipeline && tile_wanted(ix.heads);
+        const int tiles = !rc && !no_pipeline && pipeline_wanted(0, ix.heads);
         const sa_stage *attn = tiles ? attention_stage(&f, &sets[0].a) : NULL;
         if (tiles && !attn)
             printf("no sparse attention stage in the registry runs len_kv %d: the pipeline part "
                    "is skipped\n", s.len_kv);
         /* Part 3 where a per-query GPU selector is wanted. */
         bs_query *qp = NULL;
-        if (!rc && !no_pipeline) {
+        if (!rc && !no_pipeline && pipeline_wanted(1, ix.heads)) {
             rc = bs_query_open(&s, sets, nsets, want_selectors, &qp);
             if (rc)
                 fprintf(stderr, "sparseattn: bench selectors: per-query pipelines: %s\n",

@@ -25,8 +25,8 @@ typedef struct index_sets {
  * an entry "name/..." also counts (some row of `name` is wanted). */
 int bs_wanted(const char *list, const char *name, const char *row);
 
-/* Part 3 over one shape: per-set device lists, one KV-centric workspace, a verdict. NULL in *q
- * with SA_OK when no per-query GPU selector is wanted. */
+/* Part 3 over one shape: per-set device lists, one KV-centric workspace, a verdict; its rows are
+ * the per-query GPU selectors that `selectors` (--selectors, NULL: all) wants. */
 typedef struct bs_query bs_query;
 int bs_query_open(const sa_shape *s, const bh_set *sets, int nsets, const char *selectors,
                   bs_query **q);

@@ -75,16 +75,6 @@ static int qp_fn(void *ctx, void *stream)
     return sa_kvcentric_attention(&c->p);
 }
 
-static int any_wanted(const char *selectors)
-{
-    for (int i = 0; i < sa_selector_count(); i++) {
-        const sa_selector *sel = sa_selector_at(i);
-        if (sel->cuda && sel->per_query && bs_wanted(selectors, sel->name, NULL))
-            return 1;
-    }
-    return 0;
-}
-
 void bs_query_close(bs_query *q)
 {
     if (!q)
@@ -101,8 +91,6 @@ int bs_query_open(const sa_shape *s, const bh_set *sets, int nsets, const char *
                   bs_query **out)
 {
     *out = NULL;
-    if (!any_wanted(selectors))
-        return SA_OK;
     bs_query *q = calloc(1, sizeof *q);
     if (!q)
         return SA_ERR_NOMEM;
