@@ -38,50 +38,99 @@ static const sa_selector *tile_gpu_selector(int n)
     return NULL;
 }
 
-static void pipeline(const sa_stage *st, const sa_selector *sel, sa_shape s, int k, int causal)
-{
-    const char *name = sel->name;
-    ck_assert(sel->cuda && !sel->per_query);
-    sa_rng r;
-    sa_rng_seed(&r, sa_test_seed() ^ (uint64_t)s.len_kv ^ ((uint64_t)causal << 40));
-    const size_t nq = sa_q_elems(&s), nk = sa_kv_elems(&s);
-    uint16_t *q = malloc(nq * 2), *kk = malloc(nk * 2), *v = malloc(nk * 2), *o = malloc(nq * 2);
-    uint16_t *o_ref = malloc(nq * 2);
-    ck_assert(q && kk && v && o && o_ref);
-    /* "local": structure the selector can find, so the lists are not a coin toss. */
-    ck_assert_int_eq(
-        sa_workload_generate("local", &s, sa_test_seed(), SA_STRENGTH_DEFAULT, q, kk, v), SA_OK);
-    const size_t rows = (size_t)s.batch * s.heads_kv * sa_q_tiles(&s);
-    int32_t *ic = malloc(rows * k * 4), *ig = malloc(rows * k * 4), *cnt = malloc(rows * 4);
-    int32_t *cg = malloc(rows * 4);
-    ck_assert(ic && ig && cnt && cg);
+/* One case of either pipeline: the "local" workload (structure the selector can find, so the
+ * lists are not a coin toss) and the CPU selector's lists on the host, the same inputs on the
+ * device with room for the GPU lists and the attention's outputs. rows: the selector's list rows
+ * (tiles, or queries with per_query). */
+typedef struct pipe_case {
+    const sa_selector *sel;
+    sa_shape s;
+    int k, causal;
+    size_t nq, nk, rows;
     sa_select_params p;
-    sa_select_params_default(&p);
-    p.k = k;
-    p.causal = causal;
-    ck_assert_int_eq(sel->cpu(&s, q, kk, &p, ic, cnt), SA_OK);
-
-    uint16_t *dq = dev_from_host(q, nq * 2), *dk = dev_from_host(kk, nk * 2);
-    uint16_t *dv = dev_from_host(v, nk * 2), *dout;
+    uint16_t *q, *kk, *v, *o, *o_ref; /* host */
+    int32_t *ic, *cnt, *ig, *cg;      /* host: the CPU's lists, the GPU's read back */
+    uint16_t *dq, *dk, *dv, *dout;    /* device */
     int32_t *di, *dc;
     float *dlse;
-    CK_CUDA(cudaMalloc((void **)&di, rows * k * 4));
-    CK_CUDA(cudaMalloc((void **)&dc, rows * 4));
-    CK_CUDA(cudaMalloc((void **)&dout, nq * 2));
-    CK_CUDA(cudaMalloc((void **)&dlse, sa_lse_elems(&s) * 4));
-    CK_CUDA(cudaMemset(di, SEL_POISON_BYTE, rows * k * 4));
-    CK_CUDA(cudaMemset(dc, SEL_POISON_BYTE, rows * 4));
-    CK_CUDA(cudaMemset(dout, 0xff, nq * 2)); /* NaN: unwritten outputs show */
-    ck_assert_int_eq(sel->cuda(&s, dq, dk, &p, di, dc), SA_OK);
-    CK_CUDA(cudaGetLastError());
+} pipe_case;
 
+static void case_open(pipe_case *c, const sa_selector *sel, sa_shape s, int k, int causal)
+{
+    c->sel = sel, c->s = s, c->k = k, c->causal = causal;
+    c->nq = sa_q_elems(&s), c->nk = sa_kv_elems(&s);
+    c->rows = sel->per_query ? sa_query_rows(&s) : (size_t)s.batch * s.heads_kv * sa_q_tiles(&s);
+    c->q = malloc(c->nq * 2), c->kk = malloc(c->nk * 2), c->v = malloc(c->nk * 2);
+    c->o = malloc(c->nq * 2), c->o_ref = malloc(c->nq * 2);
+    ck_assert(c->q && c->kk && c->v && c->o && c->o_ref);
+    ck_assert_int_eq(sa_workload_generate("local", &s, sa_test_seed(), SA_STRENGTH_DEFAULT, c->q,
+                                          c->kk, c->v),
+                     SA_OK);
+    c->ic = malloc(c->rows * k * 4), c->ig = malloc(c->rows * k * 4);
+    c->cnt = malloc(c->rows * 4), c->cg = malloc(c->rows * 4);
+    ck_assert(c->ic && c->ig && c->cnt && c->cg);
+    sa_select_params_default(&c->p);
+    c->p.k = k;
+    c->p.causal = causal;
+    ck_assert_int_eq(sel->cpu(&s, c->q, c->kk, &c->p, c->ic, c->cnt), SA_OK);
+    c->dq = dev_from_host(c->q, c->nq * 2), c->dk = dev_from_host(c->kk, c->nk * 2);
+    c->dv = dev_from_host(c->v, c->nk * 2);
+    CK_CUDA(cudaMalloc((void **)&c->di, c->rows * k * 4));
+    CK_CUDA(cudaMalloc((void **)&c->dc, c->rows * 4));
+    CK_CUDA(cudaMalloc((void **)&c->dout, c->nq * 2));
+    CK_CUDA(cudaMalloc((void **)&c->dlse, sa_lse_elems(&s) * 4));
+}
+
+/* The GPU selector into poisoned device lists, with the outputs poisoned too. */
+static void case_select(pipe_case *c)
+{
+    CK_CUDA(cudaMemset(c->di, SEL_POISON_BYTE, c->rows * c->k * 4));
+    CK_CUDA(cudaMemset(c->dc, SEL_POISON_BYTE, c->rows * 4));
+    CK_CUDA(cudaMemset(c->dout, 0xff, c->nq * 2)); /* NaN: unwritten outputs show */
+    ck_assert_int_eq(c->sel->cuda(&c->s, c->dq, c->dk, &c->p, c->di, c->dc), SA_OK);
+    CK_CUDA(cudaGetLastError());
+}
+
+/* After the attention: its output and the GPU lists back on the host; *lists and *counts the
+ * lists the reference runs with: the CPU's, or the GPU's where they differ (a near-tie swap that
+ * test_gpu_selectors accepts), which it says. */
+static void case_fetch(pipe_case *c, const int32_t **lists, const int32_t **counts)
+{
+    CK_CUDA(cudaDeviceSynchronize());
+    CK_CUDA(cudaGetLastError());
+    CK_CUDA(cudaMemcpy(c->o, c->dout, c->nq * 2, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(c->ig, c->di, c->rows * c->k * 4, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(c->cg, c->dc, c->rows * 4, cudaMemcpyDeviceToHost));
+    *lists = c->ic, *counts = c->cnt;
+    if (memcmp(c->ic, c->ig, c->rows * c->k * 4) || memcmp(c->cnt, c->cg, c->rows * 4)) {
+        printf("%s: GPU lists differ from the CPU's (near-tie swaps, checked by "
+               "gpu_selectors); reference run with the GPU lists\n",
+               c->sel->name);
+        *lists = c->ig, *counts = c->cg;
+    }
+}
+
+static void case_close(pipe_case *c)
+{
+    cudaFree(c->dq), cudaFree(c->dk), cudaFree(c->dv), cudaFree(c->di), cudaFree(c->dc);
+    cudaFree(c->dout), cudaFree(c->dlse);
+    free(c->q), free(c->kk), free(c->v), free(c->o), free(c->o_ref);
+    free(c->ic), free(c->ig), free(c->cnt), free(c->cg);
+}
+
+static void pipeline(const sa_stage *st, const sa_selector *sel, sa_shape s, int k, int causal)
+{
+    ck_assert(sel->cuda && !sel->per_query);
+    pipe_case c;
+    case_open(&c, sel, s, k, causal);
+    case_select(&c);
     sa_gpu_attn a;
     sa_gpu_attn_default(&a);
     a.shape = s;
-    a.q = dq, a.k = dk, a.v = dv;
-    a.lists = (sa_tile_lists){di, dc, s.heads_kv, k};
-    a.o = dout;
-    a.lse = dlse;
+    a.q = c.dq, a.k = c.dk, a.v = c.dv;
+    a.lists = (sa_tile_lists){c.di, c.dc, s.heads_kv, k};
+    a.o = c.dout;
+    a.lse = c.dlse;
     a.causal = causal; /* validate = 1, allow_future_blocks = 0, empty rows allowed */
     int chk = st->check(&a);
     if (chk != SA_OK) {
@@ -90,39 +139,26 @@ static void pipeline(const sa_stage *st, const sa_selector *sel, sa_shape s, int
                causal ? " causal" : "", sa_strerror(chk));
     } else {
         ck_assert_int_eq(st->launch(&a), SA_OK);
-        CK_CUDA(cudaDeviceSynchronize());
-        CK_CUDA(cudaGetLastError());
-        CK_CUDA(cudaMemcpy(o, dout, nq * 2, cudaMemcpyDeviceToHost));
-        CK_CUDA(cudaMemcpy(ig, di, rows * k * 4, cudaMemcpyDeviceToHost));
-        CK_CUDA(cudaMemcpy(cg, dc, rows * 4, cudaMemcpyDeviceToHost));
-        const int32_t *lists = ic, *counts = cnt;
-        if (memcmp(ic, ig, rows * k * 4) || memcmp(cnt, cg, rows * 4)) {
-            printf("%s: GPU lists differ from the CPU's (near-tie swaps, checked by "
-                   "gpu_selectors); reference run with the GPU lists\n",
-                   name);
-            lists = ig;
-            counts = cg;
-        }
+        const int32_t *lists, *counts;
+        case_fetch(&c, &lists, &counts);
         sa_tile_lists hl = {lists, counts, s.heads_kv, k};
-        sa_outputs out = {o_ref, NULL, NULL};
+        sa_outputs out = {c.o_ref, NULL, NULL};
         sa_attn_opts ro;
         sa_attn_opts_default(&ro);
         ro.causal = causal; /* validated, no future block allowed, empty rows allowed */
-        ck_assert_int_eq(sa_ref_tile_sparse(&s, q, kk, v, &hl, &ro, &out), SA_OK);
-        sa_cmp c = sa_compare_bf16(o, o_ref, nq);
-        ck_assert_msg(sa_cmp_ok(&c),
+        ck_assert_int_eq(sa_ref_tile_sparse(&s, c.q, c.kk, c.v, &hl, &ro, &out), SA_OK);
+        sa_cmp cmp = sa_compare_bf16(c.o, c.o_ref, c.nq);
+        ck_assert_msg(sa_cmp_ok(&cmp),
                       "%s%s -> stage %d: rel_l2 %.3g max_abs %.3g (ref max %.3g), %zu "
                       "non-finite (seed %llu)",
-                      name, causal ? " causal" : "", st->id, c.rel_l2, c.max_abs, c.ref_max,
-                      c.nonfinite, (unsigned long long)sa_test_seed());
+                      sel->name, causal ? " causal" : "", st->id, cmp.rel_l2, cmp.max_abs,
+                      cmp.ref_max, cmp.nonfinite, (unsigned long long)sa_test_seed());
         printf("%s%s -> stage %d (%s), shape (%d,%d,%d,%d,%d,%d) k %d: rel_l2 %.2e max_abs "
                "%.2e\n",
-               name, causal ? " causal" : "", st->id, st->name, s.batch, s.heads_q, s.heads_kv,
-               s.len_q, s.len_kv, s.head_dim, k, c.rel_l2, c.max_abs);
+               sel->name, causal ? " causal" : "", st->id, st->name, s.batch, s.heads_q,
+               s.heads_kv, s.len_q, s.len_kv, s.head_dim, k, cmp.rel_l2, cmp.max_abs);
     }
-    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(di), cudaFree(dc), cudaFree(dout);
-    cudaFree(dlse);
-    free(q), free(kk), free(v), free(o), free(o_ref), free(ic), free(ig), free(cnt), free(cg);
+    case_close(&c);
 }
 
 /* The n-th registered selector with a GPU function that writes per-query lists, NULL past the
@@ -142,80 +178,43 @@ static const sa_selector *query_gpu_selector(int n)
  * selector's lists (or the GPU's, where a near tie swapped a block: gpu_selectors checks those). */
 static void query_pipeline(const sa_selector *sel, sa_shape s, int k, int causal)
 {
-    const size_t nq = sa_q_elems(&s), nk = sa_kv_elems(&s);
-    uint16_t *q = malloc(nq * 2), *kk = malloc(nk * 2), *v = malloc(nk * 2), *o = malloc(nq * 2);
-    uint16_t *o_ref = malloc(nq * 2);
-    ck_assert(q && kk && v && o && o_ref);
-    ck_assert_int_eq(
-        sa_workload_generate("local", &s, sa_test_seed(), SA_STRENGTH_DEFAULT, q, kk, v), SA_OK);
-    const size_t rows = sa_query_rows(&s);
-    int32_t *ic = malloc(rows * k * 4), *ig = malloc(rows * k * 4), *cnt = malloc(rows * 4);
-    int32_t *cg = malloc(rows * 4);
-    ck_assert(ic && ig && cnt && cg);
-    sa_select_params p;
-    sa_select_params_default(&p);
-    p.k = k;
-    p.causal = causal;
-    ck_assert_int_eq(sel->cpu(&s, q, kk, &p, ic, cnt), SA_OK);
-
-    uint16_t *dq = dev_from_host(q, nq * 2), *dk = dev_from_host(kk, nk * 2);
-    uint16_t *dv = dev_from_host(v, nk * 2), *dout;
-    int32_t *di, *dc;
-    float *dlse;
-    CK_CUDA(cudaMalloc((void **)&di, rows * k * 4));
-    CK_CUDA(cudaMalloc((void **)&dc, rows * 4));
-    CK_CUDA(cudaMalloc((void **)&dout, nq * 2));
-    CK_CUDA(cudaMalloc((void **)&dlse, sa_lse_elems(&s) * 4));
+    ck_assert(sel->cuda && sel->per_query);
+    pipe_case c;
+    case_open(&c, sel, s, k, causal);
     static const int schedules[] = {SA_KV_SCHEDULE_KV, SA_KV_SCHEDULE_HYBRID};
     for (int si = 0; si < 2; si++) {
-        CK_CUDA(cudaMemset(di, SEL_POISON_BYTE, rows * k * 4));
-        CK_CUDA(cudaMemset(dc, SEL_POISON_BYTE, rows * 4));
-        CK_CUDA(cudaMemset(dout, 0xff, nq * 2)); /* NaN: unwritten outputs show */
-        ck_assert_int_eq(sel->cuda(&s, dq, dk, &p, di, dc), SA_OK);
+        case_select(&c);
         sa_kv_params kp;
         sa_kv_params_default(&kp); /* validated, empty rows allowed, workspace per call */
         kp.shape = s;
-        kp.q = dq, kp.k = dk, kp.v = dv;
-        kp.lists = (sa_query_lists){di, dc, k};
-        kp.o = dout;
-        kp.lse = dlse;
+        kp.q = c.dq, kp.k = c.dk, kp.v = c.dv;
+        kp.lists = (sa_query_lists){c.di, c.dc, k};
+        kp.o = c.dout;
+        kp.lse = c.dlse;
         kp.causal = causal;
         kp.schedule = schedules[si];
         ck_assert_int_eq(sa_kvcentric_attention(&kp), SA_OK);
-        CK_CUDA(cudaDeviceSynchronize());
-        CK_CUDA(cudaGetLastError());
-        CK_CUDA(cudaMemcpy(o, dout, nq * 2, cudaMemcpyDeviceToHost));
-        CK_CUDA(cudaMemcpy(ig, di, rows * k * 4, cudaMemcpyDeviceToHost));
-        CK_CUDA(cudaMemcpy(cg, dc, rows * 4, cudaMemcpyDeviceToHost));
-        const int32_t *lists = ic, *counts = cnt;
-        if (memcmp(ic, ig, rows * k * 4) || memcmp(cnt, cg, rows * 4)) {
-            printf("%s: GPU lists differ from the CPU's (near-tie swaps, checked by "
-                   "gpu_selectors); reference run with the GPU lists\n",
-                   sel->name);
-            lists = ig;
-            counts = cg;
-        }
+        const int32_t *lists, *counts;
+        case_fetch(&c, &lists, &counts);
         sa_query_lists hl = {lists, counts, k};
-        sa_outputs out = {o_ref, NULL, NULL};
+        sa_outputs out = {c.o_ref, NULL, NULL};
         sa_attn_opts ro;
         sa_attn_opts_default(&ro);
         ro.causal = causal;
-        ck_assert_int_eq(sa_ref_query_sparse(&s, q, kk, v, &hl, &ro, &out), SA_OK);
-        sa_cmp c = sa_compare_bf16(o, o_ref, nq);
-        ck_assert_msg(sa_cmp_ok(&c),
+        ck_assert_int_eq(sa_ref_query_sparse(&s, c.q, c.kk, c.v, &hl, &ro, &out), SA_OK);
+        sa_cmp cmp = sa_compare_bf16(c.o, c.o_ref, c.nq);
+        ck_assert_msg(sa_cmp_ok(&cmp),
                       "%s%s -> KV-centric (schedule %d), shape (%d,%d,%d,%d,%d,%d): rel_l2 %.3g "
                       "max_abs %.3g (ref max %.3g), %zu non-finite (seed %llu)",
                       sel->name, causal ? " causal" : "", schedules[si], s.batch, s.heads_q,
-                      s.heads_kv, s.len_q, s.len_kv, s.head_dim, c.rel_l2, c.max_abs, c.ref_max,
-                      c.nonfinite, (unsigned long long)sa_test_seed());
+                      s.heads_kv, s.len_q, s.len_kv, s.head_dim, cmp.rel_l2, cmp.max_abs,
+                      cmp.ref_max, cmp.nonfinite, (unsigned long long)sa_test_seed());
         printf("%s%s -> KV-centric schedule %d, shape (%d,%d,%d,%d,%d,%d) k %d: rel_l2 %.2e "
                "max_abs %.2e\n",
                sel->name, causal ? " causal" : "", schedules[si], s.batch, s.heads_q, s.heads_kv,
-               s.len_q, s.len_kv, s.head_dim, k, c.rel_l2, c.max_abs);
+               s.len_q, s.len_kv, s.head_dim, k, cmp.rel_l2, cmp.max_abs);
     }
-    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(di), cudaFree(dc), cudaFree(dout);
-    cudaFree(dlse);
-    free(q), free(kk), free(v), free(o), free(o_ref), free(ic), free(ig), free(cnt), free(cg);
+    case_close(&c);
 }
 
 START_TEST(test_query_pipeline)
