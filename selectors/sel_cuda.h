@@ -71,9 +71,8 @@ static inline int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nv
  * kernels alone: everything is device memory, tensor_scale receives the FP32 tensor scale, bad
  * 1 on non-finite input and 0 otherwise, work is a scratch buffer of
  * SEL_NVFP4_QUANT_WORK_BYTES (none needs zeroing: the kernels write each before reading it).
- * deq (n
- * BF16, may be NULL) receives what the scorer multiplies: each element dequantized without the
- * tensor scale, E2M1(code) * E4M3(scale), exact in BF16. n must be a positive multiple of 16 and
+ * deq (n BF16, may be NULL) receives what the scorer multiplies: each element dequantized
+ * without the tensor scale, E2M1(code) * E4M3(scale), exact in BF16. n must be a positive multiple of 16 and
  * x and deq 16-byte aligned (SA_ERR_SHAPE / SA_ERR_UNSUPPORTED); SA_ERR_NULL for a NULL pointer
  * other than deq. Queues two kernels on `stream`. */
 #ifdef SA_HAVE_CUDA

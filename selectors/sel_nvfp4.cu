@@ -6,10 +6,9 @@
 //      zero first: a memset ahead of it would break the chain of dependent launches).
 //   2. quant_kernel, a programmatic dependent launch (it reads its elements while amax_kernel
 //      ends, then waits and reduces the per-CTA maxima, a few hundred loads per CTA from L2;
-//      CTA 0 stores the flag): one thread per 16-element block, the algorithm of
-//      nvfp4.c with the same single-rounding FP32 operations (__fdiv_rn, __fmul_rn), so codes
-//      and scales are bit-identical to sa_nvfp4_quantize_bf16. It can also write the
-//      dequantized value without
+//      CTA 0 stores the flag): one thread per 16-element block, the algorithm of nvfp4.c with
+//      the same single-rounding FP32 operations (__fdiv_rn, __fmul_rn), so codes and scales are
+//      bit-identical to sa_nvfp4_quantize_bf16. It can also write the dequantized value without
 //      the tensor scale, E2M1(code) * E4M3(scale), as BF16: that product is exact in BF16 (an
 //      E2M1 magnitude has at most 2 significant bits, an E4M3 value at most 4, so the product has
 //      at most 6 <= 8; its range 2^-10 .. 2688 is far inside BF16's).
@@ -306,9 +305,9 @@ int amax_grid(size_t n)
     return (int)(b < 1 ? 1 : b > (size_t)kAmaxCtas ? kAmaxCtas : b);
 }
 
-// Queues the quantization of j's tensors: two launches, the first a dependent launch too (it
-// writes nothing the kernel ahead of it reads, and reads nothing it writes: the caller's
-// inputs are ready before the call). work: SEL_NVFP4_QUANT_WORK_BYTES.
+// Queues the quantization of j's tensors: two dependent launches (amax_kernel waits for the
+// kernel ahead of it before reading x, which that kernel may have written). work:
+// SEL_NVFP4_QUANT_WORK_BYTES.
 int quantize_async(QuantJob j, void *work, cudaStream_t st)
 {
     j.grid0 = amax_grid(j.n[0]);
