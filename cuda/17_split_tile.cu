@@ -19,14 +19,15 @@
 //   Version 4 keeps each warpgroup's 64 Q rows in registers (32 more, 240 still suffice): S =
 //   Q K^T reads only K from shared memory, the Q buffer is free as soon as an item starts, so one
 //   Q buffer is enough, and its 32 KB pay for a third K/V stage, which hides the latency of the
-//   scattered block loads (+5-7% on the study's lists, docs/stage17.md). Calls with no causal
-//   mask and no partial final block run a build of the kernel without step 4's mask test.
+//   scattered block loads (+5-7% on the study's lists, docs/log/stage17-history.md). Calls with
+//   no causal mask and no partial final block run a build of the kernel without step 4's mask
+//   test.
 //   Version 5 gives the other calls that loop too: the producer issues the blocks of a row that
 //   need a mask (a causal diagonal block, the partial final block: one or two per tile) after
 //   all the others, and the consumers run the others through the loop without the test and only
 //   the last ones through the loop with it (MASK LAST below). Version 6 carries each block's
 //   K/V stage and phase to the next block instead of dividing its sequence number by
-//   KV_STAGES ahead of the first wait (+1-2%, docs/stage17.md).
+//   KV_STAGES ahead of the first wait (+1-2%, docs/log/stage17-history.md).
 //   Version 7 takes row masks (sa_gpu_attn.row_masks): 128 bits per list entry saying which rows
 //   of the tile see the block, so tile lists carry per-query lists exactly (a tile's union, each
 //   block masked to the queries that chose it: the KV-centric hybrid's Q-centric pass). Calls
@@ -102,7 +103,7 @@
 //   without a mask in list order, pass 1 the masked ones. The
 //   producer never reads the row masks to sort the blocks: a version 7 draft that did (a block
 //   whose mask has every row went first, unmasked) hung at scale with 16-entry rows, for a cause
-//   not found (docs/stage17.md, version 7). The consumers run blocks
+//   not found (docs/log/stage17-history.md, version 7). The consumers run blocks
 //   1..unmasked-1 through a copy of the loop without the mask test (the loop of the kernel
 //   without MASKS), then the rest through the copy with it; block 0 is masked when unmasked is 0.
 //   Since version 8 row masks do not enter this: both loops apply them (step 4), so the producer

@@ -12,7 +12,8 @@ arithmetic) up to the turn's BAR.SYNC; "turn" up to the first HGMMA; "issue" (th
 WARPGROUP.DEPBAR ... 0x1; "wait S" (that instruction); "softmax" up to the next DEPBAR; "wait
 PV"; "pack" (the rest). For each region: its instructions, its share of all stall samples of the
 kernel, and its leading stall reasons (share of the region's samples). Then the N instructions
-with the most samples. Standard library only; docs/stage17.md (session 8) reads one such run.
+with the most samples. Standard library only; docs/log/stage17-history.md (session 8) reads one
+such run.
 """
 import argparse
 import collections
