@@ -42,14 +42,22 @@ END_TEST
 
 START_TEST(test_strerror_distinct)
 {
-    for (int a = SA_ERR_UNKNOWN; a <= 0; a++) {
+    /* The codes run from 0 down without a gap; walk them until the first unknown one, so a code
+     * added below the last named here is covered without editing this test. */
+    const char *unknown = sa_strerror(-1000);
+    ck_assert_ptr_nonnull(unknown);
+    int last = 0;
+    while (last > -1000 && strcmp(sa_strerror(last - 1), unknown) != 0)
+        last--;
+    ck_assert_msg(last <= SA_ERR_FUTURE_BLOCK, "sa_strerror knows the codes down to %d only", last);
+    for (int a = last; a <= 0; a++) {
         const char *ma = sa_strerror(a);
         ck_assert_ptr_nonnull(ma);
-        ck_assert_str_ne(ma, sa_strerror(-1000));
         for (int b = a + 1; b <= 0; b++)
             ck_assert_msg(strcmp(ma, sa_strerror(b)), "codes %d and %d share a message", a, b);
     }
-    ck_assert_ptr_nonnull(sa_strerror(12345));
+    ck_assert_str_eq(sa_strerror(last - 1), unknown);
+    ck_assert_str_eq(sa_strerror(12345), unknown);
 }
 END_TEST
 
