@@ -1,6 +1,7 @@
 /* The activation-file reader (include/sa_activations.h, docs/activations.md) on small safetensors
  * files this test writes itself: layers, shapes, metadata, BF16 and F32 data, rank 3 and 4, then
- * every malformed file it must refuse with a message, and the reference run on what it read. */
+ * every malformed file it must refuse with a message, a file cut short after it was opened, and
+ * the reference run on what it read. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,6 +230,13 @@ static const bad_case bad_cases[] = {
     {"[1,2,130,64],\"data_offsets\"", "[1,2,130,64.0],\"data_offsets\"", "integer"},
     {"[1,2,130,64],\"data_offsets\"", "[1,2,130,99999999999999999999],\"data_offsets\"",
      "large"},
+    {"\"tokens\":{", "\"__metadata__\":{\"format\":\"sparseattn.activations\"},\"tokens\":{",
+     "__metadata__ given twice"},
+    {"\"shape\":[4,130,64]", "\"shape\":[2147483647,2147483647,2147483647]", "too many elements"},
+    /* the same element counts, other shapes */
+    {"\"layers.11.v\":{\"dtype\":\"BF16\",\"shape\":[2,130,64]",
+     "\"layers.11.v\":{\"dtype\":\"BF16\",\"shape\":[2,65,128]", "k and v differ"},
+    {"\"shape\":[4,130,64]", "\"shape\":[4,65,128]", "q and k differ"},
 };
 #define NBAD (int)(sizeof bad_cases / sizeof bad_cases[0])
 
@@ -309,6 +317,32 @@ START_TEST(test_framing)
 }
 END_TEST
 
+/* A file cut short after it was opened (the reader checked the sizes then): every read of a
+ * layer fails with SA_ERR_ARG, the BF16 tensors' and the F32 one's alike, and nothing crashes. */
+START_TEST(test_read_after_truncation)
+{
+    fixture *x = make_fixture();
+    char *path = temp_path();
+    write_file(path, x->hdr, x->data, x->dlen);
+    char err[256];
+    sa_act_file *f = NULL;
+    ck_assert_msg(sa_act_open(path, &f, err, sizeof err) == SA_OK, "open: %s", err);
+    ck_assert_int_eq(truncate(path, (off_t)(8 + strlen(x->hdr) + 64)), 0);
+    uint16_t *q = malloc(NQ * 2), *k = malloc(NK * 2), *v = malloc(NK * 2);
+    ck_assert(q && k && v);
+    ck_assert_int_eq(sa_act_read(f, 0, q, k, v), SA_ERR_ARG);    /* layer 3: BF16 */
+    ck_assert_int_eq(sa_act_read(f, 1, q, NULL, NULL), SA_ERR_ARG); /* layer 11's q: F32 */
+    ck_assert_int_eq(sa_act_read(f, 1, NULL, k, NULL), SA_ERR_ARG);
+    free(q);
+    free(k);
+    free(v);
+    sa_act_close(f);
+    unlink(path);
+    free(path);
+    free_fixture(x);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("activations");
@@ -316,6 +350,7 @@ int main(void)
     tcase_add_test(tc, test_read);
     tcase_add_loop_test(tc, test_malformed, 0, NBAD);
     tcase_add_test(tc, test_framing);
+    tcase_add_test(tc, test_read_after_truncation);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
