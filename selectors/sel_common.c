@@ -207,11 +207,6 @@ void sel_row_free(sel_row *w)
     free(w->top);
 }
 
-void sel_row_pick(sel_row *w, int k, int diag, int sink, int32_t *out)
-{
-    sel_pick_row(w->score, w->n, k, diag, sink, w->mark, w->top, out);
-}
-
 /* The block row x (n visible blocks) always keeps beside the sink, or -1. Causal: the block
  * holding the row's last visible key; else keep_local's block, the one holding the row's own
  * position (the same block: causal's last visible key is that position); else keep_diagonal's

@@ -106,10 +106,8 @@ typedef struct sel_row {
 } sel_row;
 int sel_row_init(sel_row *w, int n, int k);
 void sel_row_free(sel_row *w);
-/* sel_pick_row over w->score. */
-void sel_row_pick(sel_row *w, int k, int diag, int sink, int32_t *out);
 /* The pick of row x (a tile, or with per_query a query) over w->score, under every option of c:
- * without causal sel_row_pick (k blocks); with causal only the row's n visible blocks compete,
+ * without causal sel_pick_row (k blocks); with causal only the row's n visible blocks compete,
  * the diagonal block n - 1 is forced, and min(k, n) blocks are written, then -1 up to k.
  * Returns the row's count. */
 int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *out);
