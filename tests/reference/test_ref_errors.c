@@ -175,6 +175,7 @@ START_TEST(test_query_errors)
     sa_outputs no_o = {.lse = out.lse};
 #define QS(sh, lists, opts, o) sa_ref_query_sparse(sh, c.q, c.k, c.v, lists, opts, o)
 #define QP(sh, lists, a, b) sa_ref_query_partials(sh, c.q, c.k, c.v, lists, a, b)
+#define QPO(lists, opts) sa_ref_query_partials_opts(&good, c.q, c.k, c.v, lists, opts, po, pl)
     EXPECT(QS(NULL, &l, NULL, &out.out), SA_ERR_NULL);
     EXPECT(sa_ref_query_sparse(&good, NULL, c.k, c.v, &l, NULL, &out.out), SA_ERR_NULL);
     EXPECT(sa_ref_query_sparse(&good, c.q, NULL, c.v, &l, NULL, &out.out), SA_ERR_NULL);
@@ -213,6 +214,7 @@ START_TEST(test_query_errors)
         EXPECT(QS(&good, &l, NULL, &out.out), SA_ERR_INDEX);
         EXPECT(QS(&good, &l, &off, &out.out), SA_ERR_INDEX);
         EXPECT(QP(&good, &l, po, pl), SA_ERR_INDEX);
+        EXPECT(QPO(&l, &off), SA_ERR_INDEX); /* read even unvalidated: it bounds the reads */
     }
     qidx[last] = keep2;
     EXPECT(QS(&good, &l, NULL, &out.out), SA_ERR_DUPLICATE);
@@ -224,6 +226,7 @@ START_TEST(test_query_errors)
         EXPECT(QS(&good, &l, NULL, &out.out), SA_ERR_COUNT);
         EXPECT(QS(&good, &l, &off, &out.out), SA_ERR_COUNT);
         EXPECT(QP(&good, &l, po, pl), SA_ERR_COUNT);
+        EXPECT(QPO(&l, &off), SA_ERR_COUNT);
     }
     qcnt[qrows - 1] = 0;
     EXPECT(QS(&good, &l, &strict, &out.out), SA_ERR_EMPTY_ROW);
@@ -232,6 +235,7 @@ START_TEST(test_query_errors)
     qcnt[qrows - 1] = K;
 #undef QS
 #undef QP
+#undef QPO
 }
 END_TEST
 

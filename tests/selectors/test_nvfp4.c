@@ -214,8 +214,14 @@ START_TEST(test_quantize_errors)
     sa_select_params_default(&p);
     p.k = 1;
     int32_t idx[128];
-    ck_assert_int_eq(sa_select_cpu("nvfp4", &s, qq, kk, &p, idx, NULL), SA_ERR_ARG);
-    ck_assert_int_eq(sa_select_cpu("nvfp4_query", &s, qq, kk, &p, idx, NULL), SA_ERR_ARG);
+    static const char *const nvfp4_family[] = {"nvfp4", "nvfp4_query", "nvfp4_mass",
+                                               "nvfp4_mass_q8"};
+    for (int i = 0; i < 4; i++) /* a NaN in Q, then an infinity in K */
+        ck_assert_int_eq(sa_select_cpu(nvfp4_family[i], &s, qq, kk, &p, idx, NULL), SA_ERR_ARG);
+    qq[5] = 0;
+    kk[77] = 0xff80; /* -inf */
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(sa_select_cpu(nvfp4_family[i], &s, qq, kk, &p, idx, NULL), SA_ERR_ARG);
     free(qq);
     free(kk);
 }
