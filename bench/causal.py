@@ -499,7 +499,8 @@ def self_test():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lib", help="path to libsparseattn.so (a CUDA build); required")
-    ap.add_argument("--mode", default="dense,sparse")
+    ap.add_argument("--mode", default="dense,sparse",
+                    help="dense, sparse or dense,sparse (default)")
     ap.add_argument("--reps", type=int, default=24)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--warmup-s", type=float, default=0.5)
@@ -523,6 +524,9 @@ def main(argv=None):
                          "plain masked softmax on small cases (torch on the CPU; no GPU or "
                          "library) and exit")
     args = ap.parse_args(argv)
+    modes = args.mode.split(",")
+    if not modes or any(m not in ("dense", "sparse") for m in modes):
+        ap.error("--mode: %r is not dense, sparse or dense,sparse" % args.mode)
     args.peers = [] if args.peers == "none" else args.peers.split(",")
     unknown = [n for n in args.peers if n not in PEERS]
     if unknown:

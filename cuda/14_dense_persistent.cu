@@ -6,7 +6,8 @@
 //   registers, one producer warp feeding two consumer warpgroups through a ring of K/V stages,
 //   online softmax in the exp2 domain with lazy rescaling, persistent CTAs.
 //
-// ASSUMPTIONS (anything else gets SA_ERR_UNSUPPORTED from the check, never a launch)
+// ASSUMPTIONS (the check refuses anything else before a launch: SA_ERR_UNSUPPORTED, SA_ERR_ARG
+//   for a flag not 0 or 1, sa_shape_check's codes for a bad shape)
 //   BF16 Q/K/V/O in BHSD layout, head_dim 128, non-causal, any positive len_q and len_kv, 16-byte
 //   aligned tensors. A partial last Q tile stores only its valid rows; the partial final KV tile
 //   has its score columns >= the valid keys masked to -inf before the row max (TMA reads those
@@ -17,7 +18,8 @@
 // WORK
 //   A work item is two neighbouring 128-query tiles (2i, 2i+1) of one (batch, head_q), as in
 //   the original. Items are numbered head-major and CTA b takes items b, b + grid, b + 2 grid...
-//   (grid = #SMs), so at any moment the CTAs work on neighbouring heads and their K/V stays in L2.
+//   (grid = #SMs, or the items if fewer), so at any moment the CTAs work on neighbouring heads
+//   and their K/V stays in L2.
 //   With an odd tile count the last item of a head has no second tile.
 //
 // ROLES (384 threads = 3 warpgroups)

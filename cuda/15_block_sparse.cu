@@ -8,7 +8,8 @@
 //   each tile gets its own K/V stream through the shared ring, and the ping-pong turns must
 //   survive two streams of different lengths.
 //
-// ASSUMPTIONS (anything else gets SA_ERR_UNSUPPORTED from the check, never a launch)
+// ASSUMPTIONS (the check refuses anything else before a launch: SA_ERR_UNSUPPORTED, SA_ERR_ARG
+//   for a flag not 0 or 1, sa_shape_check's codes for a bad shape)
 //   BF16 Q/K/V/O in BHSD layout, head_dim 128, 16-byte aligned tensors, causal or not. len_q and
 //   len_kv are any positive length: a partial last Q tile stores only its valid rows; a partial
 //   last KV block has its score columns >= the valid keys masked to -inf before the row max.

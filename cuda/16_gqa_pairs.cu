@@ -43,7 +43,8 @@
 //
 // RING OWNERSHIP, TURNS, BARRIER PROTOCOL, SHARED MEMORY: as stage 15 (its header comment); with a
 //   group-shared list every tile is owned by both consumers, so the producer waits on both free
-//   barriers of a slot and the turn padding never happens (equal counts).
+//   barriers of a slot, and the turn padding happens only for an odd group's last pair (its
+//   absent second head has count 0; WORK above).
 //
 // B200 -> HOPPER MAPPING: as stage 15; head pairs are the study's, limited here by registers
 //   instead of Tensor Memory columns (above).

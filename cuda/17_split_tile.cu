@@ -51,7 +51,8 @@
 //   two, so K/V is read once per tile rather than once per tile pair (more L2 traffic, not more
 //   HBM traffic: the heads of a GQA group run on neighbouring CTAs at the same time).
 //
-// ASSUMPTIONS (anything else gets SA_ERR_UNSUPPORTED from the check, never a launch)
+// ASSUMPTIONS (the check refuses anything else before a launch: SA_ERR_UNSUPPORTED, SA_ERR_ARG
+//   for a flag not 0 or 1, sa_shape_check's codes for a bad shape)
 //   As stage 15: BF16 Q/K/V/O in BHSD layout, head_dim 128, any len_q and len_kv (a partial last
 //   Q tile stores only its rows; the partial final KV block's padding columns are masked to
 //   -inf), GQA by index, per-head or group-shared lists, counts NULL = max_blocks.
@@ -81,8 +82,8 @@
 //   item = ((b * Hkv + g) * q_tiles + t) * group + h: Q tile t (causal: q_tiles - 1 - t, the
 //   longest items first) of head g * group + h. The head index is innermost, so the heads of a
 //   GQA group run on neighbouring CTAs at the same time and read the same blocks of the same KV
-//   head from L2 when their lists are shared. CTA b takes items b, b + grid, ... (grid = #SMs);
-//   its loads continue from one item into the next.
+//   head from L2 when their lists are shared. CTA b takes items b, b + grid, ... (grid = #SMs,
+//   or the items if fewer); its loads continue from one item into the next.
 //   Causal calls (version 3) are scheduled dynamically instead: the producer fetches each next
 //   item from a work counter (atomicAdd; the launch's last fetch, number items + grid - 1,
 //   resets it to 0 for the next launch on the stream), in chunks of CHUNK_HEADS heads (whole

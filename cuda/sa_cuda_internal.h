@@ -37,6 +37,7 @@ int sa_cuda_device_info(int *sms, int *cc_major);
 
 // The work counter for a dynamically scheduled launch on `stream` (stage 17, version 3): a
 // device int at 0 that the kernel leaves at 0. *out = NULL (and SA_OK) when the stream is being
-// captured or this thread has counters for too many streams: the caller then schedules
-// statically. SA_ERR_NOMEM or SA_ERR_CUDA if a new counter cannot be made.
+// captured, this thread has counters for too many streams, or the allocation of a new one fails
+// (the next call tries again): the caller then schedules statically. SA_ERR_CUDA if zeroing a
+// new counter on the stream fails.
 int sa_sched_counter(void *stream, int **out);

@@ -1,6 +1,6 @@
 #!/bin/bash
 # On the GPU machine, from the checkout with .deps carried beside it:
-#   bash scripts/device-gpu-suite.sh [sanitize] [bench NAME...] [peers ARGS...]
+#   bash scripts/device-gpu-suite.sh [sanitize] [bench NAME...] [peers]
 # Builds with CUDA, runs `meson test --suite gpu`, optionally compute-sanitizer (memcheck,
 # racecheck, initcheck and synccheck on the small-shape GPU tests; $SA_SANITIZE_TOOLS picks
 # others) and benchmarks. Logs go to $OUT (or ./device-logs).
@@ -61,6 +61,9 @@ while [ $i -lt ${#shift_args[@]} ]; do
     peers)
         PYTHONUNBUFFERED=1 python3 bench/peers.py --lib build-gpu/libsparseattn.so ${SA_PEERS_ARGS:-} \
             2>&1 | tee "$out/peers.txt" ;;
+    *)
+        echo "device-gpu-suite.sh: unknown word '$a' (sanitize, bench NAME, peers; peers' flags go in \$SA_PEERS_ARGS)"
+        exit 2 ;;
     esac
     i=$((i + 1))
 done

@@ -8,7 +8,8 @@
  * this selector asks how much of the oracle's advantage survives 4-bit index vectors. It does
  * the scorer's dot products plus one exp per (query, visible key), so it costs about what the
  * QK^T and softmax of dense attention cost in the index geometry; with a few index heads (MSA's
- * geometry) that is a fraction of the attention's own heads. CPU only.
+ * geometry) that is a fraction of the attention's own heads. On the GPU too: nvfp4's quantizer
+ * and scorer, the scorer's GEMMs run twice (sel_nvfp4.cu, nvfp4_mass_cuda).
  *
  * nvfp4_mass_q8 asks the same question of every 8th query of a tile only (the tile's last query
  * and every 8th before it: 16 of 128), for an eighth of the cost: a tile's list serves all its

@@ -10,7 +10,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"run", cmd_run, "run the block-sparse pipeline on generated inputs (default shape suits a 2-core CPU)"},
-    {"bench", cmd_bench, "benchmarks: reference | dense | sparse | selectors | kvcentric"},
+    {"bench", cmd_bench, "benchmarks: reference | dense | sparse | selectors | kvcentric | longctx"},
     {"select-eval", cmd_select_eval, "selection quality of every registered selector on every workload"},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])

@@ -2,8 +2,9 @@
  * reference sa_ref_dense: fresh random inputs each run, outputs poisoned with NaN before every
  * launch, shapes from one tile to a few thousand tokens (odd tile counts, more work items than
  * SMs, GQA and MQA, wide logit ranges); and the error paths, which must return their code
- * without launching. SA_SMALL=1 runs only the smallest case and one small case with item
- * boundaries (used under compute-sanitizer). Without a dense stage the test is skipped (77). */
+ * without launching. SA_SMALL=1 runs only the smallest case, the first case with item
+ * boundaries, the first any-length case and the error paths (used under compute-sanitizer).
+ * Without a dense stage the test is skipped (77). */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
