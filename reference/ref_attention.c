@@ -261,18 +261,22 @@ static int run_tiles(const tile_job *job)
 #pragma omp parallel
     {
         tile_scratch sc;
-        int ok = scratch_alloc(&sc, job->max_keys, s->head_dim) == SA_OK;
-        if (!ok) {
+        if (scratch_alloc(&sc, job->max_keys, s->head_dim) != SA_OK) {
 #pragma omp atomic write
             err = SA_ERR_NOMEM;
         }
+        /* Every thread's scratch before any row: a failed call writes nothing. */
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = err;
+        if (!failed) { /* the same branch in every thread */
 #pragma omp for schedule(dynamic, 1)
-        for (long long w = 0; w < items; w++) {
-            if (!ok)
-                continue;
-            int t = (int)(w % tiles);
-            long long bh = w / tiles;
-            tile_item(job, &sc, (int)(bh / job->list_heads), (int)(bh % job->list_heads), t);
+            for (long long w = 0; w < items; w++) {
+                int t = (int)(w % tiles);
+                long long bh = w / tiles;
+                tile_item(job, &sc, (int)(bh / job->list_heads), (int)(bh % job->list_heads), t);
+            }
         }
         scratch_free(&sc);
     }

@@ -194,12 +194,16 @@ static int run_queries(query_job *job, size_t max_keys, int partials)
 #pragma omp parallel
     {
         query_scratch sc;
-        int ok = scratch_alloc(&sc, group, partials ? SA_TILE : max_keys, d) == SA_OK;
-        if (!ok) {
+        if (scratch_alloc(&sc, group, partials ? SA_TILE : max_keys, d) != SA_OK) {
 #pragma omp atomic write
             err = SA_ERR_NOMEM;
         }
-        for (int bh = 0; bh < s->batch * s->heads_kv; bh++) {
+        /* Every thread's scratch before any row: a failed call writes nothing. */
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = err;
+        for (int bh = 0; !failed && bh < s->batch * s->heads_kv; bh++) { /* failed: uniform */
             size_t base = (size_t)bh * kv_elems;
             /* The implicit barriers of these two loops keep the conversion and the queries of
              * one (b, hkv) apart. */
@@ -215,8 +219,6 @@ static int run_queries(query_job *job, size_t max_keys, int partials)
             }
 #pragma omp for schedule(dynamic, 16)
             for (int i = 0; i < s->len_q; i++) {
-                if (!ok)
-                    continue;
                 if (partials)
                     partial_item(job, &sc, i);
                 else

@@ -1,7 +1,14 @@
 /* Every validation error of every sa_ref_* entry point, with its code, and nothing written when
  * a call fails. Buffers are exactly sized, so ASan sees any read past them. */
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "naive.h"
 
@@ -346,6 +353,108 @@ START_TEST(test_size_limits)
 }
 END_TEST
 
+/* Out of memory: a call with the address space capped just short of what it needs must return
+ * SA_ERR_NOMEM and write nothing. On the tile path (ref_attention.c) the cap leaves room for all
+ * threads' scratch but half of one, so one thread at least cannot have its scratch while the
+ * others could compute rows: every thread's scratch is in hand before any row is computed. ASan
+ * reserves its own memory and aborts where malloc fails, so its build skips this. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SA_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SA_TEST_ASAN 1
+#endif
+#endif
+
+typedef struct nomem_call {
+    const sa_shape *s;
+    const nv_case *c;
+    const sa_tile_lists *tl; /* dense when both lists are NULL */
+    const sa_query_lists *ql;
+    nv_out *out;
+} nomem_call;
+
+static int nomem_run(const nomem_call *k)
+{
+    if (k->ql)
+        return sa_ref_query_sparse(k->s, k->c->q, k->c->k, k->c->v, k->ql, NULL, &k->out->out);
+    if (k->tl)
+        return sa_ref_tile_sparse(k->s, k->c->q, k->c->k, k->c->v, k->tl, NULL, &k->out->out);
+    return sa_ref_dense(k->s, k->c->q, k->c->k, k->c->v, &k->out->out);
+}
+
+/* Runs k once freely (the thread pools then exist), then with the address space capped at what
+ * the process holds plus `extra` bytes; checks SA_ERR_NOMEM and untouched outputs. */
+static void nomem_check(const char *what, const nomem_call *k, size_t extra)
+{
+    nv_out_poison(k->out, k->s);
+    ck_assert_msg(nomem_run(k) == SA_OK, "%s: the call without a cap failed", what);
+#ifdef __GLIBC__
+    /* glibc serves large blocks from a thread's arena, whose address space is reserved ahead,
+     * once a free has raised its mmap threshold: a fixed threshold maps each one anew. */
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    malloc_trim(0);
+#endif
+    FILE *fp = fopen("/proc/self/statm", "r");
+    if (!fp) /* not Linux: nothing to cap by */
+        return;
+    unsigned long pages = 0;
+    ck_assert_int_eq(fscanf(fp, "%lu", &pages), 1);
+    fclose(fp);
+    struct rlimit old, cap;
+    ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+    cap = old;
+    cap.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + extra;
+    nv_out_poison(k->out, k->s);
+    ck_assert_int_eq(setrlimit(RLIMIT_AS, &cap), 0);
+    const int rc = nomem_run(k);
+    ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
+    ck_assert_msg(nv_out_untouched(k->out, k->s), "%s: a call out of memory wrote output (rc %d)",
+                  what, rc);
+    ck_assert_msg(rc == SA_ERR_NOMEM, "%s: rc %d, expected SA_ERR_NOMEM", what, rc);
+}
+
+START_TEST(test_nomem_writes_nothing)
+{
+#ifdef SA_TEST_ASAN
+    return;
+#endif
+    /* 8192 keys: a thread's tile scratch (ref_attention.c: K, V and the logits of a 128-query
+     * tile, Q and O) is megabytes; the per-query path (ref_query.c) converts K and V of a KV head
+     * first, before its threads start, and the cap stops it between the two. */
+    const sa_shape big = {1, 1, 1, 128, 8192, 64}, group = {1, 16, 1, 128, 8192, 64};
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x6e6f6d);
+    nv_case bc, gc;
+    nv_case_init(&bc, big, &r, 1.0f);
+    nv_case_init(&gc, group, &r, 1.0f);
+    nv_out bo, go;
+    nv_out_alloc(&bo, &big);
+    nv_out_alloc(&go, &group);
+    int32_t all[64], cnt[1] = {64};
+    for (int j = 0; j < 64; j++)
+        all[j] = j;
+    const sa_tile_lists tl = {all, cnt, 1, 64};
+    int32_t *qall = nv_malloc(128 * 64 * sizeof *qall);
+    for (int i = 0; i < 128 * 64; i++)
+        qall[i] = i % 64;
+    const sa_query_lists ql = {qall, NULL, 64};
+    const size_t tile_scratch = (2 * 8192 * 64 + 2 * 128 * 64 + 128 * 8192) * sizeof(float);
+    const size_t tiles_cap = (size_t)(omp_get_max_threads() - 1) * tile_scratch + tile_scratch / 2;
+    const size_t kv_f32 = 8192 * 64 * sizeof(float); /* one of K, V converted */
+    const nomem_call dense = {&big, &bc, NULL, NULL, &bo}, tile = {&big, &bc, &tl, NULL, &bo},
+                     query = {&group, &gc, NULL, &ql, &go};
+    nomem_check("dense", &dense, tiles_cap);
+    nomem_check("tile lists", &tile, tiles_cap);
+    nomem_check("query lists", &query, kv_f32 + kv_f32 / 2);
+    free(qall);
+    nv_out_free(&bo);
+    nv_out_free(&go);
+    nv_case_free(&bc);
+    nv_case_free(&gc);
+}
+END_TEST
+
 /* Each error code names its problem (sa_strerror never NULL, distinct from success). */
 START_TEST(test_codes_explained)
 {
@@ -368,6 +477,7 @@ int main(void)
     tcase_add_test(tc, test_combine_errors);
     tcase_add_test(tc, test_size_limits);
     tcase_add_test(tc, test_codes_explained);
+    tcase_add_test(tc, test_nomem_writes_nothing);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
