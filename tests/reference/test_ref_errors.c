@@ -1,13 +1,8 @@
 /* Every validation error of every sa_ref_* entry point, with its code, and nothing written when
  * a call fails. Buffers are exactly sized, so ASan sees any read past them. */
 #include <inttypes.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 #include <omp.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "naive.h"
@@ -353,11 +348,13 @@ START_TEST(test_size_limits)
 }
 END_TEST
 
-/* Out of memory: a call with the address space capped just short of what it needs must return
- * SA_ERR_NOMEM and write nothing. On the tile path (ref_attention.c) the cap leaves room for all
- * threads' scratch but half of one, so one thread at least cannot have its scratch while the
- * others could compute rows: every thread's scratch is in hand before any row is computed. ASan
- * reserves its own memory and aborts where malloc fails, so its build skips this. */
+/* Out of memory, with one thread short and the other not: this test's malloc (it takes the
+ * place of the C library's for the whole process, the library's calls included) fails every
+ * block of at least `nomem_min` bytes that OpenMP thread 1 asks for while `nomem_min` is set,
+ * after a short wait.
+ * The call must return SA_ERR_NOMEM and write nothing, although thread 0 could have computed
+ * rows: every thread's scratch is in hand before any row. ASan keeps malloc for itself, so its
+ * build skips this. */
 #if defined(__SANITIZE_ADDRESS__)
 #define SA_TEST_ASAN 1
 #elif defined(__has_feature)
@@ -365,6 +362,18 @@ END_TEST
 #define SA_TEST_ASAN 1
 #endif
 #endif
+#if defined(__GLIBC__) && !defined(SA_TEST_ASAN)
+#define SA_TEST_MALLOC 1
+extern void *__libc_malloc(size_t n);
+static volatile size_t nomem_min; /* 0: no failures */
+void *malloc(size_t n)
+{
+    if (nomem_min && n >= nomem_min && omp_get_thread_num() == 1) {
+        usleep(20000); /* late, as a failing system call may be: thread 0 reaches rows first */
+        return NULL;
+    }
+    return __libc_malloc(n);
+}
 
 typedef struct nomem_call {
     const sa_shape *s;
@@ -382,47 +391,18 @@ static int nomem_run(const nomem_call *k)
         return sa_ref_tile_sparse(k->s, k->c->q, k->c->k, k->c->v, k->tl, NULL, &k->out->out);
     return sa_ref_dense(k->s, k->c->q, k->c->k, k->c->v, &k->out->out);
 }
-
-/* Runs k once freely (the thread pools then exist), then with the address space capped at what
- * the process holds plus `extra` bytes; checks SA_ERR_NOMEM and untouched outputs. */
-static void nomem_check(const char *what, const nomem_call *k, size_t extra)
-{
-    nv_out_poison(k->out, k->s);
-    ck_assert_msg(nomem_run(k) == SA_OK, "%s: the call without a cap failed", what);
-#ifdef __GLIBC__
-    /* glibc serves large blocks from a thread's arena, whose address space is reserved ahead,
-     * once a free has raised its mmap threshold: a fixed threshold maps each one anew. */
-    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-    malloc_trim(0);
 #endif
-    FILE *fp = fopen("/proc/self/statm", "r");
-    if (!fp) /* not Linux: nothing to cap by */
-        return;
-    unsigned long pages = 0;
-    ck_assert_int_eq(fscanf(fp, "%lu", &pages), 1);
-    fclose(fp);
-    struct rlimit old, cap;
-    ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
-    cap = old;
-    cap.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + extra;
-    nv_out_poison(k->out, k->s);
-    ck_assert_int_eq(setrlimit(RLIMIT_AS, &cap), 0);
-    const int rc = nomem_run(k);
-    ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
-    ck_assert_msg(nv_out_untouched(k->out, k->s), "%s: a call out of memory wrote output (rc %d)",
-                  what, rc);
-    ck_assert_msg(rc == SA_ERR_NOMEM, "%s: rc %d, expected SA_ERR_NOMEM", what, rc);
-}
 
 START_TEST(test_nomem_writes_nothing)
 {
-#ifdef SA_TEST_ASAN
-    return;
-#endif
+#ifdef SA_TEST_MALLOC
+    /* Two threads whatever the machine: thread 1 is there to be refused. */
+    omp_set_dynamic(0);
+    omp_set_num_threads(2);
     /* 8192 keys: a thread's tile scratch (ref_attention.c: K, V and the logits of a 128-query
-     * tile, Q and O) is megabytes; the per-query path (ref_query.c) converts K and V of a KV head
-     * first, before its threads start, and the cap stops it between the two. */
-    const sa_shape big = {1, 1, 1, 128, 8192, 64}, group = {1, 16, 1, 128, 8192, 64};
+     * tile) holds blocks of megabytes; the per-query path (ref_query.c) gives each thread the
+     * logits of a 16-head group, 512 KB. 16 tiles, so that thread 0 would have rows to write. */
+    const sa_shape big = {1, 1, 1, 16 * 128, 8192, 64}, group = {1, 16, 1, 128, 8192, 64};
     sa_rng r;
     sa_rng_seed(&r, sa_test_seed() ^ 0x6e6f6d);
     nv_case bc, gc;
@@ -431,27 +411,43 @@ START_TEST(test_nomem_writes_nothing)
     nv_out bo, go;
     nv_out_alloc(&bo, &big);
     nv_out_alloc(&go, &group);
-    int32_t all[64], cnt[1] = {64};
-    for (int j = 0; j < 64; j++)
-        all[j] = j;
+    int32_t all[16 * 64], cnt[16];
+    for (int j = 0; j < 16 * 64; j++)
+        all[j] = j % 64;
+    for (int t = 0; t < 16; t++)
+        cnt[t] = 64;
     const sa_tile_lists tl = {all, cnt, 1, 64};
     int32_t *qall = nv_malloc(128 * 64 * sizeof *qall);
     for (int i = 0; i < 128 * 64; i++)
         qall[i] = i % 64;
     const sa_query_lists ql = {qall, NULL, 64};
-    const size_t tile_scratch = (2 * 8192 * 64 + 2 * 128 * 64 + 128 * 8192) * sizeof(float);
-    const size_t tiles_cap = (size_t)(omp_get_max_threads() - 1) * tile_scratch + tile_scratch / 2;
-    const size_t kv_f32 = 8192 * 64 * sizeof(float); /* one of K, V converted */
-    const nomem_call dense = {&big, &bc, NULL, NULL, &bo}, tile = {&big, &bc, &tl, NULL, &bo},
-                     query = {&group, &gc, NULL, &ql, &go};
-    nomem_check("dense", &dense, tiles_cap);
-    nomem_check("tile lists", &tile, tiles_cap);
-    nomem_check("query lists", &query, kv_f32 + kv_f32 / 2);
+    const struct {
+        const char *what;
+        nomem_call k;
+        size_t min;
+    } cases[] = {
+        {"dense", {&big, &bc, NULL, NULL, &bo}, 1 << 20},
+        {"tile lists", {&big, &bc, &tl, NULL, &bo}, 1 << 20},
+        {"query lists", {&group, &gc, NULL, &ql, &go}, 256 << 10},
+    };
+    for (int i = 0; i < 3; i++) {
+        const nomem_call *k = &cases[i].k;
+        nv_out_poison(k->out, k->s);
+        ck_assert_msg(nomem_run(k) == SA_OK, "%s: the call failed with memory", cases[i].what);
+        nv_out_poison(k->out, k->s);
+        nomem_min = cases[i].min;
+        const int rc = nomem_run(k);
+        nomem_min = 0;
+        ck_assert_msg(nv_out_untouched(k->out, k->s),
+                      "%s: a call out of memory wrote output (rc %d)", cases[i].what, rc);
+        ck_assert_msg(rc == SA_ERR_NOMEM, "%s: rc %d, expected SA_ERR_NOMEM", cases[i].what, rc);
+    }
     free(qall);
     nv_out_free(&bo);
     nv_out_free(&go);
     nv_case_free(&bc);
     nv_case_free(&gc);
+#endif
 }
 END_TEST
 
