@@ -115,7 +115,8 @@ int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *
 /* The recall (B, Hq, Sq) of lists of list_heads heads (tile rows, or with per_query per-query
  * rows of Hkv heads), k entries per row and counts (NULL: k each): each query's mass inside its
  * row's first count blocks. The caller checked the shape and k; SA_ERR_COUNT or SA_ERR_INDEX for
- * a count or entry out of range (sa_lists_recall_counts, sa_tile_lists_recall). */
+ * a count or entry out of range, the first bad row's (its count before its entries), and then
+ * nothing is written (sa_lists_recall_counts, sa_tile_lists_recall). */
 int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int list_heads,
                      const int32_t *indices, const int32_t *counts, int k, float *recall);
 

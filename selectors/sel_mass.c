@@ -86,8 +86,19 @@ int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int li
 {
     const int n = sa_kv_blocks(s), tiles = sa_q_tiles(s), per = s->heads_q / list_heads;
     const size_t queries = sa_lse_elems(s);
-    int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static)
+    /* Every row first, in order: the first bad row's code (its count, then its entries, as the
+     * list validators), and a call that fails writes nothing. Each row serves some query, so
+     * these are exactly the rows the loop below reads. */
+    const size_t rows = (size_t)s->batch * list_heads * (size_t)(per_query ? s->len_q : tiles);
+    for (size_t row = 0; row < rows; row++) {
+        const int c = counts ? counts[row] : k;
+        if (c < 0 || c > k)
+            return SA_ERR_COUNT;
+        for (int j = 0; j < c; j++)
+            if (indices[row * (size_t)k + j] < 0 || indices[row * (size_t)k + j] >= n)
+                return SA_ERR_INDEX;
+    }
+#pragma omp parallel for schedule(static)
     for (size_t r = 0; r < queries; r++) {
         /* r = (b * Hq + h) * Sq + i reads the row of list head h / (Hq / list_heads) */
         size_t i = r % (size_t)s->len_q, bh = r / (size_t)s->len_q;
@@ -96,21 +107,12 @@ int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int li
                                : (b * list_heads + lh) * tiles + i / SA_TILE;
         const int32_t *list = indices + row * (size_t)k;
         const int c = counts ? counts[row] : k;
-        if (c < 0 || c > k) {
-            bad |= 2;
-            continue;
-        }
         double acc = 0.0;
-        for (int j = 0; j < c; j++) {
-            if (list[j] < 0 || list[j] >= n) {
-                bad |= 1;
-                break;
-            }
+        for (int j = 0; j < c; j++)
             acc += mass[r * n + list[j]];
-        }
         recall[r] = (float)acc;
     }
-    return bad & 2 ? SA_ERR_COUNT : bad ? SA_ERR_INDEX : SA_OK;
+    return SA_OK;
 }
 
 /* indices (rows, k) and counts (rows) or NULL, rows as a selector writes them; recall

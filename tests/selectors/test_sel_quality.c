@@ -130,6 +130,19 @@ START_TEST(test_recall_stats_by_hand)
     ck_assert_int_eq(sa_lists_recall_stats(&s, NULL, 0, tile, NULL, 2, NULL, 0.05, &mean, &low,
                                            NULL),
                      SA_ERR_NULL);
+    /* Bad rows: the first one's code (an entry of row 0 before the count of row 2), and no
+     * recall written. */
+    const int32_t bad_rows[3] = {3, 2, 0}, bad_counts[3] = {1, 1, 2};
+    float rec[6];
+    for (int i = 0; i < 6; i++)
+        rec[i] = NAN;
+    ck_assert_int_eq(sa_lists_recall_counts(&s, mass, 1, bad_rows, bad_counts, 1, rec),
+                     SA_ERR_INDEX);
+    const int32_t ok_rows[3] = {1, 2, 0};
+    ck_assert_int_eq(sa_lists_recall_counts(&s, mass, 1, ok_rows, bad_counts, 1, rec),
+                     SA_ERR_COUNT);
+    for (int i = 0; i < 6; i++)
+        ck_assert_msg(isnan(rec[i]), "a failed recall call wrote query %d", i);
 }
 END_TEST
 
