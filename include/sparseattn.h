@@ -178,8 +178,8 @@ typedef struct sa_attn_opts {
 SA_API void sa_attn_opts_default(sa_attn_opts *o);
 /* The option rule of every entry point, CPU and GPU: a flag is 0 or 1, an enum lies in its
  * range; anything else is SA_ERR_ARG. SA_OK, SA_ERR_NULL (o NULL) or SA_ERR_ARG. The GPU stages
- * apply the same rule to sa_gpu_attn's validate and allow_empty_rows, KV-centric to
- * sa_kv_params' validate, allow_empty_rows and partial_format. */
+ * apply the same rule to sa_gpu_attn's validate, allow_empty_rows, causal and
+ * allow_future_blocks, KV-centric to every flag and enum of sa_kv_params. */
 SA_API int sa_attn_opts_check(const sa_attn_opts *o);
 
 /* ---------------------------------------------------------------- CPU reference */
@@ -266,7 +266,7 @@ SA_API int sa_ref_query_sparse_backward(const sa_shape *s, const uint16_t *q, co
                                         float *dk, float *dv);
 
 /* ---------------------------------------------------------------- GPU stages */
-/* 1 when the library was built with CUDA and a CUDA device is present, else 0. */
+/* 1 when the library was built with CUDA and the first CUDA device is an sm_90 GPU, else 0. */
 SA_API int sa_gpu_available(void);
 
 /* Arguments of one GPU attention launch; all pointers are device memory. */

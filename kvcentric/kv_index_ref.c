@@ -65,6 +65,8 @@ static int keyed_cmp(const void *a, const void *b)
 
 void sa_kv_params_default(sa_kv_params *p)
 {
+    if (!p) /* as every other *_default */
+        return;
     memset(p, 0, sizeof *p);
     p->partial_format = SA_KV_PARTIAL_F32;
     p->validate = 1;

@@ -79,7 +79,7 @@ def dense_attention(q, k, v, *, layout="bhsd", causal=False, stage=None):
 
     CPU: sa_ref_dense_opts. GPU: the SA_ROLE_DEFAULT_DENSE stage when its check accepts the
     arguments, else another dense stage that does, else a sparse stage on lists of every block
-    (for lengths the dense stage does not take); or `stage`."""
+    (causal: no dense stage masks causally); or `stage`."""
     check_layout(layout)
     kind = common_kind([("q", q), ("k", k), ("v", v)])
     s = attn_shape(q, k, v, layout)

@@ -6,8 +6,8 @@
 q, k, v, o, d_o: torch.bfloat16 CUDA tensors in `layout` ("bhsd" or "bshd"); lse float32
 (B, Hq, Sq) as the forward returned it; indices/counts the forward's tile lists. dq, dk, dv are
 float32 tensors in the same layout (dk, dv summed over each GQA group). Exact and deterministic
-(docs/backward.md); on torch's current stream. validate=True checks the lists on the host
-(one synchronization). dq_pass: "auto" (default), "stored" (dS^T kept in the workspace, 5 GEMMs)
+(docs/backward.md); on torch's current stream. validate=True checks the lists on the GPU and
+synchronizes once to return the code (with a verdict, no synchronization). dq_pass: "auto" (default), "stored" (dS^T kept in the workspace, 5 GEMMs)
 or "recompute" (7 GEMMs, a small workspace); the workspace comes from torch's caching
 allocator."""
 import ctypes

@@ -300,7 +300,7 @@ def tile_sparse(q, k, v, indices, counts, s, list_heads, max_blocks, layout, val
 
 def dense(q, k, v, s, layout, causal, stage):
     """A dense stage (the SA_ROLE_DEFAULT_DENSE one first) when one accepts the arguments,
-    else a sparse stage on lists of every block (what shapes stage 14 does not take need)."""
+    else a sparse stage on lists of every block (for what no dense stage takes: causal)."""
     t = torch_mod()
     require_gpu()
     dev = q.device

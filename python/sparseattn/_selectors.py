@@ -70,8 +70,8 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     blocks) entries, its count, with -1 in the slots past it (CPU and GPU functions alike);
     pass the lists on with causal=True. index_heads Hi > 0: the
     index vectors have Hi heads of their own, q_index (B, Hi, Sq, I) and k_index (B, Hi, Skv, I),
-    Hi dividing Hq and dividing or a multiple of Hkv (docs/selectors.md, "Index heads"; CPU
-    only). keep_local keeps the block holding each row's own position (bottom-right aligned,
+    Hi dividing Hq and dividing or a multiple of Hkv (docs/selectors.md, "Index heads"; the GPU
+    functions of r1 and r4 refuse it). keep_local keeps the block holding each row's own position (bottom-right aligned,
     len_q <= len_kv).
 
     head_lists (tile-list selectors; docs/selectors.md, "Head lists"):

@@ -2,6 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sa_kvcentric.h"
+#include "sa_selectors.h"
 #include "sa_test.h"
 
 static sa_shape shape(int b, int hq, int hkv, int sq, int skv, int d)
@@ -230,6 +232,21 @@ START_TEST(test_defaults)
     sa_select_params p;
     sa_select_params_default(&p);
     ck_assert_int_eq(p.k, 16);
+    sa_kv_params kp;
+    memset(&kp, 0x5a, sizeof kp);
+    sa_kv_params_default(&kp);
+    ck_assert_int_eq(kp.validate, 1);
+    ck_assert_ptr_null(kp.workspace);
+    sa_gpu_attn_bwd ab;
+    memset(&ab, 0x5a, sizeof ab);
+    sa_gpu_attn_bwd_default(&ab);
+    ck_assert_int_eq(ab.validate, 1);
+    /* Every defaults function takes NULL as a no-op (sa_kv_params_default had crashed on it). */
+    sa_attn_opts_default(NULL);
+    sa_gpu_attn_default(NULL);
+    sa_select_params_default(NULL);
+    sa_kv_params_default(NULL);
+    sa_gpu_attn_bwd_default(NULL);
 }
 END_TEST
 
