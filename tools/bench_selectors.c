@@ -72,8 +72,13 @@ static void usage(FILE *f)
 #ifndef SA_HAVE_CUDA
 int bench_selectors(int argc, char **argv)
 {
-    bench_flags f;
-    bench_parse(argc, argv, "selectors", 1, usage, &f);
+    /* Its own flags are parsed in the CUDA build only: any of them here is still "not built"
+     * (exit 1), not an unknown flag (exit 2). */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
     fprintf(stderr, "sparseattn: bench selectors: built without CUDA (%s)\n",
             sa_strerror(SA_ERR_NOT_BUILT));
     return 1;
@@ -647,6 +652,9 @@ int bench_selectors(int argc, char **argv)
         int used = 0;
         if (!strcmp(argv[i], "--validate"))
             validate = used = 1;
+        else if (!strcmp(argv[i], "--no-validate")) /* the shared parser would take and drop it */
+            cli_usage_error("bench selectors: unknown flag '--no-validate' (the pipelines run "
+                            "unvalidated unless --validate)");
         else if (!strcmp(argv[i], "--no-pipeline"))
             no_pipeline = used = 1;
         else if (!strcmp(argv[i], "--len-kv")) {
