@@ -69,16 +69,100 @@ static void usage(FILE *f)
             BENCH_K, SA_BENCH_SPARSE_HKV);
 }
 
+/* --selectors and --workloads (NULL: every one). */
+static const char *want_selectors, *want_workloads;
+
+/* Exits with a usage error unless every entry of `list` names a GPU selector (a row "name/..."
+ * or "scorer" too) or, for workloads, a workload. */
+static void check_names(const char *flag, const char *list, int selectors)
+{
+    for (const char *e = list;;) {
+        const size_t len = strcspn(e, ",");
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), e);
+        if (selectors)
+            name[strcspn(name, "/")] = 0;
+        const sa_selector *sel = selectors ? sa_selector_by_name(name) : NULL;
+        const int ok = selectors ? (sel && sel->cuda) || !strcmp(name, "scorer")
+                                 : sa_workload_by_name(name) != NULL;
+        if (!ok || !len) {
+            char names[256] = "";
+            for (int i = 0; i < (selectors ? sa_selector_count() : sa_workload_count()); i++) {
+                const char *n = selectors ? (sa_selector_at(i)->cuda ? sa_selector_at(i)->name
+                                                                     : NULL)
+                                          : sa_workload_at(i)->name;
+                if (n)
+                    snprintf(names + strlen(names), sizeof names - strlen(names), " %s", n);
+            }
+            cli_usage_error("%s: '%s' is not one of:%s%s", flag, name, names,
+                            selectors ? " scorer (a name/row such as nvfp4_query/i1 too)" : "");
+        }
+        if (!e[len])
+            return;
+        e += len + 1;
+    }
+}
+
+/* This bench's flags, and the shared ones (bench_parse); the same in a build without CUDA, so a
+ * bad flag is a usage error (exit 2) there too. */
+typedef struct sel_flags {
+    bench_flags f;
+    int validate, only_len, no_pipeline, index_heads, len_q, batch;
+} sel_flags;
+
+static void parse_flags(int argc, char **argv, sel_flags *o)
+{
+    o->validate = 0, o->only_len = 0, o->no_pipeline = 0;
+    o->index_heads = SA_BENCH_SPARSE_HKV, o->len_q = SA_BENCH_SPARSE_SQ;
+    o->batch = SA_BENCH_SPARSE_B;
+    for (int i = 1; i < argc; i++) {
+        int used = 0;
+        if (!strcmp(argv[i], "--validate"))
+            o->validate = used = 1;
+        else if (!strcmp(argv[i], "--no-validate")) /* the shared parser would take and drop it */
+            cli_usage_error("bench selectors: unknown flag '--no-validate' (the pipelines run "
+                            "unvalidated unless --validate)");
+        else if (!strcmp(argv[i], "--no-pipeline"))
+            o->no_pipeline = used = 1;
+        else if (!strcmp(argv[i], "--len-kv")) {
+            int j = i;
+            o->only_len = (int)cli_int_arg(argc, argv, &j, 1, 1 << 30);
+            used = 2;
+        } else if (!strcmp(argv[i], "--len-q")) {
+            int j = i;
+            o->len_q = (int)cli_int_arg(argc, argv, &j, 1, 1 << 30);
+            used = 2;
+        } else if (!strcmp(argv[i], "--batch")) {
+            int j = i;
+            o->batch = (int)cli_int_arg(argc, argv, &j, 1, 1 << 16);
+            used = 2;
+        } else if (!strcmp(argv[i], "--index-heads")) {
+            int j = i;
+            o->index_heads = (int)cli_int_arg(argc, argv, &j, 0, SA_BENCH_SPARSE_HQ);
+            used = 2;
+        } else if (!strcmp(argv[i], "--selectors") || !strcmp(argv[i], "--workloads")) {
+            int j = i;
+            const char *list = cli_str_arg(argc, argv, &j);
+            check_names(argv[i], list, argv[i][2] == 's');
+            *(argv[i][2] == 's' ? &want_selectors : &want_workloads) = list;
+            used = 2;
+        }
+        if (used) {
+            for (int j = i; j + used < argc; j++)
+                argv[j] = argv[j + used];
+            argc -= used;
+            i--;
+        }
+    }
+    bench_parse(argc, argv, "selectors", 1, usage, &o->f);
+    o->f.no_validate = !o->validate;
+}
+
 #ifndef SA_HAVE_CUDA
 int bench_selectors(int argc, char **argv)
 {
-    /* Its own flags are parsed in the CUDA build only: any of them here is still "not built"
-     * (exit 1), not an unknown flag (exit 2). */
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        }
+    sel_flags o;
+    parse_flags(argc, argv, &o);
     fprintf(stderr, "sparseattn: bench selectors: built without CUDA (%s)\n",
             sa_strerror(SA_ERR_NOT_BUILT));
     return 1;
@@ -107,9 +191,6 @@ typedef struct sel_call {
     int index_heads;
     int head_lists; /* sa_select_params.head_lists */
 } sel_call;
-
-/* --selectors and --workloads (NULL: every one). */
-static const char *want_selectors, *want_workloads;
 
 int bs_wanted(const char *list, const char *name, const char *row)
 {
@@ -611,84 +692,13 @@ static int pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, bh_s
     return rc;
 }
 
-/* Exits with a usage error unless every entry of `list` names a GPU selector (a row "name/..."
- * or "scorer" too) or, for workloads, a workload. */
-static void check_names(const char *flag, const char *list, int selectors)
-{
-    for (const char *e = list;;) {
-        const size_t len = strcspn(e, ",");
-        char name[64];
-        snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), e);
-        if (selectors)
-            name[strcspn(name, "/")] = 0;
-        const sa_selector *sel = selectors ? sa_selector_by_name(name) : NULL;
-        const int ok = selectors ? (sel && sel->cuda) || !strcmp(name, "scorer")
-                                 : sa_workload_by_name(name) != NULL;
-        if (!ok || !len) {
-            char names[256] = "";
-            for (int i = 0; i < (selectors ? sa_selector_count() : sa_workload_count()); i++) {
-                const char *n = selectors ? (sa_selector_at(i)->cuda ? sa_selector_at(i)->name
-                                                                     : NULL)
-                                          : sa_workload_at(i)->name;
-                if (n)
-                    snprintf(names + strlen(names), sizeof names - strlen(names), " %s", n);
-            }
-            cli_usage_error("%s: '%s' is not one of:%s%s", flag, name, names,
-                            selectors ? " scorer (a name/row such as nvfp4_query/i1 too)" : "");
-        }
-        if (!e[len])
-            return;
-        e += len + 1;
-    }
-}
-
 int bench_selectors(int argc, char **argv)
 {
-    bench_flags f;
-    /* These flags are ours; the shared parser knows the rest. */
-    int validate = 0, only_len = 0, no_pipeline = 0, index_heads = SA_BENCH_SPARSE_HKV;
-    int len_q = SA_BENCH_SPARSE_SQ, batch = SA_BENCH_SPARSE_B;
-    for (int i = 1; i < argc; i++) {
-        int used = 0;
-        if (!strcmp(argv[i], "--validate"))
-            validate = used = 1;
-        else if (!strcmp(argv[i], "--no-validate")) /* the shared parser would take and drop it */
-            cli_usage_error("bench selectors: unknown flag '--no-validate' (the pipelines run "
-                            "unvalidated unless --validate)");
-        else if (!strcmp(argv[i], "--no-pipeline"))
-            no_pipeline = used = 1;
-        else if (!strcmp(argv[i], "--len-kv")) {
-            int j = i;
-            only_len = (int)cli_int_arg(argc, argv, &j, 1, 1 << 30);
-            used = 2;
-        } else if (!strcmp(argv[i], "--len-q")) {
-            int j = i;
-            len_q = (int)cli_int_arg(argc, argv, &j, 1, 1 << 30);
-            used = 2;
-        } else if (!strcmp(argv[i], "--batch")) {
-            int j = i;
-            batch = (int)cli_int_arg(argc, argv, &j, 1, 1 << 16);
-            used = 2;
-        } else if (!strcmp(argv[i], "--index-heads")) {
-            int j = i;
-            index_heads = (int)cli_int_arg(argc, argv, &j, 0, SA_BENCH_SPARSE_HQ);
-            used = 2;
-        } else if (!strcmp(argv[i], "--selectors") || !strcmp(argv[i], "--workloads")) {
-            int j = i;
-            const char *list = cli_str_arg(argc, argv, &j);
-            check_names(argv[i], list, argv[i][2] == 's');
-            *(argv[i][2] == 's' ? &want_selectors : &want_workloads) = list;
-            used = 2;
-        }
-        if (used) {
-            for (int j = i; j + used < argc; j++)
-                argv[j] = argv[j + used];
-            argc -= used;
-            i--;
-        }
-    }
-    bench_parse(argc, argv, "selectors", 1, usage, &f);
-    f.no_validate = !validate;
+    sel_flags o;
+    parse_flags(argc, argv, &o);
+    bench_flags f = o.f;
+    const int validate = o.validate, only_len = o.only_len, no_pipeline = o.no_pipeline;
+    const int index_heads = o.index_heads, len_q = o.len_q, batch = o.batch;
     bench_env e;
     if (bench_open("selectors", &f, &e))
         return 1;

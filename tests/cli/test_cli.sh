@@ -47,6 +47,7 @@ expect 2 "bench selectors unknown selector" "$cli" bench selectors --selectors n
 expect 2 "bench selectors unknown workload" "$cli" bench selectors --workloads gaussian,nope
 expect 2 "bench selectors empty entry" "$cli" bench selectors --selectors r1,
 expect 2 "bench selectors missing list" "$cli" bench selectors --selectors
+expect 2 "bench selectors --no-validate" "$cli" bench selectors --no-validate
 expect 2 "select-eval bad flag" "$cli" select-eval --nope
 expect 0 "help" "$cli" --help
 expect 0 "run help" "$cli" run --help
