@@ -128,14 +128,23 @@ static void free_fixture(fixture *x)
     free(x);
 }
 
-START_TEST(test_read)
+/* The fixture written to a new temporary file, and that file opened. */
+static sa_act_file *open_fixture(fixture **x, char **path)
 {
-    fixture *x = make_fixture();
-    char *path = temp_path();
-    write_file(path, x->hdr, x->data, x->dlen);
+    *x = make_fixture();
+    *path = temp_path();
+    write_file(*path, (*x)->hdr, (*x)->data, (*x)->dlen);
     char err[256];
     sa_act_file *f = NULL;
-    ck_assert_msg(sa_act_open(path, &f, err, sizeof err) == SA_OK, "open: %s", err);
+    ck_assert_msg(sa_act_open(*path, &f, err, sizeof err) == SA_OK, "open: %s", err);
+    return f;
+}
+
+START_TEST(test_read)
+{
+    fixture *x;
+    char *path;
+    sa_act_file *f = open_fixture(&x, &path);
     ck_assert_int_eq(sa_act_layer_count(f), 2);
     ck_assert_int_eq(sa_act_find_layer(f, 3), 0);
     ck_assert_int_eq(sa_act_find_layer(f, 11), 1);
@@ -321,12 +330,9 @@ END_TEST
  * layer fails with SA_ERR_ARG, the BF16 tensors' and the F32 one's alike, and nothing crashes. */
 START_TEST(test_read_after_truncation)
 {
-    fixture *x = make_fixture();
-    char *path = temp_path();
-    write_file(path, x->hdr, x->data, x->dlen);
-    char err[256];
-    sa_act_file *f = NULL;
-    ck_assert_msg(sa_act_open(path, &f, err, sizeof err) == SA_OK, "open: %s", err);
+    fixture *x;
+    char *path;
+    sa_act_file *f = open_fixture(&x, &path);
     ck_assert_int_eq(truncate(path, (off_t)(8 + strlen(x->hdr) + 64)), 0);
     uint16_t *q = malloc(NQ * 2), *k = malloc(NK * 2), *v = malloc(NK * 2);
     ck_assert(q && k && v);
