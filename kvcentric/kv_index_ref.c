@@ -94,44 +94,51 @@ int sa_kv_index_ref(const sa_shape *s, const sa_query_lists *l, int task_queries
     if (sa_kv_max_entries(s, l) > INT32_MAX || sa_kv_max_tasks(s, l, task_queries) > INT32_MAX)
         return SA_ERR_UNSUPPORTED;
 
-    /* offsets[k + 1] counts bucket k, then the prefix sum turns counts into starts. */
-    memset(offsets, 0, (nb + 1) * sizeof *offsets);
+    /* Counts and starts in a scratch array first, and every allocation made before the first
+     * output is written: a call that fails writes nothing. cur[k + 1] counts bucket k, then the
+     * prefix sum turns counts into starts. */
+    int32_t *cur = sa_sz_malloc((int64_t)nb + 1, sizeof *cur);
+    if (!cur)
+        return SA_ERR_NOMEM;
+    memset(cur, 0, (nb + 1) * sizeof *cur);
     for (size_t r = 0; r < rows; r++) {
         int c = l->counts ? l->counts[r] : m;
         size_t head = r / (size_t)s->len_q; /* b * Hkv + hkv */
         for (int j = 0; j < c; j++)
-            offsets[head * blocks + l->indices[r * m + j] + 1]++;
+            cur[head * blocks + l->indices[r * m + j] + 1]++;
     }
     for (size_t k = 0; k < nb; k++)
-        offsets[k + 1] += offsets[k];
-    int32_t *fill = sa_sz_malloc((int64_t)nb, sizeof *fill);
-    if (!fill)
-        return SA_ERR_NOMEM;
-    memcpy(fill, offsets, nb * sizeof *fill);
-    for (size_t r = 0; r < rows; r++) {
-        int c = l->counts ? l->counts[r] : m;
-        size_t head = r / (size_t)s->len_q;
-        for (int j = 0; j < c; j++)
-            entries[fill[head * blocks + l->indices[r * m + j]]++] = (int32_t)(r * m + j);
-    }
-    free(fill);
-    *n_entries = offsets[nb];
-
+        cur[k + 1] += cur[k];
     /* Every piece of every bucket in (bucket, chunk) order, then a stable sort by the window of
      * the piece's first query: (batch, kv head) of the bucket, query / window_queries. */
     int64_t n_pieces = 0;
-    for (size_t k = 0; k < nb; k++)
-        n_pieces += (offsets[k + 1] - offsets[k] + task_queries - 1) / task_queries;
+    for (size_t k = 0; k < nb; k++) {
+        const int64_t n = (int64_t)cur[k + 1] - cur[k];
+        n_pieces += n / task_queries + (n % task_queries != 0);
+    }
     kv_keyed_task *kt = n_pieces ? sa_sz_malloc(n_pieces, sizeof *kt) : NULL;
-    if (n_pieces && !kt)
+    if (n_pieces && !kt) {
+        free(cur);
         return SA_ERR_NOMEM;
+    }
+    memcpy(offsets, cur, (nb + 1) * sizeof *offsets);
+    for (size_t r = 0; r < rows; r++) { /* cur[k]: bucket k's next free entry */
+        int c = l->counts ? l->counts[r] : m;
+        size_t head = r / (size_t)s->len_q;
+        for (int j = 0; j < c; j++)
+            entries[cur[head * blocks + l->indices[r * m + j]]++] = (int32_t)(r * m + j);
+    }
+    free(cur);
+    *n_entries = offsets[nb];
+
     const int wq = sa_kv_window_queries(s);
-    const long long windows = (s->len_q + wq - 1) / wq;
+    const long long windows = ((long long)s->len_q + wq - 1) / wq;
     int t = 0;
     for (size_t k = 0; k < nb; k++) {
-        int n = offsets[k + 1] - offsets[k];
-        for (int ch = 0; ch * task_queries < n; ch++, t++) {
-            int begin = offsets[k] + ch * task_queries, cnt = n - ch * task_queries;
+        const int n = offsets[k + 1] - offsets[k];
+        for (int ch = 0; (long long)ch * task_queries < n; ch++, t++) {
+            /* ch * task_queries < n <= INT32_MAX here */
+            const int begin = offsets[k] + ch * task_queries, cnt = n - ch * task_queries;
             long long q = (entries[begin] / m) % s->len_q, bh = (long long)k / blocks;
             kt[t].task = (sa_kv_task){(int32_t)k, begin,
                                       cnt < task_queries ? cnt : task_queries, ch};

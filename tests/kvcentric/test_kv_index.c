@@ -1,6 +1,7 @@
 /* CPU test of the KV-centric reverse index reference (sa_kv_index_ref) against a brute force,
  * on fresh random shapes and lists each run, plus its error paths and the GPU entry point's
  * argument checks that need no device. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -136,6 +137,75 @@ START_TEST(test_small_exact)
     ck_assert(tasks[1].bucket == 1 && tasks[1].count == 2 && tasks[1].begin == 2);
     ck_assert(tasks[2].bucket == 1 && tasks[2].count == 1 && tasks[2].begin == 4 &&
               tasks[2].chunk == 1);
+}
+END_TEST
+
+/* The same lists with tasks as wide as an int allows: one task per non-empty bucket (the
+ * piece count had overflowed int and written through a NULL task array). */
+START_TEST(test_wide_tasks)
+{
+    sa_shape s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 3, .len_kv = 200,
+                  .head_dim = 128};
+    int32_t idx[] = {1, 0, 1, 9, 0, 1};
+    int32_t cnt[] = {2, 1, 2};
+    sa_query_lists l = {idx, cnt, 2};
+    int32_t off[3], ent[6];
+    sa_kv_task tasks[8];
+    int ne, nt;
+    ck_assert_int_eq(sa_kv_index_ref(&s, &l, INT_MAX, off, ent, tasks, &ne, &nt), SA_OK);
+    ck_assert_int_eq(ne, 5);
+    ck_assert_int_eq(nt, 2);
+    ck_assert(tasks[0].bucket == 0 && tasks[0].count == 2 && tasks[0].begin == 0);
+    ck_assert(tasks[1].bucket == 1 && tasks[1].count == 3 && tasks[1].begin == 2);
+}
+END_TEST
+
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
+/* This test's malloc (it takes the C library's place for the whole process): while fail_at > 0,
+ * the fail_at-th call from now returns NULL. ASan keeps malloc for itself, so its build skips
+ * the test. */
+#define KV_TEST_MALLOC 1
+extern void *__libc_malloc(size_t n);
+static int fail_at;
+void *malloc(size_t n)
+{
+    if (fail_at > 0 && --fail_at == 0)
+        return NULL;
+    return __libc_malloc(n);
+}
+#endif
+
+/* Out of memory at each of the reference's allocations: SA_ERR_NOMEM, and no output written
+ * (offsets and entries had been written before the task array was allocated). */
+START_TEST(test_nomem_writes_nothing)
+{
+#ifdef KV_TEST_MALLOC
+    sa_shape s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 3, .len_kv = 200,
+                  .head_dim = 128};
+    int32_t idx[] = {1, 0, 1, 9, 0, 1};
+    int32_t cnt[] = {2, 1, 2};
+    sa_query_lists l = {idx, cnt, 2};
+    for (int at = 1;; at++) {
+        int32_t off[3] = {-7, -7, -7}, ent[6] = {-7, -7, -7, -7, -7, -7};
+        sa_kv_task tasks[8];
+        int ne = -7, nt = -7;
+        fail_at = at;
+        const int rc = sa_kv_index_ref(&s, &l, 2, off, ent, tasks, &ne, &nt);
+        const int reached = fail_at == 0; /* the at-th allocation happened, and failed */
+        fail_at = 0;
+        if (!reached) {
+            ck_assert_int_eq(rc, SA_OK); /* fewer allocations than at: the call completed */
+            ck_assert_int_ge(at, 2);     /* and it made at least one */
+            break;
+        }
+        ck_assert_msg(rc == SA_ERR_NOMEM, "allocation %d failed: rc %d", at, rc);
+        for (int i = 0; i < 3; i++)
+            ck_assert_msg(off[i] == -7, "allocation %d failed: offsets written", at);
+        for (int i = 0; i < 6; i++)
+            ck_assert_msg(ent[i] == -7, "allocation %d failed: entries written", at);
+        ck_assert(ne == -7 && nt == -7);
+    }
+#endif
 }
 END_TEST
 
@@ -360,6 +430,8 @@ int main(void)
     tcase_add_test(tc, test_windows);
     tcase_add_test(tc, test_random);
     tcase_add_test(tc, test_patterns);
+    tcase_add_test(tc, test_wide_tasks);
+    tcase_add_test(tc, test_nomem_writes_nothing);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_sizes);
     tcase_add_test(tc, test_limits);
