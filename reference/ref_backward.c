@@ -306,7 +306,7 @@ static void item_dkdv(const bwd_job *job, bwd_scratch *sc, long long w)
                 lh = job->ent[e] / tiles;
                 t = job->ent[e] % tiles;
             } else { /* dense: the group's one list head hkv, every tile that sees the block */
-                lh = hkv * job->list_heads / s->heads_kv;
+                lh = (int)((int64_t)hkv * job->list_heads / s->heads_kv);
                 t = (int)e;
                 if (job->causal && used_len(s, kb, row_last(job, sa_geo_tile_last_row(s, t))) == 0)
                     continue;
@@ -357,7 +357,7 @@ static int build_index(bwd_job *job)
         for (size_t row = 0; row < rows; row++) {
             const int x = (int)(row % (size_t)per), head = (int)(row / per % (size_t)heads);
             const int b = (int)(row / per / (size_t)heads);
-            const int hkv = tile ? head * s->heads_kv / heads : head;
+            const int hkv = tile ? (int)((int64_t)head * s->heads_kv / heads) : head;
             const int last = row_last(job, tile ? sa_geo_tile_last_row(s, x) : x);
             int count;
             const int32_t *idx = list_row(job, b, head, x, last, &count);

@@ -993,6 +993,46 @@ END_TEST
  * (causal dense, 200 x 200): a stray term on dK of the last key, which only the last query sees
  * (1e-2 of its largest element, what a mask that lets one extra query through would add), and the
  * largest dQ and dV elements off by 1e-3 relative. */
+/* 65536 heads, one query and one key each: the heads' products with the list heads pass 2^31
+ * (they had overflowed int and read far out of bounds). With one key, P = 1 and dV = dO exactly
+ * (as FP32), on the dense and the tile-list path. */
+START_TEST(test_many_heads)
+{
+    const int H = 65536;
+    const sa_shape s = {1, H, H, 1, 1, 64};
+    const size_t n = sa_q_elems(&s); /* = the K and V elements here */
+    uint16_t *q = nv_malloc(n * 2), *k = nv_malloc(n * 2), *v = nv_malloc(n * 2);
+    uint16_t *o = nv_malloc(n * 2), *d_o = nv_malloc(n * 2);
+    float *of = nv_malloc(n * 4), *lse = nv_malloc((size_t)H * 4), *dq = nv_malloc(n * 4);
+    float *dk = nv_malloc(n * 4), *dv = nv_malloc(n * 4);
+    int32_t *idx = calloc((size_t)H, sizeof *idx);
+    ck_assert_ptr_nonnull(idx);
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x48);
+    sa_rng_fill_bf16(&r, q, n, 1.0f);
+    sa_rng_fill_bf16(&r, k, n, 1.0f);
+    sa_rng_fill_bf16(&r, v, n, 1.0f);
+    sa_rng_fill_bf16(&r, d_o, n, 1.0f);
+    ck_assert_int_eq(sa_ref_dense(&s, q, k, v, &(sa_outputs){.o = o, .o_f32 = of, .lse = lse}),
+                     SA_OK);
+    const sa_tile_lists l = {idx, NULL, H, 1}; /* per-head lists: list_heads = Hq */
+    for (int path = 0; path < 2; path++) {
+        for (size_t i = 0; i < n; i++)
+            dv[i] = NAN;
+        const int rc = path ? sa_ref_tile_sparse_backward(&s, q, k, v, &l, NULL, of, lse, d_o,
+                                                          dq, dk, dv)
+                            : sa_ref_dense_backward(&s, q, k, v, NULL, of, lse, d_o, dq, dk, dv);
+        ck_assert_int_eq(rc, SA_OK);
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(dv[i] == sa_bf16_to_f32(d_o[i]), "%s: dV[%zu] %g, dO %g",
+                          path ? "tile lists" : "dense", i, dv[i], sa_bf16_to_f32(d_o[i]));
+    }
+    free(idx);
+    free(q), free(k), free(v), free(o), free(d_o), free(of), free(lse), free(dq), free(dk),
+        free(dv);
+}
+END_TEST
+
 START_TEST(test_checks_can_fail)
 {
     sa_rng r = rng_for(6, 0);
@@ -1042,6 +1082,7 @@ int main(void)
     tcase_add_loop_test(tc, test_query, 0, NSHAPES);
     tcase_add_loop_test(tc, test_all_blocks_is_dense, 0, NSHAPES);
     tcase_add_test(tc, test_checks_can_fail);
+    tcase_add_test(tc, test_many_heads);
     suite_add_tcase(s, tc);
     TCase *fd = tcase_create("backward against finite differences");
     tcase_set_timeout(fd, 600);
