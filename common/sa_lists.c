@@ -156,19 +156,34 @@ static void draw_row(sa_rng *r, int n, int k, int32_t *perm, unsigned char *mark
             out[j++] = b;
 }
 
-static int draw_rows(const sa_shape *s, size_t rows, int k, int pair_len, uint64_t seed,
-                     int32_t *indices)
+/* Scratch for draw_rows: a permutation and a mark per KV block. */
+typedef struct draw_scratch {
+    int32_t *perm;
+    unsigned char *mark;
+} draw_scratch;
+
+/* k checked against the blocks and the scratch allocated, before any list is written. */
+static int draw_begin(const sa_shape *s, int k, draw_scratch *d)
 {
-    int n = sa_kv_blocks(s);
+    const int n = sa_kv_blocks(s);
+    d->perm = NULL;
+    d->mark = NULL;
     if (k <= 0 || k > n)
         return SA_ERR_ARG;
-    int32_t *perm = sa_sz_malloc(n, sizeof *perm);
-    unsigned char *mark = sa_sz_malloc(n, 1);
-    if (!perm || !mark) {
-        free(perm);
-        free(mark);
+    d->perm = sa_sz_malloc(n, sizeof *d->perm);
+    d->mark = sa_sz_malloc(n, 1);
+    if (!d->perm || !d->mark) {
+        free(d->perm);
+        free(d->mark);
         return SA_ERR_NOMEM;
     }
+    return SA_OK;
+}
+
+static void draw_rows(const sa_shape *s, size_t rows, int k, int pair_len, uint64_t seed,
+                      const draw_scratch *d, int32_t *indices)
+{
+    const int n = sa_kv_blocks(s);
     sa_rng r;
     sa_rng_seed(&r, seed);
     for (size_t row = 0; row < rows; row++) {
@@ -176,11 +191,8 @@ static int draw_rows(const sa_shape *s, size_t rows, int k, int pair_len, uint64
         if (pair_len > 1 && row % (size_t)pair_len)
             memcpy(out, out - k, (size_t)k * sizeof *out);
         else
-            draw_row(&r, n, k, perm, mark, out);
+            draw_row(&r, n, k, d->perm, d->mark, out);
     }
-    free(perm);
-    free(mark);
-    return SA_OK;
 }
 
 int sa_random_tile_lists(const sa_shape *s, int list_heads, int k, int pattern, uint64_t seed,
@@ -195,16 +207,19 @@ int sa_random_tile_lists(const sa_shape *s, int list_heads, int k, int pattern, 
         return SA_ERR_LIST_HEADS;
     if (!sa_enum_ok(pattern, SA_LISTS_PAIRED + 1))
         return SA_ERR_ARG;
+    draw_scratch d;
+    if ((err = draw_begin(s, k, &d)))
+        return err;
     int tiles = sa_q_tiles(s);
     /* Pairs never straddle a (batch, head): draw per head so an odd tile count stays independent. */
     size_t heads = (size_t)s->batch * list_heads;
     for (size_t h = 0; h < heads; h++) {
         int32_t *base = indices + h * (size_t)tiles * k;
         int pair = pattern == SA_LISTS_PAIRED ? 2 : 1;
-        err = draw_rows(s, (size_t)tiles, k, pair, seed + h * 0x9e3779b97f4a7c15ull, base);
-        if (err)
-            return err;
+        draw_rows(s, (size_t)tiles, k, pair, seed + h * 0x9e3779b97f4a7c15ull, &d, base);
     }
+    free(d.perm);
+    free(d.mark);
     return SA_OK;
 }
 
@@ -215,5 +230,11 @@ int sa_random_query_lists(const sa_shape *s, int k, uint64_t seed, int32_t *indi
     int err = sa_shape_check(s);
     if (err)
         return err;
-    return draw_rows(s, sa_query_rows(s), k, 1, seed, indices);
+    draw_scratch d;
+    if ((err = draw_begin(s, k, &d)))
+        return err;
+    draw_rows(s, sa_query_rows(s), k, 1, seed, &d, indices);
+    free(d.perm);
+    free(d.mark);
+    return SA_OK;
 }

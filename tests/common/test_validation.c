@@ -5,6 +5,7 @@
 #include "sa_kvcentric.h"
 #include "sa_selectors.h"
 #include "sa_test.h"
+#include "sa_test_malloc.h"
 
 static sa_shape shape(int b, int hq, int hkv, int sq, int skv, int d)
 {
@@ -143,6 +144,40 @@ START_TEST(test_random_lists)
 }
 END_TEST
 
+/* Out of memory at each allocation of the list generators: SA_ERR_NOMEM and no list written
+ * (the tile generator had drawn the first heads' rows before the next head's scratch failed). */
+START_TEST(test_random_lists_nomem)
+{
+#ifdef SA_TEST_MALLOC
+    const sa_shape s = shape(2, 8, 2, 3 * 128, 20 * 128, 64);
+    const int k = 5;
+    const size_t rows = (size_t)s.batch * s.heads_kv * sa_q_tiles(&s), qrows = sa_query_rows(&s);
+    int32_t *idx = malloc(qrows * k * sizeof *idx);
+    ck_assert_ptr_nonnull(idx);
+    for (int gen = 0; gen < 2; gen++)
+        for (int at = 1;; at++) {
+            const size_t n = (gen ? qrows : rows) * k;
+            for (size_t i = 0; i < n; i++)
+                idx[i] = -7;
+            sa_fail_at = at;
+            const int rc = gen ? sa_random_query_lists(&s, k, 1, idx)
+                               : sa_random_tile_lists(&s, s.heads_kv, k, 0, 1, idx);
+            const int reached = sa_fail_at == 0;
+            sa_fail_at = 0;
+            if (!reached) { /* the call made fewer allocations than at, and completed */
+                ck_assert_int_eq(rc, SA_OK);
+                break;
+            }
+            ck_assert_msg(rc == SA_ERR_NOMEM, "generator %d, allocation %d: rc %d", gen, at, rc);
+            for (size_t i = 0; i < n; i++)
+                ck_assert_msg(idx[i] == -7, "generator %d, allocation %d failed: lists written",
+                              gen, at);
+        }
+    free(idx);
+#endif
+}
+END_TEST
+
 /* One valid list, then each corruption with the code it must produce. */
 START_TEST(test_tile_list_errors)
 {
@@ -262,6 +297,7 @@ int main(void)
     tcase_add_test(tc, test_tile_list_errors);
     tcase_add_test(tc, test_query_list_errors);
     tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_random_lists_nomem);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }

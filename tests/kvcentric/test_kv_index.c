@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "kv_test_lists.h"
+#include "sa_test_malloc.h"
 
 static void run_case(const sa_shape *s, int m, int pattern, int tq, int with_counts, sa_rng *r)
 {
@@ -160,26 +161,11 @@ START_TEST(test_wide_tasks)
 }
 END_TEST
 
-#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
-/* This test's malloc (it takes the C library's place for the whole process): while fail_at > 0,
- * the fail_at-th call from now returns NULL. ASan keeps malloc for itself, so its build skips
- * the test. */
-#define KV_TEST_MALLOC 1
-extern void *__libc_malloc(size_t n);
-static int fail_at;
-void *malloc(size_t n)
-{
-    if (fail_at > 0 && --fail_at == 0)
-        return NULL;
-    return __libc_malloc(n);
-}
-#endif
-
 /* Out of memory at each of the reference's allocations: SA_ERR_NOMEM, and no output written
  * (offsets and entries had been written before the task array was allocated). */
 START_TEST(test_nomem_writes_nothing)
 {
-#ifdef KV_TEST_MALLOC
+#ifdef SA_TEST_MALLOC
     sa_shape s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 3, .len_kv = 200,
                   .head_dim = 128};
     int32_t idx[] = {1, 0, 1, 9, 0, 1};
@@ -189,10 +175,10 @@ START_TEST(test_nomem_writes_nothing)
         int32_t off[3] = {-7, -7, -7}, ent[6] = {-7, -7, -7, -7, -7, -7};
         sa_kv_task tasks[8];
         int ne = -7, nt = -7;
-        fail_at = at;
+        sa_fail_at = at;
         const int rc = sa_kv_index_ref(&s, &l, 2, off, ent, tasks, &ne, &nt);
-        const int reached = fail_at == 0; /* the at-th allocation happened, and failed */
-        fail_at = 0;
+        const int reached = sa_fail_at == 0; /* the at-th allocation happened, and failed */
+        sa_fail_at = 0;
         if (!reached) {
             ck_assert_int_eq(rc, SA_OK); /* fewer allocations than at: the call completed */
             ck_assert_int_ge(at, 2);     /* and it made at least one */
