@@ -54,9 +54,10 @@ uint64_t cli_u64_arg(int argc, char **argv, int *i)
     const char *s = value_of(argc, argv, i);
     char *end;
     errno = 0;
-    if (*s == '-')
-        cli_usage_error("%s: '%s' must not be negative", flag, s);
-    unsigned long long v = strtoull(s, &end, 0);
+    /* Digits only, in base 10: strtoull would skip a space before a '-' and read 010 as 8. */
+    if (*s < '0' || *s > '9')
+        cli_usage_error("%s: '%s' is not an unsigned integer", flag, s);
+    unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end)
         cli_usage_error("%s: '%s' is not an unsigned integer", flag, s);
     return (uint64_t)v;

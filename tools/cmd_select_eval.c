@@ -99,6 +99,9 @@ static void parse_choices(const char *list, eval_cfg *c)
     c->choices = 0;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (!strcmp(t, "all")) {
+            if (strcmp(list, "all"))
+                cli_usage_error("select-eval: --index: 'all' stands alone (it means "
+                                "own,qk,proj:64,proj:128)");
             parse_choices("own,qk,proj:64,proj:128", c);
             return;
         }

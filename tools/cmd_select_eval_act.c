@@ -99,6 +99,8 @@ static void parse_modes(const char *v, int *modes)
 {
     for (int m = 0; m < ACT_MODES; m++)
         modes[m] = 0;
+    if (!*v)
+        cli_usage_error("select-eval: --head-lists: empty list (group, per_head, pooled)");
     for (const char *p = v; *p;) {
         const char *end = strchr(p, ',');
         const size_t len = end ? (size_t)(end - p) : strlen(p);
@@ -418,13 +420,15 @@ int cmd_select_eval_activations(int argc, char **argv)
                     cli_json_str(c.path);
                     printf(",\"model\":");
                     cli_json_str(model ? model : "");
-                    printf(",\"layer\":%d,\"layer_type\":\"%s\",\"len\":%d,"
+                    printf(",\"layer\":%d,\"layer_type\":", L.layer);
+                    cli_json_str(type ? type : ""); /* from the file: escaped */
+                    printf(",\"len\":%d,"
                            "\"heads_q\":%d,\"heads_kv\":%d,\"head_dim\":%d,\"causal\":%d,"
                            "\"selector\":\"%s\",\"head_lists\":\"%s\",\"per_query\":%d,"
                            "\"keep_sink\":%d,\"k\":%d,\"recall_mean\":%.6f,"
                            "\"recall_p5\":%.6f,\"out_rel_l2\":%.6g,\"select_ms\":%.3f,"
                            "\"per_head\":[",
-                           L.layer, type ? type : "", s->len_q, s->heads_q, s->heads_kv,
+                           s->len_q, s->heads_q, s->heads_kv,
                            s->head_dim, L.causal, sel ? sel->name : name, mode_name[mode],
                            per_query, sel ? c.keep_sink : 0, kb,
                            all.mean, all.p5, all.err, ms);

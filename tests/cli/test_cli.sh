@@ -29,6 +29,8 @@ expect 2 "negative size" "$cli" run --len-q -5
 expect 2 "zero size" "$cli" run --heads-kv 0
 expect 2 "trailing garbage" "$cli" run --topk 4x
 expect 2 "negative seed" "$cli" run --seed -1
+expect 2 "negative seed after a space" "$cli" run --seed ' -1'
+expect 2 "hexadecimal seed" "$cli" run --seed 0x10
 expect 2 "top-k above the block count" "$cli" run --len-kv 1024 --topk 9
 expect 2 "GQA mismatch" "$cli" run --heads-q 6 --heads-kv 4
 expect 2 "bad head dim" "$cli" run --head-dim 96
@@ -49,11 +51,13 @@ expect 2 "bench selectors empty entry" "$cli" bench selectors --selectors r1,
 expect 2 "bench selectors missing list" "$cli" bench selectors --selectors
 expect 2 "bench selectors --no-validate" "$cli" bench selectors --no-validate
 expect 2 "select-eval bad flag" "$cli" select-eval --nope
+expect 2 "select-eval --index all with others" "$cli" select-eval --index all,proj:32
+expect 2 "select-eval empty --head-lists" "$cli" select-eval --activations /nonexistent --head-lists ''
 expect 0 "help" "$cli" --help
 expect 0 "run help" "$cli" run --help
 
-json=$("$cli" run "${small[@]}" --selector r4 --workload local --json) || { echo "FAIL: small run"; fail=1; }
-for field in '"selector":"r4"' '"workload":"local"' '"useful_gflops":' '"attention_s":'; do
+json=$("$cli" run "${small[@]}" --selector r4 --workload local --seed 010 --json) || { echo "FAIL: small run"; fail=1; }
+for field in '"selector":"r4"' '"workload":"local"' '"useful_gflops":' '"attention_s":' '"seed":10,'; do
     case "$json" in *"$field"*) ;; *) echo "FAIL: run --json lacks $field: $json"; fail=1 ;; esac
 done
 table=$("$cli" run --len-q 256 --len-kv 1024 --heads-q 4 --topk 2) || { echo "FAIL: small run with dense"; fail=1; }
