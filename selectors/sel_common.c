@@ -42,6 +42,8 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
         return SA_ERR_NULL;
     if (needs_qk && (!q || !k))
         return SA_ERR_NULL;
+    if ((p->q_index == NULL) != (p->k_index == NULL)) /* index vectors come in pairs */
+        return SA_ERR_NULL;
     int err = sa_shape_check(s);
     if (err)
         return err;
@@ -71,11 +73,6 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
         return SA_ERR_ARG;
     if (p->keep_local && p->keep_sink && c->kv_blocks > 1 && p->k < 2)
         return SA_ERR_ARG;
-    if ((err = sel_head_layout(s, p, modes, &c->list_heads, &c->row_width)))
-        return err;
-    c->head_lists = p->head_lists;
-    if ((p->q_index == NULL) != (p->k_index == NULL))
-        return SA_ERR_NULL;
     int qh = s->heads_q, kh = s->heads_kv;
     if (p->q_index) {
         if (p->index_dim <= 0 || p->index_dim % 16 || p->index_dim > SA_MAX_INDEX_DIM)
@@ -89,6 +86,11 @@ int sel_begin(const sa_shape *s, const uint16_t *q, const uint16_t *k, const sa_
     } else if (p->index_dim != 0 || p->index_heads != 0) {
         return SA_ERR_ARG;
     }
+    /* The head-list mode last: its SA_ERR_ARG cases, then SA_ERR_UNSUPPORTED for a mode this
+     * selector does not take (docs/api.md's order). */
+    if ((err = sel_head_layout(s, p, modes, &c->list_heads, &c->row_width)))
+        return err;
+    c->head_lists = p->head_lists;
     c->k_sel = p->k;
     c->keep_diagonal = p->keep_diagonal;
     c->keep_sink = p->keep_sink;

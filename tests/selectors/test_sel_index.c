@@ -106,6 +106,18 @@ START_TEST(test_errors)
         EXPECT(SA_ERR_ARG, &p, &s);
         p.index_dim = dim, p.k_index = NULL;
         EXPECT(SA_ERR_NULL, &p, &s);
+        /* docs/api.md's order: a lone index vector is SA_ERR_NULL before any shape or option
+         * code; the index options' SA_ERR_ARG before a head-list mode's SA_ERR_UNSUPPORTED. */
+        p.k = 0;
+        EXPECT(SA_ERR_NULL, &p, &s);
+        sa_shape bad_dim = s;
+        bad_dim.head_dim = 96;
+        EXPECT(SA_ERR_NULL, &p, &bad_dim);
+        p = d, p.q_index = qi, p.k_index = ki, p.index_dim = 17;
+        for (int mode = SA_HEAD_LISTS_GROUP; mode <= SA_HEAD_LISTS_POOLED; mode++) {
+            p.head_lists = mode;
+            EXPECT(SA_ERR_ARG, &p, &s);
+        }
         /* index_heads without index vectors, with or without index_dim. */
         p = d, p.index_heads = 4;
         EXPECT(SA_ERR_ARG, &p, &s);
