@@ -74,6 +74,8 @@ int sa_lists_recall_stats(const sa_shape *s, const float *mass, int per_query,
         return err;
     if (!(percentile >= 0.0 && percentile <= 1.0))
         return SA_ERR_ARG;
+    if (k <= 0 || k > sa_kv_blocks(s) || !sa_flag_ok(per_query)) /* before the allocation */
+        return SA_ERR_ARG;
     float *recall = sa_sz_malloc((int64_t)sa_lse_elems(s), sizeof *recall);
     if (!recall)
         return SA_ERR_NOMEM;
@@ -171,6 +173,17 @@ static int output_error(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         return SA_ERR_ARG;
     if (opts && (err = sa_attn_opts_check(opts)))
         return err;
+    /* The lists' codes before any allocation (the reference checks them again; cheap). */
+    const sa_query_lists ql = {indices, counts, max_blocks};
+    const sa_tile_lists tl = {indices, counts, list_heads, max_blocks};
+    if (!opts || opts->validate) {
+        sa_attn_opts o_def;
+        sa_attn_opts_default(&o_def);
+        const sa_attn_opts *vo = opts ? opts : &o_def;
+        if ((err = per_query ? sa_query_lists_check_opts(s, &ql, vo)
+                             : sa_tile_lists_check_opts(s, &tl, vo)))
+            return err;
+    }
     const size_t nq = sa_q_elems(s);
     uint16_t *o = sa_sz_malloc((int64_t)nq, sizeof *o);
     float *of = sa_sz_malloc((int64_t)nq, sizeof *of);
@@ -178,15 +191,9 @@ static int output_error(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     if (!o || !of || (!dense_f32 && !dense))
         err = SA_ERR_NOMEM;
     sa_outputs so = {o, of, NULL};
-    if (!err) {
-        if (per_query) {
-            sa_query_lists l = {indices, counts, max_blocks};
-            err = sa_ref_query_sparse(s, q, k, v, &l, opts, &so);
-        } else {
-            sa_tile_lists l = {indices, counts, list_heads, max_blocks};
-            err = sa_ref_tile_sparse(s, q, k, v, &l, opts, &so);
-        }
-    }
+    if (!err)
+        err = per_query ? sa_ref_query_sparse(s, q, k, v, &ql, opts, &so)
+                        : sa_ref_tile_sparse(s, q, k, v, &tl, opts, &so);
     if (!err && !dense_f32) {
         sa_outputs dout = {o, dense, NULL}; /* o is no longer needed: reuse it */
         err = sa_ref_dense_opts(s, q, k, v, opts, &dout);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "sa_test.h"
+#include "sa_test_malloc.h"
 
 #define SEED ((unsigned long long)sa_test_seed())
 
@@ -218,6 +219,36 @@ END_TEST
 /* Q = 0 makes the softmax uniform over the keys a query reads, so the output is the mean of V
  * over them: V is 1 on block 0's keys and 3 on block 1's. Dense gives 2; a list {0} gives 1 and
  * {1} gives 3: relative error 0.5 either way, 0 with both blocks. */
+/* With memory short from the first allocation on, bad lists and a bad k still get their own
+ * codes: the quality functions check them before they allocate (they had answered
+ * SA_ERR_NOMEM). */
+START_TEST(test_quality_codes_before_memory)
+{
+#ifdef SA_TEST_MALLOC
+    const sa_shape s = {1, 2, 1, 128, 256, 64};
+    uint16_t *q = calloc(sa_q_elems(&s), 2), *k = calloc(sa_kv_elems(&s), 2),
+             *v = calloc(sa_kv_elems(&s), 2);
+    float *mass = calloc(sa_lse_elems(&s) * 2, sizeof *mass);
+    ck_assert(q && k && v && mass);
+    const int32_t b0[1] = {0};
+    const sa_tile_lists bad_heads = {b0, NULL, 5, 1}, no_blocks = {b0, NULL, 1, 0};
+    double err, mean, low;
+    sa_fail_at = 1;
+    const int rc_heads = sa_tile_lists_output_error(&s, q, k, v, &bad_heads, NULL, NULL, &err);
+    sa_fail_at = 1;
+    const int rc_blocks = sa_tile_lists_output_error(&s, q, k, v, &no_blocks, NULL, NULL, &err);
+    sa_fail_at = 1;
+    const int rc_k = sa_lists_recall_stats(&s, mass, 0, b0, NULL, 0, NULL, 0.5, &mean, &low,
+                                           NULL);
+    sa_fail_at = 0;
+    ck_assert_int_eq(rc_heads, SA_ERR_LIST_HEADS);
+    ck_assert_int_eq(rc_blocks, SA_ERR_MAX_BLOCKS);
+    ck_assert_int_eq(rc_k, SA_ERR_ARG);
+    free(q), free(k), free(v), free(mass);
+#endif
+}
+END_TEST
+
 START_TEST(test_output_error_by_hand)
 {
     const sa_shape s = {1, 1, 1, 128, 256, 64};
@@ -587,6 +618,7 @@ int main(void)
     tcase_add_test(tc, test_overlap_by_hand);
     tcase_add_test(tc, test_rel_l2_by_hand);
     tcase_add_test(tc, test_output_error_by_hand);
+    tcase_add_test(tc, test_quality_codes_before_memory);
     tcase_add_test(tc, test_output_error_causal_by_hand);
     tcase_add_loop_test(tc, test_random_against_plain, 0, 6);
     suite_add_tcase(s, tc);
