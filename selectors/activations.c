@@ -551,12 +551,16 @@ static const char *meta_get(const sa_act_file *f, const char *key)
     return NULL;
 }
 
+/* "layers.L.key" compared in its parts, so no key is too long to look up (a fixed buffer had cut
+ * long keys short and matched another entry). */
 static const char *layer_meta(const sa_act_file *f, int layer, const char *key)
 {
-    char k[96];
-    snprintf(k, sizeof k, "layers.%d.%s", layer, key);
-    const char *v = meta_get(f, k);
-    return v ? v : meta_get(f, key);
+    char prefix[32];
+    const int np = snprintf(prefix, sizeof prefix, "layers.%d.", layer);
+    for (int i = 0; i < f->n_meta; i++)
+        if (!strncmp(f->meta_key[i], prefix, (size_t)np) && !strcmp(f->meta_key[i] + np, key))
+            return f->meta_val[i];
+    return meta_get(f, key);
 }
 
 static int num_meta(const sa_act_file *f, act_err *e, int layer, const char *key, double lo,

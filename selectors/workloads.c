@@ -28,7 +28,7 @@ static const sa_workload workloads[] = {
      "logit bonus of a key at the query's own position", 4.0},
     {"sink", "4 early keys (token 0 and 3 in the first 512) that every query attends to",
      "logit bonus of a sink key", 6.0},
-    {"needle", "one query tile in 4 strongly matches 8 keys planted in one random block",
+    {"needle", "one query tile in 2 strongly matches 2 keys planted in one random block",
      "logit bonus of a planted key for its tile's queries", 8.0},
     {"clustered", "queries and keys in runs of 32..256 tokens around 8 shared directions",
      "logit bonus of a key in the query's cluster", 4.0},

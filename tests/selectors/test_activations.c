@@ -326,6 +326,35 @@ START_TEST(test_framing)
 }
 END_TEST
 
+/* Metadata keys longer than any fixed buffer: each layer key finds its own entry (a 96-byte
+ * buffer had cut "layers.11." + 90 letters short, to the key of another entry). */
+START_TEST(test_long_layer_keys)
+{
+    fixture *x = make_fixture();
+    char a90[91], a86[87], edit[400], hdr[4600];
+    memset(a90, 'a', 90), a90[90] = 0;
+    memset(a86, 'a', 86), a86[86] = 0;
+    snprintf(edit, sizeof edit,
+             "\"layers.11.%s\":\"long\",\"layers.11.%s\":\"short\",\"model\":", a90, a86);
+    const char *at = strstr(x->hdr, "\"model\":");
+    ck_assert_ptr_nonnull(at);
+    snprintf(hdr, sizeof hdr, "%.*s%s%s", (int)(at - x->hdr), x->hdr, edit,
+             at + strlen("\"model\":"));
+    char *path = temp_path();
+    write_file(path, hdr, x->data, x->dlen);
+    char err[256];
+    sa_act_file *f = NULL;
+    ck_assert_msg(sa_act_open(path, &f, err, sizeof err) == SA_OK, "open: %s", err);
+    ck_assert_str_eq(sa_act_layer_meta(f, 1, a90), "long");
+    ck_assert_str_eq(sa_act_layer_meta(f, 1, a86), "short");
+    ck_assert_ptr_null(sa_act_layer_meta(f, 0, a90));
+    sa_act_close(f);
+    unlink(path);
+    free(path);
+    free_fixture(x);
+}
+END_TEST
+
 /* A file cut short after it was opened (the reader checked the sizes then): every read of a
  * layer fails with SA_ERR_ARG, the BF16 tensors' and the F32 one's alike, and nothing crashes. */
 START_TEST(test_read_after_truncation)
@@ -357,6 +386,7 @@ int main(void)
     tcase_add_loop_test(tc, test_malformed, 0, NBAD);
     tcase_add_test(tc, test_framing);
     tcase_add_test(tc, test_read_after_truncation);
+    tcase_add_test(tc, test_long_layer_keys);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
