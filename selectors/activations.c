@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <locale.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,6 +21,48 @@
 #define ACT_MAX_RANK 8
 #define ACT_MAX_DEPTH 64
 #define ACT_MAX_LAYER 999999
+
+/* Past a JSON number at s (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), or NULL: strtod takes
+ * more (hexadecimal, inf, nan, leading zeros) and follows the locale's decimal point. */
+static const char *json_number_end(const char *s)
+{
+    if (*s == '-')
+        s++;
+    if (*s == '0')
+        s++;
+    else if (*s >= '1' && *s <= '9')
+        while (*s >= '0' && *s <= '9')
+            s++;
+    else
+        return NULL;
+    if (*s == '.') {
+        if (!(*++s >= '0' && *s <= '9'))
+            return NULL;
+        while (*s >= '0' && *s <= '9')
+            s++;
+    }
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-')
+            s++;
+        if (!(*s >= '0' && *s <= '9'))
+            return NULL;
+        while (*s >= '0' && *s <= '9')
+            s++;
+    }
+    return s;
+}
+
+/* The value of the JSON number at s (json_number_end checked it), read in the "C" locale
+ * whatever the program's LC_NUMERIC. */
+static double json_number_value(const char *s)
+{
+    locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    const double x = c ? strtod_l(s, NULL, c) : strtod(s, NULL);
+    if (c)
+        freelocale(c);
+    return x;
+}
 
 typedef struct act_tensor {
     char *name;
@@ -288,11 +331,8 @@ static int js_skip(js *j, int depth)
     if (c == 'n')
         return js_literal(j, "null");
     if (c == '-' || (c >= '0' && c <= '9')) {
-        const char *s = j->p;
-        char *e;
-        errno = 0;
-        (void)strtod(s, &e); /* the header is NUL-terminated past its end */
-        if (e == s || e > j->end)
+        const char *e = json_number_end(j->p); /* the header is NUL-terminated past its end */
+        if (!e || e > j->end)
             return js_bad(j, "bad number");
         j->p = e;
         return SA_OK;
@@ -569,11 +609,9 @@ static int num_meta(const sa_act_file *f, act_err *e, int layer, const char *key
     const char *v = layer_meta(f, layer, key);
     if (!v)
         return 0;
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi ||
-        (integer && x != floor(x)))
+    const char *end = json_number_end(v);
+    const double x = end && !*end ? json_number_value(v) : NAN;
+    if (!end || *end || !isfinite(x) || x < lo || x > hi || (integer && x != floor(x)))
         return fail(e, SA_ERR_ARG, "layer %d: metadata %s = '%s' is not %s in [%g, %g]", layer,
                     key, v, integer ? "an integer" : "a number", lo, hi);
     *out = x;

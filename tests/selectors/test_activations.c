@@ -2,6 +2,7 @@
  * files this test writes itself: layers, shapes, metadata, BF16 and F32 data, rank 3 and 4, then
  * every malformed file it must refuse with a message, a file cut short after it was opened, and
  * the reference run on what it read. */
+#include <locale.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,6 +216,8 @@ static const bad_case bad_cases[] = {
     {"\"head_dim\":\"64\"", "\"head_dim\":\"6x\"", "head_dim"},
     {"\"causal\":\"1\"", "\"causal\":\"2\"", "causal"},
     {"\"scale\":\"0.125\"", "\"scale\":\"0\"", "scale"},
+    {"\"scale\":\"0.125\"", "\"scale\":\"0x1p-3\"", "scale"}, /* JSON numbers only */
+    {"\"scale\":\"0.125\"", "\"scale\":\"0,125\"", "scale"},
     {"\"layers.11.sliding_window\":\"512\"", "\"layers.11.sliding_window\":\"-1\"",
      "sliding_window"},
     {"\"layers.3.v\"", "\"layers.3.w\"", "layers.3.v"},
@@ -233,6 +236,9 @@ static const bad_case bad_cases[] = {
     {"\\u00e9", "\\u00g9", "escape"},
     {"\\u00e9", "\\u0000", "NUL"},
     {"[true,false,null", "[true,fals,null", "value"},
+    {"-1.5e3", "007", "expected"}, /* the number 0, then garbage */
+    {"-1.5e3", "-1.5e", "number"},
+    {"-1.5e3", "-nan", "number"},
     {"\"a\":[]}]}}", "\"a\":[]}]}", "expected"},
     {"\"a\":[]}]}}", "\"a\":[]}]}},", "after"},
     {"[1,2,130,64],\"data_offsets\"", "[1,2,130,064],\"data_offsets\"", "zero"},
@@ -328,6 +334,31 @@ END_TEST
 
 /* Metadata keys longer than any fixed buffer: each layer key finds its own entry (a 96-byte
  * buffer had cut "layers.11." + 90 letters short, to the key of another entry). */
+/* Numbers in the metadata read the same under a locale whose decimal point is a comma (strtod
+ * follows LC_NUMERIC). Skipped where no such locale is installed. */
+START_TEST(test_numbers_ignore_locale)
+{
+    static const char *const comma[] = {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "fr_FR.utf8",
+                                        "de_DE", "fr_FR"};
+    int set = 0;
+    for (size_t i = 0; i < sizeof comma / sizeof comma[0] && !set; i++)
+        set = setlocale(LC_NUMERIC, comma[i]) != NULL;
+    if (!set)
+        return;
+    fixture *x;
+    char *path;
+    sa_act_file *f = open_fixture(&x, &path);
+    setlocale(LC_NUMERIC, "C");
+    sa_act_layer l;
+    ck_assert_int_eq(sa_act_layer_info(f, 0, &l), SA_OK);
+    ck_assert(l.scale == 0.125 && l.rope_theta == 1e4);
+    sa_act_close(f);
+    unlink(path);
+    free(path);
+    free_fixture(x);
+}
+END_TEST
+
 START_TEST(test_long_layer_keys)
 {
     fixture *x = make_fixture();
@@ -387,6 +418,7 @@ int main(void)
     tcase_add_test(tc, test_framing);
     tcase_add_test(tc, test_read_after_truncation);
     tcase_add_test(tc, test_long_layer_keys);
+    tcase_add_test(tc, test_numbers_ignore_locale);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
