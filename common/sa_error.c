@@ -13,7 +13,8 @@ const char *sa_strerror(int code)
     case SA_ERR_COUNT: return "block list: a row count lies outside [0, max_blocks]";
     case SA_ERR_EMPTY_ROW: return "block list: a row has count 0 but empty rows are not allowed";
     case SA_ERR_LIST_HEADS: return "block list: list_heads must equal heads_kv or heads_q";
-    case SA_ERR_MAX_BLOCKS: return "block list: max_blocks must be positive";
+    case SA_ERR_MAX_BLOCKS:
+        return "block list: max_blocks must be positive, and the list array within the element limit";
     case SA_ERR_ARG: return "an argument is out of range (for example top-k larger than the number of blocks)";
     case SA_ERR_NOMEM: return "out of memory (host or device)";
     case SA_ERR_UNSUPPORTED: return "this kernel does not support the shape (see the stage's assumptions)";
