@@ -340,16 +340,23 @@ int sel_pool_end(sel_ctx *c, int err, int32_t *indices, int32_t *counts)
     const int h = c->list_heads / c->s.heads_kv, nb = c->kv_blocks;
     const int groups = c->s.batch * c->s.heads_kv * c->q_tiles;
     int oom = 0;
-#pragma omp parallel reduction(| : oom) if (!err)
+#pragma omp parallel if (!err)
     {
         unsigned char *mark = sa_sz_malloc(sa_sz_mul(h, nb), 1);
         int *have = malloc((size_t)h * sizeof *have);
         pool_cand *cand = sa_sz_malloc(sa_sz_mul(h, nb), sizeof *cand);
-        if (!mark || !have || !cand)
+        if (!mark || !have || !cand) {
+#pragma omp atomic write
             oom = 1;
+        }
+        /* Every thread's scratch before any row: a call out of memory writes nothing. */
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = oom;
 #pragma omp for schedule(dynamic, 4)
         for (int g = 0; g < groups; g++) {
-            if (oom || err)
+            if (failed || err)
                 continue;
             /* g = (b * Hkv + kv head) * q_tiles + t; the group's first row is that of query
              * head kv_head * h. */

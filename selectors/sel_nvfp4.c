@@ -140,16 +140,23 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const int per_bh = per_query ? s->len_q : c.q_tiles;
     const int rows = s->batch * c.list_heads * per_bh;
     int oom = 0;
-#pragma omp parallel reduction(| : oom)
+#pragma omp parallel
     {
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
         float *score = w.score;
-        if (w_oom)
+        if (w_oom) {
+#pragma omp atomic write
             oom = 1;
+        }
+        /* Every thread's scratch before any row: a call out of memory writes nothing. */
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = oom;
 #pragma omp for schedule(dynamic, 16)
         for (int r = 0; r < rows; r++) {
-            if (oom)
+            if (failed)
                 continue;
             int bh = r / per_bh, x = r % per_bh;
             int b = bh / c.list_heads, lh = bh % c.list_heads;

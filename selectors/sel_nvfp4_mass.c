@@ -74,7 +74,7 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const int rows = s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
     ref_blas_single_begin(); /* the rows run in parallel: OpenBLAS's own pool would oversubscribe */
-#pragma omp parallel reduction(| : oom)
+#pragma omp parallel
     {
         double *acc = malloc((size_t)n * sizeof *acc);
         double *part = malloc((size_t)n * sizeof *part); /* one query's unnormalized block sums */
@@ -82,11 +82,18 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         float *qs = sa_sz_malloc(sa_sz_mul(SA_TILE, dim), sizeof *qs); /* the sampled rows */
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
-        if (!acc || !part || !sc || !qs || w_oom)
+        if (!acc || !part || !sc || !qs || w_oom) {
+#pragma omp atomic write
             oom = 1;
+        }
+        /* Every thread's scratch before any row: a call out of memory writes nothing. */
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = oom;
 #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < rows; r++) {
-            if (oom)
+            if (failed)
                 continue;
             const int t = r % c.q_tiles, bh = r / c.q_tiles;
             const int b = bh / c.list_heads, lh = bh % c.list_heads;

@@ -30,17 +30,24 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         err = sel_pool_begin(&c);
     const int rows = s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
-#pragma omp parallel reduction(| : oom) if (!err)
+#pragma omp parallel if (!err)
     {
         double *acc = malloc((size_t)n * sizeof *acc);
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
         float *score = w.score;
-        if (!acc || w_oom)
+        if (!acc || w_oom) {
+#pragma omp atomic write
             oom = 1;
+        }
+        /* Every thread's scratch before any row: a call out of memory writes nothing. */
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = oom;
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
-            if (oom || err)
+            if (failed || err)
                 continue;
             int t = r % c.q_tiles, bh = r / c.q_tiles;
             int b = bh / c.list_heads, lh = bh % c.list_heads;

@@ -125,18 +125,25 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         err = sel_pool_begin(&c);
     const int rows = err ? 0 : s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
-#pragma omp parallel reduction(| : oom) if (rows > 0)
+#pragma omp parallel if (rows > 0)
     {
         double *acc = malloc((size_t)n * sizeof *acc);
         /* per key group: the rest's logit and weight, the outlier's logit and weight */
         double *lr = malloc((size_t)kg * 4 * sizeof *lr);
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
-        if (!acc || !lr || w_oom)
+        if (!acc || !lr || w_oom) {
+#pragma omp atomic write
             oom = 1;
+        }
+        /* Every thread's scratch before any row: a call out of memory writes nothing. */
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = oom;
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
-            if (oom)
+            if (failed)
                 continue;
             double *wr = lr + kg, *lo = wr + kg, *wo = lo + kg;
             const int t = r % c.q_tiles, bh = r / c.q_tiles; /* bh = b * list_heads + lh */

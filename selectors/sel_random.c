@@ -18,18 +18,25 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     const int n = c.kv_blocks, kk = c.k_sel;
     const int rows = s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
-#pragma omp parallel reduction(| : oom)
+#pragma omp parallel
     {
         /* A random score per block, picked like any other selector's scores: forced blocks and
          * the sorted output come from the shared top-k. */
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
         float *score = w.score;
-        if (w_oom)
+        if (w_oom) {
+#pragma omp atomic write
             oom = 1;
+        }
+        /* Every thread's scratch before any row: a call out of memory writes nothing. */
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = oom;
 #pragma omp for schedule(static)
         for (int r = 0; r < rows; r++) {
-            if (oom)
+            if (failed)
                 continue;
             sa_rng rng;
             sa_rng_seed(&rng, seed + (uint64_t)r * ROW_STRIDE);

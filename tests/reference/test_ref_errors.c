@@ -3,9 +3,9 @@
 #include <inttypes.h>
 #include <omp.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "naive.h"
+#include "sa_test_malloc.h"
 
 static const sa_shape good = {
     .batch = 1, .heads_q = 4, .heads_kv = 2, .len_q = 130, .len_kv = 300, .head_dim = 64};
@@ -348,33 +348,10 @@ START_TEST(test_size_limits)
 }
 END_TEST
 
-/* Out of memory, with one thread short and the other not: this test's malloc (it takes the
- * place of the C library's for the whole process, the library's calls included) fails every
- * block of at least `nomem_min` bytes that OpenMP thread 1 asks for while `nomem_min` is set,
- * after a short wait.
- * The call must return SA_ERR_NOMEM and write nothing, although thread 0 could have computed
- * rows: every thread's scratch is in hand before any row. ASan keeps malloc for itself, so its
- * build skips this. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SA_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SA_TEST_ASAN 1
-#endif
-#endif
-#if defined(__GLIBC__) && !defined(SA_TEST_ASAN)
-#define SA_TEST_MALLOC 1
-extern void *__libc_malloc(size_t n);
-static volatile size_t nomem_min; /* 0: no failures */
-void *malloc(size_t n)
-{
-    if (nomem_min && n >= nomem_min && omp_get_thread_num() == 1) {
-        usleep(20000); /* late, as a failing system call may be: thread 0 reaches rows first */
-        return NULL;
-    }
-    return __libc_malloc(n);
-}
-
+/* Out of memory, with one thread short and the other not (sa_test_malloc.h refuses thread 1's
+ * large blocks): the call must return SA_ERR_NOMEM and write nothing, although thread 0 could
+ * have computed rows: every thread's scratch is in hand before any row. */
+#ifdef SA_TEST_MALLOC
 typedef struct nomem_call {
     const sa_shape *s;
     const nv_case *c;
@@ -424,7 +401,7 @@ START_TEST(test_nomem_writes_nothing)
     const struct {
         const char *what;
         nomem_call k;
-        size_t min;
+        size_t min; /* the smallest of thread 1's blocks refused */
     } cases[] = {
         {"dense", {&big, &bc, NULL, NULL, &bo}, 1 << 20},
         {"tile lists", {&big, &bc, &tl, NULL, &bo}, 1 << 20},
@@ -435,9 +412,9 @@ START_TEST(test_nomem_writes_nothing)
         nv_out_poison(k->out, k->s);
         ck_assert_msg(nomem_run(k) == SA_OK, "%s: the call failed with memory", cases[i].what);
         nv_out_poison(k->out, k->s);
-        nomem_min = cases[i].min;
+        sa_fail_thread1 = cases[i].min;
         const int rc = nomem_run(k);
-        nomem_min = 0;
+        sa_fail_thread1 = 0;
         ck_assert_msg(nv_out_untouched(k->out, k->s),
                       "%s: a call out of memory wrote output (rc %d)", cases[i].what, rc);
         ck_assert_msg(rc == SA_ERR_NOMEM, "%s: rc %d, expected SA_ERR_NOMEM", cases[i].what, rc);

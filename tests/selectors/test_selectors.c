@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sa_test_malloc.h"
 #include "sel_test.h"
 
 typedef struct inputs {
@@ -302,6 +303,48 @@ START_TEST(test_null_params)
 }
 END_TEST
 
+/* Out of memory with one thread short and the other not (sa_test_malloc.h refuses thread 1's
+ * blocks): every selector returns SA_ERR_NOMEM and writes no list, in each head-list mode it
+ * takes (the threads that had their scratch used to write their rows). */
+START_TEST(test_nomem_writes_nothing)
+{
+#ifdef SA_TEST_MALLOC
+    omp_set_dynamic(0);
+    omp_set_num_threads(2);
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() + 9);
+    inputs in = make_inputs(&r, 1, 4, 2, 8 * 128, 16 * 128, 64);
+    const size_t cap = (size_t)sa_query_rows(&in.s) * 16; /* the widest rows written here */
+    int32_t *idx = malloc(cap * sizeof *idx), *cnt = malloc(cap * sizeof *cnt);
+    ck_assert(idx && cnt);
+    for (int i = 0; i < sa_selector_count(); i++) {
+        const sa_selector *sel = sa_selector_at(i);
+        for (int mode = SA_HEAD_LISTS_GROUP; mode <= SA_HEAD_LISTS_POOLED; mode++) {
+            if (!(sel->head_lists & SA_HEAD_LISTS_BIT(mode)))
+                continue;
+            sa_select_params p;
+            sa_select_params_default(&p);
+            p.k = 4;
+            p.head_lists = mode;
+            for (size_t j = 0; j < cap; j++)
+                idx[j] = cnt[j] = -7;
+            sa_fail_thread1 = 1;
+            const int rc = sel->cpu(&in.s, in.q, in.k, &p, idx, cnt);
+            sa_fail_thread1 = 0;
+            ck_assert_msg(rc == SA_ERR_NOMEM, "%s, head lists %d: rc %d", sel->name, mode, rc);
+            for (size_t j = 0; j < cap; j++)
+                ck_assert_msg(idx[j] == -7 && cnt[j] == -7,
+                              "%s, head lists %d: a call out of memory wrote lists", sel->name,
+                              mode);
+        }
+    }
+    free(idx);
+    free(cnt);
+    free_inputs(&in);
+#endif
+}
+END_TEST
+
 START_TEST(test_registry)
 {
     ck_assert_int_ge(sa_selector_count(), 6);
@@ -472,6 +515,7 @@ int main(void)
     tcase_add_test(tc, test_random);
     tcase_add_test(tc, test_oracle_bound);
     tcase_add_test(tc, test_block_mass);
+    tcase_add_test(tc, test_nomem_writes_nothing);
     suite_add_tcase(s, tc);
     suite_add_tcase(s, tc_nvfp4());
     suite_add_tcase(s, tc_workloads());
