@@ -1,6 +1,7 @@
 """The attention entry points. Each takes numpy arrays or CPU torch tensors (the CPU reference,
 exact up to FP32 accumulation) or torch CUDA tensors (the GPU stages / the KV-centric path)."""
 import ctypes
+import numbers
 
 import numpy as np
 
@@ -114,8 +115,8 @@ def query_sparse_attention(q, k, v, indices, counts=None, *, layout="bhsd", vali
         raise ValueError("partial_format must be 'f32' or 'bf16', got %r" % (partial_format,))
     if schedule not in ("kv", "hybrid"):
         raise ValueError("schedule must be 'kv' or 'hybrid', got %r" % (schedule,))
-    if hybrid_share is not None and (isinstance(hybrid_share, bool) or
-                                     not isinstance(hybrid_share, int) or
+    if hybrid_share is not None and (isinstance(hybrid_share, (bool, np.bool_)) or
+                                     not isinstance(hybrid_share, numbers.Integral) or
                                      not 1 <= hybrid_share <= TILE):
         raise ValueError("hybrid_share must be None or an int in 1..%d, got %r"
                          % (TILE, hybrid_share))

@@ -116,7 +116,12 @@ def random_tile_lists(shape, list_heads, max_blocks, pattern=SA_LISTS_INDEPENDEN
     (the lists the GPU benchmarks feed the stages). pattern SA_LISTS_INDEPENDENT (0) draws each
     row alone, SA_LISTS_PAIRED (1) gives the Q tiles 2i and 2i + 1 the same row. shape is an
     SaShape or (batch, heads_q, heads_kv, len_q, len_kv, head_dim). Runs without a GPU."""
-    s = shape if isinstance(shape, SaShape) else SaShape(*(int(x) for x in shape))
+    fields = tuple(int(x) for x in shape) if not isinstance(shape, SaShape) else ()
+    for name, x in zip(("shape", "shape", "shape", "shape", "shape", "shape", "list_heads",
+                        "max_blocks"), fields + (int(list_heads), int(max_blocks))):
+        if not -2**31 <= x < 2**31:  # ctypes would wrap it: the buffer and C would disagree
+            raise ValueError("%s: %d does not fit an int" % (name, x))
+    s = shape if isinstance(shape, SaShape) else SaShape(*fields)
     # The library judges the arguments (SA_ERR_SHAPE, _LIST_HEADS, _ARG) before it writes.
     dims = tuple(max(0, int(x)) for x in (s.batch, list_heads, (s.len_q + TILE - 1) // TILE,
                                           max_blocks))

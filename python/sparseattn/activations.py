@@ -12,6 +12,7 @@ reader is selectors/activations.c (include/sa_activations.h)."""
 import ctypes
 import json
 import math
+import os
 import struct
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 FORMAT = "sparseattn.activations"
 FORMAT_VERSION = "1"
 MAX_HEADER = 100_000_000  # the safetensors limit
+MAX_LAYER = 999_999  # the largest layer index the C reader takes (ACT_MAX_LAYER)
 
 
 def bf16_bits(x):
@@ -47,27 +49,31 @@ def _as_bf16(name, x):
     if x.dtype.kind != "f":
         raise TypeError("%s: dtype %s, expected a float array or uint16 BF16 bits"
                         % (name, x.dtype))
-    return bf16_bits(x.astype(np.float32))
+    return bf16_bits(x.astype(np.float32))  # float64: cast to float32 first (two roundings)
 
 
 def write(path, layers, metadata=None):
     """Writes {layer index: (q, k, v)} as tensors layers.<L>.q/k/v, BF16 little-endian.
 
-    q is (B, Hq, Sq, D), k and v (B, Hkv, Skv, D) (or rank 3 without B), float arrays (rounded to
-    BF16, nearest even) or uint16 BF16 bits. metadata: string -> string (numbers are turned into
-    strings); "format" is set, and "heads_q", "heads_kv", "head_dim" are filled in from the
-    first layer's tensors when absent ("layers.<L>.<key>" for a layer that differs). Returns the
-    number of bytes written."""
+    q is (B, Hq, Sq, D), k and v (B, Hkv, Skv, D) (or rank 3 without B), float arrays (cast to
+    float32, then rounded to BF16, nearest even) or uint16 BF16 bits; layer indices 0 ..
+    MAX_LAYER (the C reader's range). metadata: string -> string (numbers, numpy's included, and
+    booleans, as 1 or 0, are turned into strings; a None value leaves its key out, as a model
+    config's "no sliding window"); "format" is set, and "heads_q", "heads_kv", "head_dim" are
+    filled in from the first layer's tensors when absent ("layers.<L>.<key>" for a layer that
+    differs). Returns the number of bytes written."""
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION}
     for key, value in (metadata or {}).items():
         if not isinstance(key, str):
             raise TypeError("metadata keys are strings, got %r" % (key,))
-        meta[key] = value if isinstance(value, str) else _meta_str(value)
+        if value is not None:
+            meta[key] = value if isinstance(value, str) else _meta_str(value)
     meta["format"] = FORMAT
     header, blobs, offset = {}, [], 0
     for layer in sorted(layers):
-        if not isinstance(layer, (int, np.integer)) or layer < 0:
-            raise ValueError("layer indices are integers >= 0, got %r" % (layer,))
+        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) \
+                or not 0 <= layer <= MAX_LAYER:
+            raise ValueError("layer indices are integers in 0..%d, got %r" % (MAX_LAYER, layer))
         q, k, v = layers[layer]
         arrays = [_as_bf16("layers.%d.%s" % (layer, w), x) for w, x in zip("qkv", (q, k, v))]
         q4, k4 = (a.reshape((1,) + a.shape) if a.ndim == 3 else a for a in arrays[:2])
@@ -104,10 +110,10 @@ def write(path, layers, metadata=None):
 
 
 def _meta_str(value):
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         return "1" if value else "0"
-    if isinstance(value, float):
-        return repr(value)
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))  # numpy 2's repr of np.float64 names the type
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     if isinstance(value, (list, tuple)):
@@ -193,7 +199,7 @@ def read_with_library(path):
     lib, check = _library()
     handle = ctypes.c_void_p()
     err = ctypes.create_string_buffer(512)
-    rc = lib.sa_act_open(str(path).encode(), ctypes.byref(handle), err, len(err))
+    rc = lib.sa_act_open(os.fsencode(path), ctypes.byref(handle), err, len(err))
     check(rc, "sa_act_open", err.value.decode(errors="replace"))
     try:
         meta = {}

@@ -123,6 +123,22 @@ def test_writer_checks(rng, tmp_path):
         act.write(tmp_path / "x", {0: (q[0, 0], k, v)})
     with pytest.raises(TypeError):
         act.write(tmp_path / "x", {0: (q.astype(np.int32), k, v)})
+    # Past the C reader's range: it would skip the layer without a word.
+    with pytest.raises(ValueError, match="0..999999"):
+        act.write(tmp_path / "x", {act.MAX_LAYER + 1: (q, k, v)})
+
+
+def test_metadata_values_the_c_reader_takes(rng, tmp_path):
+    """numpy scalars, booleans and None (a model config's "no window") in the metadata: the C
+    reader opens the file and reads the numbers; a bytes path works too."""
+    q, k, v = _layers(rng)[2]
+    path = tmp_path / "m.safetensors"
+    meta = {"causal": np.True_, "sliding_window": None, "scale": 1 / np.sqrt(np.float64(64)),
+            "rope_theta": np.float32(1e4), "heads_q": np.int64(q.shape[1])}
+    act.write(path, {2: (q, k, v)}, meta)
+    _, info, meta = act.read_with_library(bytes(path))
+    assert info[2]["scale"] == 0.125 and info[2]["causal"] and info[2]["rope_theta"] == 1e4
+    assert "sliding_window" not in meta
 
 
 def _cli():
