@@ -140,8 +140,9 @@ SA_API const sa_selector *sa_selector_by_name(const char *name);
  *     and, with len_q == len_kv, names the same block. */
 #define SA_MAX_INDEX_DIM 1024
 
-/* Entries of `indices` a selector writes: B*Hkv*q_tiles*k (tile lists) or B*Hkv*Sq*k
- * (per-query lists). 0 if an argument is NULL. */
+/* Entries of `indices` a selector writes with group lists (the default head_lists):
+ * B*Hkv*q_tiles*k (tile lists) or B*Hkv*Sq*k (per-query lists); sa_select_layout gives every
+ * mode's. 0 if an argument is NULL. */
 SA_API size_t sa_selector_list_len(const sa_selector *sel, const struct sa_shape *s, int k);
 
 /* The list layout a selector writes under params p (NULL: defaults): *list_heads (Hkv, or Hq

@@ -132,11 +132,15 @@ extern "C" int sel_cuda_run_host(const sa_selector *sel, const sa_shape *s, cons
     sa_select_params dp = *p;
     // Heads of the index vectors (Hq and Hkv, or index_heads for both).
     int iqh = 0, ikh = 0;
+    // The layout the call writes in its head-list mode (per-head and pooled lists have Hq list
+    // heads and pooled rows pool_cap entries; sa_selector_list_len counts the group's only).
+    int list_heads = 0, per_head = 0, width = 0;
     const bool sized = sa_shape_check(s) == SA_OK && p->k > 0 && p->k <= sa_kv_blocks(s) &&
                        p->index_dim >= 0 && p->index_dim <= SA_MAX_INDEX_DIM &&
-                       sel_index_heads(s, p->index_heads, &iqh, &ikh) == SA_OK;
-    const size_t list = sized ? sa_selector_list_len(sel, s, p->k) : 0;
-    const size_t rows = sized ? list / p->k : 0;
+                       sel_index_heads(s, p->index_heads, &iqh, &ikh) == SA_OK &&
+                       sa_select_layout(sel, s, p, &list_heads, &per_head, &width) == SA_OK;
+    const size_t rows = sized ? (size_t)s->batch * list_heads * per_head : 0;
+    const size_t list = rows * (size_t)width;
     HostRun r;
     SA_CUDA_TRY(cudaStreamCreateWithFlags(&r.st, cudaStreamNonBlocking));
     SA_CUDA_TRY(cudaEventCreate(&r.ev[0]));
