@@ -23,6 +23,7 @@
 #include "ref_internal.h"
 #include "sa_checked.h"
 #include "sa_internal.h"
+#include "sa_omp.h"
 
 /* The exp loop runs 4 floats wide on the x86-64 baseline; clones for AVX2 and AVX-512, picked at
  * load time, run it 2-4x faster. Same operations per element in every clone (no FMA contraction
@@ -256,20 +257,13 @@ static int run_tiles(const tile_job *job)
      * blocks and opts->validate = 0 can gather more (a valid row holds at most len_kv keys). */
     if (job->max_keys > (size_t)INT_MAX)
         return SA_ERR_UNSUPPORTED;
-    int err = SA_OK;
+    int oom = 0;
     ref_blas_single_begin();
 #pragma omp parallel
     {
         tile_scratch sc;
-        if (scratch_alloc(&sc, job->max_keys, s->head_dim) != SA_OK) {
-#pragma omp atomic write
-            err = SA_ERR_NOMEM;
-        }
-        /* Every thread's scratch before any row: a failed call writes nothing. */
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = err;
+        const int failed =
+            sa_omp_any_failed(&oom, scratch_alloc(&sc, job->max_keys, s->head_dim) != SA_OK);
         if (!failed) { /* the same branch in every thread */
 #pragma omp for schedule(dynamic, 1)
             for (long long w = 0; w < items; w++) {
@@ -281,7 +275,7 @@ static int run_tiles(const tile_job *job)
         scratch_free(&sc);
     }
     ref_blas_single_end();
-    return err;
+    return oom ? SA_ERR_NOMEM : SA_OK;
 }
 
 /* Dense attention over all len_kv keys, or with opts->causal over each query's visible keys.

@@ -20,6 +20,7 @@
 #include "ref_internal.h"
 #include "sa_checked.h"
 #include "sa_internal.h"
+#include "sa_omp.h"
 
 typedef struct query_job {
     const sa_shape *s;
@@ -189,20 +190,13 @@ static int run_queries(query_job *job, size_t max_keys, int partials)
     const uint16_t *k = job->k, *v = job->v;
     job->kf = kf;
     job->vf = vf;
-    int err = SA_OK;
+    int oom = 0;
     ref_blas_single_begin();
 #pragma omp parallel
     {
         query_scratch sc;
-        if (scratch_alloc(&sc, group, partials ? SA_TILE : max_keys, d) != SA_OK) {
-#pragma omp atomic write
-            err = SA_ERR_NOMEM;
-        }
-        /* Every thread's scratch before any row: a failed call writes nothing. */
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = err;
+        const int failed = sa_omp_any_failed(
+            &oom, scratch_alloc(&sc, group, partials ? SA_TILE : max_keys, d) != SA_OK);
         for (int bh = 0; !failed && bh < s->batch * s->heads_kv; bh++) { /* failed: uniform */
             size_t base = (size_t)bh * kv_elems;
             /* The implicit barriers of these two loops keep the conversion and the queries of
@@ -230,7 +224,7 @@ static int run_queries(query_job *job, size_t max_keys, int partials)
     ref_blas_single_end();
     free(kf);
     free(vf);
-    return err;
+    return oom ? SA_ERR_NOMEM : SA_OK;
 }
 
 /* Pointer checks shared by the two per-query entry points. */

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "sa_checked.h"
+#include "sa_omp.h"
 #include "sel_internal.h"
 
 int sel_head_layout(const sa_shape *s, const sa_select_params *p, unsigned modes,
@@ -345,15 +346,7 @@ int sel_pool_end(sel_ctx *c, int err, int32_t *indices, int32_t *counts)
         unsigned char *mark = sa_sz_malloc(sa_sz_mul(h, nb), 1);
         int *have = malloc((size_t)h * sizeof *have);
         pool_cand *cand = sa_sz_malloc(sa_sz_mul(h, nb), sizeof *cand);
-        if (!mark || !have || !cand) {
-#pragma omp atomic write
-            oom = 1;
-        }
-        /* Every thread's scratch before any row: a call out of memory writes nothing. */
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = oom;
+        const int failed = sa_omp_any_failed(&oom, !mark || !have || !cand);
 #pragma omp for schedule(dynamic, 4)
         for (int g = 0; g < groups; g++) {
             if (failed || err)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sa_omp.h"
 #include "sel_cuda.h"
 #include "sel_internal.h"
 
@@ -145,15 +146,7 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
         float *score = w.score;
-        if (w_oom) {
-#pragma omp atomic write
-            oom = 1;
-        }
-        /* Every thread's scratch before any row: a call out of memory writes nothing. */
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = oom;
+        const int failed = sa_omp_any_failed(&oom, w_oom);
 #pragma omp for schedule(dynamic, 16)
         for (int r = 0; r < rows; r++) {
             if (failed)

@@ -24,6 +24,7 @@
 
 #include "ref_internal.h" /* ref_blas_single_begin / _end */
 #include "sa_checked.h"
+#include "sa_omp.h"
 #include "sel_cuda.h"
 #include "sel_internal.h"
 
@@ -82,15 +83,7 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         float *qs = sa_sz_malloc(sa_sz_mul(SA_TILE, dim), sizeof *qs); /* the sampled rows */
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
-        if (!acc || !part || !sc || !qs || w_oom) {
-#pragma omp atomic write
-            oom = 1;
-        }
-        /* Every thread's scratch before any row: a call out of memory writes nothing. */
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = oom;
+        const int failed = sa_omp_any_failed(&oom, !acc || !part || !sc || !qs || w_oom);
 #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < rows; r++) {
             if (failed)

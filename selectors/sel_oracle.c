@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "sa_checked.h"
+#include "sa_omp.h"
 #include "sel_internal.h"
 
 static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
@@ -36,15 +37,7 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
         float *score = w.score;
-        if (!acc || w_oom) {
-#pragma omp atomic write
-            oom = 1;
-        }
-        /* Every thread's scratch before any row: a call out of memory writes nothing. */
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = oom;
+        const int failed = sa_omp_any_failed(&oom, !acc || w_oom);
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
             if (failed || err)

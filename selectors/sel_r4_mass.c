@@ -24,6 +24,7 @@
 #include <stdlib.h>
 
 #include "sa_checked.h"
+#include "sa_omp.h"
 #include "sel_internal.h"
 
 #define RM_SPAN 32 /* tokens per representative: r4's */
@@ -132,15 +133,7 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         double *lr = malloc((size_t)kg * 4 * sizeof *lr);
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
-        if (!acc || !lr || w_oom) {
-#pragma omp atomic write
-            oom = 1;
-        }
-        /* Every thread's scratch before any row: a call out of memory writes nothing. */
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = oom;
+        const int failed = sa_omp_any_failed(&oom, !acc || !lr || w_oom);
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
             if (failed)

@@ -3,6 +3,7 @@
  * lower bound for select-eval; q and k are not read and may be NULL. */
 #include <stdlib.h>
 
+#include "sa_omp.h"
 #include "sel_internal.h"
 
 #define ROW_STRIDE 0x9e3779b97f4a7c15ull /* golden-ratio step between row seeds */
@@ -25,15 +26,7 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
         float *score = w.score;
-        if (w_oom) {
-#pragma omp atomic write
-            oom = 1;
-        }
-        /* Every thread's scratch before any row: a call out of memory writes nothing. */
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = oom;
+        const int failed = sa_omp_any_failed(&oom, w_oom);
 #pragma omp for schedule(static)
         for (int r = 0; r < rows; r++) {
             if (failed)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "sa_checked.h"
+#include "sa_omp.h"
 #include "sel_internal.h"
 
 /* x is (heads, len, dim) BF16; out is (heads, ceil(len / span), dim): the mean of each group's
@@ -99,15 +100,7 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         sel_row w;
         const int w_oom = sel_row_init(&w, n, kk);
         float *score = w.score;
-        if (w_oom) {
-#pragma omp atomic write
-            oom = 1;
-        }
-        /* Every thread's scratch before any row: a call out of memory writes nothing. */
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = oom;
+        const int failed = sa_omp_any_failed(&oom, w_oom);
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
             if (failed)
