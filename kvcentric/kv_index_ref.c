@@ -112,10 +112,8 @@ int sa_kv_index_ref(const sa_shape *s, const sa_query_lists *l, int task_queries
     /* Every piece of every bucket in (bucket, chunk) order, then a stable sort by the window of
      * the piece's first query: (batch, kv head) of the bucket, query / window_queries. */
     int64_t n_pieces = 0;
-    for (size_t k = 0; k < nb; k++) {
-        const int64_t n = (int64_t)cur[k + 1] - cur[k];
-        n_pieces += n / task_queries + (n % task_queries != 0);
-    }
+    for (size_t k = 0; k < nb; k++)
+        n_pieces += sa_sz_ceil_div((int64_t)cur[k + 1] - cur[k], task_queries);
     kv_keyed_task *kt = n_pieces ? sa_sz_malloc(n_pieces, sizeof *kt) : NULL;
     if (n_pieces && !kt) {
         free(cur);
@@ -132,7 +130,7 @@ int sa_kv_index_ref(const sa_shape *s, const sa_query_lists *l, int task_queries
     *n_entries = offsets[nb];
 
     const int wq = sa_kv_window_queries(s);
-    const long long windows = ((long long)s->len_q + wq - 1) / wq;
+    const long long windows = sa_sz_ceil_div(s->len_q, wq);
     int t = 0;
     for (size_t k = 0; k < nb; k++) {
         const int n = offsets[k + 1] - offsets[k];

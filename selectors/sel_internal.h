@@ -119,6 +119,9 @@ int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *
  * nothing is written (sa_lists_recall_counts, sa_tile_lists_recall). */
 int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int list_heads,
                      const int32_t *indices, const int32_t *counts, int k, float *recall);
+/* The arguments of sa_lists_recall_counts past the shape: k in [1, kv_blocks], per_query a
+ * flag. SA_OK or SA_ERR_ARG. */
+int sel_recall_args(const sa_shape *s, int per_query, int k);
 
 /* Pooled lists (SA_HEAD_LISTS_POOLED) are picked per GQA group once every head's scores are
  * known: a selector calls sel_pool_begin before its row loop (c->pool is then allocated, NULL in

@@ -115,6 +115,11 @@ int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int li
     return SA_OK;
 }
 
+int sel_recall_args(const sa_shape *s, int per_query, int k)
+{
+    return k <= 0 || k > sa_kv_blocks(s) || !sa_flag_ok(per_query) ? SA_ERR_ARG : SA_OK;
+}
+
 /* indices (rows, k) and counts (rows) or NULL, rows as a selector writes them; recall
  * (B, Hq, Sq). A row's entries past its count are not read. */
 int sa_lists_recall_counts(const sa_shape *s, const float *mass, int per_query,
@@ -125,7 +130,7 @@ int sa_lists_recall_counts(const sa_shape *s, const float *mass, int per_query,
     int err = sa_shape_check(s);
     if (err)
         return err;
-    if (k <= 0 || k > sa_kv_blocks(s) || !sa_flag_ok(per_query))
-        return SA_ERR_ARG;
+    if ((err = sel_recall_args(s, per_query, k)))
+        return err;
     return sel_lists_recall(s, mass, per_query, s->heads_kv, indices, counts, k, recall);
 }

@@ -74,8 +74,8 @@ int sa_lists_recall_stats(const sa_shape *s, const float *mass, int per_query,
         return err;
     if (!(percentile >= 0.0 && percentile <= 1.0))
         return SA_ERR_ARG;
-    if (k <= 0 || k > sa_kv_blocks(s) || !sa_flag_ok(per_query)) /* before the allocation */
-        return SA_ERR_ARG;
+    if ((err = sel_recall_args(s, per_query, k))) /* before the allocation */
+        return err;
     float *recall = sa_sz_malloc((int64_t)sa_lse_elems(s), sizeof *recall);
     if (!recall)
         return SA_ERR_NOMEM;
