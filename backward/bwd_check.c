@@ -51,6 +51,9 @@ int bwd_check_args(const sa_gpu_attn_bwd *a)
     if (!sa_sz_within(q_rows, INT32_MAX) || !sa_sz_within(kv_rows, INT32_MAX) ||
         !sa_sz_within(entries, INT32_MAX / 2))
         return SA_ERR_UNSUPPORTED;
+    /* validate = 1 queues the forward's GPU list check, which has a block limit. */
+    if (a->validate && sa_kv_blocks(s) > SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS)
+        return SA_ERR_UNSUPPORTED;
     return SA_OK;
 }
 

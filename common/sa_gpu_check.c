@@ -43,5 +43,8 @@ int sa_gpu_attn_check_common(const sa_gpu_attn *a, int what, int head_dim, int r
     /* Row masks are read four words at a time. */
     if (a->row_masks && (!(what & SA_CHECK_ROW_MASKS) || ((uintptr_t)a->row_masks & 15)))
         return SA_ERR_UNSUPPORTED;
+    if ((what & SA_CHECK_GPU_VALIDATOR) && a->validate &&
+        sa_kv_blocks(s) > SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS)
+        return SA_ERR_UNSUPPORTED;
     return SA_OK;
 }

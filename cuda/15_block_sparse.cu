@@ -512,8 +512,9 @@ extern "C" int sa_stage15_check(const sa_gpu_attn *a)
 {
     // Shape, pointers, list arguments, options, head_dim, 32-bit rows (a partial tile reaches
     // up to 127 rows past the end, hence the pad of TILE) and alignment: the checks every stage
-    // shares. Nothing else limits this stage.
-    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE | SA_CHECK_CAUSAL, HEAD_DIM, TILE);
+    // shares; validated, also the GPU list check's block limit. Nothing else limits this stage.
+    return sa_gpu_attn_check_common(a, SA_CHECK_SPARSE | SA_CHECK_CAUSAL | SA_CHECK_GPU_VALIDATOR,
+                                    HEAD_DIM, TILE);
 }
 
 extern "C" int sa_stage15_launch(const sa_gpu_attn *a)

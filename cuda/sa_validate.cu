@@ -147,11 +147,16 @@ int verdict_for_this_thread(Verdict **out)
     return SA_OK;
 }
 
-// The kernel's shared memory for rows of kv_blocks blocks, or 0 past the 48 KB default.
+// The kernel's shared memory for rows of kv_blocks blocks, or 0 past the 48 KB default
+// (SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS, which the stages' check() also holds).
+static_assert((size_t)kWarpsPerBlock * (SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS / 32) * sizeof(unsigned) ==
+                  48 * 1024,
+              "the public limit is the bitmaps' 48 KB");
 size_t bitmap_smem(int kv_blocks)
 {
-    const size_t smem = (size_t)kWarpsPerBlock * ((kv_blocks + 31) / 32) * sizeof(unsigned int);
-    return smem > 48 * 1024 ? 0 : smem;
+    if (kv_blocks > SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS)
+        return 0;
+    return (size_t)kWarpsPerBlock * ((kv_blocks + 31) / 32) * sizeof(unsigned int);
 }
 
 int grid_of(long long rows)
@@ -167,7 +172,7 @@ int enqueue_rows(const int32_t *indices, const int32_t *counts, long long rows, 
 {
     const size_t smem = bitmap_smem(kv_blocks);
     if (!smem)
-        return SA_ERR_UNSUPPORTED; // more than 98304 blocks (12.5M keys) per row
+        return SA_ERR_UNSUPPORTED; // more than SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS blocks per row
     Verdict *v;
     int rc = verdict_for_this_thread(&v);
     if (rc)

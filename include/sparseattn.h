@@ -344,11 +344,18 @@ typedef struct sa_stage {
  * row arithmetic being 32-bit (row_pad: how far past the last row a partial tile's load may
  * reach, 0 when every length is a multiple of the tile; SA_ERR_UNSUPPORTED); q, k, v, o 16-byte
  * aligned, lse and the lists 4-byte aligned (SA_ERR_UNSUPPORTED); row_masks NULL unless
- * SA_CHECK_ROW_MASKS (SA_ERR_UNSUPPORTED), and then 16-byte aligned (SA_ERR_UNSUPPORTED).
+ * SA_CHECK_ROW_MASKS (SA_ERR_UNSUPPORTED), and then 16-byte aligned (SA_ERR_UNSUPPORTED); with
+ * SA_CHECK_GPU_VALIDATOR and validate = 1, at most SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS KV blocks
+ * (SA_ERR_UNSUPPORTED), so that check() refuses what the validated launch would.
  * `what` is a set of: */
 #define SA_CHECK_SPARSE 1    /* the stage reads tile lists */
 #define SA_CHECK_CAUSAL 2    /* the stage masks causally */
 #define SA_CHECK_ROW_MASKS 4 /* the stage reads a->row_masks */
+#define SA_CHECK_GPU_VALIDATOR 8 /* validate = 1 runs sa_gpu_tile_lists_check's kernel */
+/* KV blocks per row that the GPU list validators take (sa_gpu_tile_lists_check and
+ * sa_gpu_query_lists_check, and the stages and the backward that queue their kernel): one bit a
+ * block per warp in 48 KiB of shared memory, 12.5M keys. Past it: SA_ERR_UNSUPPORTED. */
+#define SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS 98304
 SA_API int sa_gpu_attn_check_common(const sa_gpu_attn *a, int what, int head_dim, int row_pad);
 SA_API int sa_stage_count(void);
 SA_API const sa_stage *sa_stage_at(int i);

@@ -440,6 +440,15 @@ START_TEST(test_gpu_common_check)
     /* Dense (no pad): up to the shape's own limit. */
     a = gpu_args(shape(1, 1, 1, MAXLEN, MAXLEN, 128));
     ck_assert_int_eq(sa_gpu_attn_check_common(&a, 0, 128, 0), SA_OK);
+    /* The GPU list validator's blocks, held only with validate = 1 and the flag. */
+    const int vsparse = SA_CHECK_SPARSE | SA_CHECK_GPU_VALIDATOR;
+    a = gpu_args(shape(1, 1, 1, 128, SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS * 128, 128));
+    ck_assert_int_eq(sa_gpu_attn_check_common(&a, vsparse, 128, 128), SA_OK);
+    a.shape.len_kv++; /* a partial block past the limit */
+    ck_assert_int_eq(sa_gpu_attn_check_common(&a, vsparse, 128, 128), SA_ERR_UNSUPPORTED);
+    ck_assert_int_eq(sa_gpu_attn_check_common(&a, SA_CHECK_SPARSE, 128, 128), SA_OK);
+    a.validate = 0;
+    ck_assert_int_eq(sa_gpu_attn_check_common(&a, vsparse, 128, 128), SA_OK);
 }
 END_TEST
 
@@ -472,6 +481,7 @@ START_TEST(test_stage_checks)
         sa_gpu_attn a = gpu_args(shape(1, 1, 1, GPU_MAXROWS - 127, 128, 128));
         ck_assert_msg(st->check(&a) == SA_OK, "stage %d: %s", st->id, sa_strerror(st->check(&a)));
         a = gpu_args(shape(1, 1, 1, 128, GPU_MAXROWS - 127, 128));
+        a.validate = 0; /* validated, the GPU list check's blocks are the limit (below) */
         ck_assert_msg(st->check(&a) == SA_OK, "stage %d: %s", st->id, sa_strerror(st->check(&a)));
         a = gpu_args(shape(1, 1, 1, MAXLEN + 1, 128, 128));
         ck_assert_int_eq(st->check(&a), SA_ERR_SHAPE);
@@ -491,6 +501,23 @@ START_TEST(test_stage_checks)
                       sa_strerror(st->check(&a)));
         if (want != SA_OK)
             ck_assert_int_eq(st->launch(&a), SA_ERR_UNSUPPORTED);
+    }
+    /* Past the GPU list validator's blocks: stages 15 and 16 queue it on a validated call, so
+     * check() refuses what launch() would; stage 17 checks its lists inside its kernel. */
+    static const struct { int id, want; } limit[] = {
+        {15, SA_ERR_UNSUPPORTED}, {16, SA_ERR_UNSUPPORTED}, {17, SA_OK}};
+    for (size_t i = 0; i < sizeof limit / sizeof limit[0]; i++) {
+        const sa_stage *st = sa_stage_by_id(limit[i].id);
+        if (!st) /* no stage without CUDA */
+            continue;
+        sa_gpu_attn a = gpu_args(shape(1, 1, 1, 128, SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS * 128 + 1,
+                                       128));
+        ck_assert_msg(st->check(&a) == limit[i].want, "stage %d past the validator's blocks: %s",
+                      st->id, sa_strerror(st->check(&a)));
+        if (limit[i].want != SA_OK)
+            ck_assert_int_eq(st->launch(&a), limit[i].want);
+        a.validate = 0;
+        ck_assert_int_eq(st->check(&a), SA_OK);
     }
 }
 END_TEST

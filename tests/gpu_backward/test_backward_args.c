@@ -92,6 +92,18 @@ START_TEST(errors)
     a = valid_args();
     a.dk = (float *)((uintptr_t)a.dk + 4);
     expect(&a, SA_ERR_UNSUPPORTED, "dK not 16-byte aligned");
+    /* Validated, the forward's GPU list check runs first: its block limit holds. */
+    a = bwd_fake_args((sa_shape){1, 1, 1, 128, SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS * 128 + 1, 128},
+                      1, 1);
+    expect(&a, SA_ERR_UNSUPPORTED, "validated, past the GPU list check's blocks");
+    a.validate = 0; /* unchecked: no such limit, the call goes on to look for a device */
+    if (!sa_gpu_available()) {
+#ifdef SA_HAVE_CUDA
+        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_ERR_NO_DEVICE);
+#else
+        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_ERR_NOT_BUILT);
+#endif
+    }
     a = valid_args();
     ck_assert_int_eq(sa_gpu_backward_workspace_size(&a, NULL), SA_ERR_NULL);
 }
