@@ -305,7 +305,8 @@ typedef struct sa_workload {
 SA_API int sa_workload_count(void);
 SA_API const sa_workload *sa_workload_at(int i);
 SA_API const sa_workload *sa_workload_by_name(const char *name);
-/* SA_ERR_UNKNOWN for an unknown name, SA_ERR_ARG for a non-finite strength. */
+/* SA_ERR_UNKNOWN for an unknown name, SA_ERR_ARG for a non-finite strength; SA_ERR_NOMEM
+ * leaves q, k and v as they were. */
 SA_API int sa_workload_generate(const char *name, const struct sa_shape *s, uint64_t seed,
                                 double strength, uint16_t *q, uint16_t *k, uint16_t *v);
 

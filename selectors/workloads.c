@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "sa_checked.h"
+#include "sa_omp.h"
 #include "sel_internal.h"
 
 #define LOCAL_LENGTH 128.0   /* "local": correlation length in tokens */
@@ -85,25 +86,50 @@ static void runs(sa_rng *r, int *id, int len)
     }
 }
 
+/* One thread's buffers, all taken before any output is written (a call out of memory writes
+ * nothing): a group's Q, K, V in FP32 and what plant() needs. */
+typedef struct {
+    float *qg, *kg, *vg;
+    float *u;     /* CLUSTERS unit vectors of D */
+    double *freq; /* D / 2 frequencies */
+    int *ids;     /* max(Sq, Skv): the needle's tile order, the clusters' token ids */
+} scratch;
+
+static void scratch_free(scratch *sc)
+{
+    free(sc->qg);
+    free(sc->kg);
+    free(sc->vg);
+    free(sc->u);
+    free(sc->freq);
+    free(sc->ids);
+}
+
+static int scratch_alloc(scratch *sc, const sa_shape *s, size_t qn, size_t kn)
+{
+    const int d = s->head_dim;
+    *sc = (scratch){0};
+    sc->qg = sa_sz_malloc((int64_t)qn, sizeof *sc->qg);
+    sc->kg = sa_sz_malloc((int64_t)kn, sizeof *sc->kg);
+    sc->vg = sa_sz_malloc((int64_t)kn, sizeof *sc->vg);
+    sc->u = sa_sz_malloc((int64_t)CLUSTERS * d, sizeof *sc->u);
+    sc->freq = sa_sz_malloc(d / 2, sizeof *sc->freq);
+    sc->ids = sa_sz_malloc(s->len_q > s->len_kv ? s->len_q : s->len_kv, sizeof *sc->ids);
+    return sc->qg && sc->kg && sc->vg && sc->u && sc->freq && sc->ids ? SA_OK : SA_ERR_NOMEM;
+}
+
 /* Adds workload w's structure to one group: qg is (group, Sq, D), kg (Skv, D). */
-static int plant(int w, const sa_shape *s, sa_rng *r, double strength, float *qg, float *kg,
-                 int group)
+static void plant(int w, const sa_shape *s, sa_rng *r, double strength, float *qg, float *kg,
+                  int group, const scratch *sc)
 {
     const int d = s->head_dim, sq = s->len_q, skv = s->len_kv;
     const float c = (float)sqrt(strength * sqrt((double)d));
-    float *u = malloc((size_t)(w == W_CLUSTERED ? CLUSTERS : 1) * d * sizeof *u);
-    if (!u)
-        return SA_ERR_NOMEM;
-    int err = SA_OK;
+    float *u = sc->u;
     switch (w) {
     case W_LOCAL: {
         /* Random Fourier features: p(i) . p(j) = mean_r cos(w_r (i - j)) ~ exp(-(i-j)^2/2L^2). */
         int half = d / 2;
-        double *freq = malloc((size_t)half * sizeof *freq);
-        if (!freq) {
-            err = SA_ERR_NOMEM;
-            break;
-        }
+        double *freq = sc->freq;
         for (int m = 0; m < half; m++)
             freq[m] = sa_rng_normal(r) / LOCAL_LENGTH;
         const float amp = c / sqrtf((float)half);
@@ -119,7 +145,6 @@ static int plant(int w, const sa_shape *s, sa_rng *r, double strength, float *qg
                     }
                 }
         }
-        free(freq);
         break;
     }
     case W_SINK: {
@@ -136,11 +161,7 @@ static int plant(int w, const sa_shape *s, sa_rng *r, double strength, float *qg
     case W_NEEDLE: {
         int tiles = sa_q_tiles(s), blocks = sa_kv_blocks(s);
         int needles = tiles / NEEDLE_EVERY > 0 ? tiles / NEEDLE_EVERY : 1;
-        int *perm = sa_sz_malloc(tiles, sizeof *perm);
-        if (!perm) {
-            err = SA_ERR_NOMEM;
-            break;
-        }
+        int *perm = sc->ids; /* tiles <= Sq */
         for (int t = 0; t < tiles; t++)
             perm[t] = t;
         for (int nd = 0; nd < needles; nd++) {
@@ -156,17 +177,12 @@ static int plant(int w, const sa_shape *s, sa_rng *r, double strength, float *qg
                 for (int i = t * SA_TILE; i < i1; i++)
                     axpy(qg + ((size_t)h * sq + i) * d, u, c, d);
         }
-        free(perm);
         break;
     }
     case W_CLUSTERED: {
         for (int m = 0; m < CLUSTERS; m++)
             unit_vector(r, u + (size_t)m * d, d);
-        int *id = sa_sz_malloc(sq > skv ? sq : skv, sizeof *id);
-        if (!id) {
-            err = SA_ERR_NOMEM;
-            break;
-        }
+        int *id = sc->ids;
         runs(r, id, skv);
         for (int j = 0; j < skv; j++)
             axpy(kg + (size_t)j * d, u + (size_t)id[j] * d, c, d);
@@ -174,14 +190,11 @@ static int plant(int w, const sa_shape *s, sa_rng *r, double strength, float *qg
         for (int h = 0; h < group; h++)
             for (int i = 0; i < sq; i++)
                 axpy(qg + ((size_t)h * sq + i) * d, u + (size_t)id[i] * d, c, d);
-        free(id);
         break;
     }
     default:
         break;
     }
-    free(u);
-    return err;
 }
 
 int sa_workload_generate(const char *name, const sa_shape *s, uint64_t seed, double strength,
@@ -202,37 +215,34 @@ int sa_workload_generate(const char *name, const sa_shape *s, uint64_t seed, dou
     const int w = (int)(wl - workloads), group = s->heads_q / s->heads_kv, d = s->head_dim;
     const size_t qn = (size_t)group * s->len_q * d, kn = (size_t)s->len_kv * d;
     const int groups = s->batch * s->heads_kv;
-    int fail = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(| : fail)
-    for (int g = 0; g < groups; g++) {
-        float *qg = sa_sz_malloc((int64_t)qn, sizeof *qg);
-        float *kg = sa_sz_malloc((int64_t)kn, sizeof *kg);
-        float *vg = sa_sz_malloc((int64_t)kn, sizeof *vg);
-        if (!qg || !kg || !vg) {
-            fail = 1;
-        } else {
-            sa_rng r;
-            for (int h = 0; h < group; h++) {
-                stream(&r, seed, (uint64_t)g, 3 + (uint64_t)h);
-                fill_normal(&r, qg + (size_t)h * s->len_q * d, (size_t)s->len_q * d);
+    int oom = 0;
+#pragma omp parallel
+    {
+        scratch sc;
+        const int failed = sa_omp_any_failed(&oom, scratch_alloc(&sc, s, qn, kn) != SA_OK);
+        if (!failed) {
+#pragma omp for schedule(dynamic, 1)
+            for (int g = 0; g < groups; g++) {
+                sa_rng r;
+                for (int h = 0; h < group; h++) {
+                    stream(&r, seed, (uint64_t)g, 3 + (uint64_t)h);
+                    fill_normal(&r, sc.qg + (size_t)h * s->len_q * d, (size_t)s->len_q * d);
+                }
+                stream(&r, seed, (uint64_t)g, 1);
+                fill_normal(&r, sc.kg, kn);
+                stream(&r, seed, (uint64_t)g, 2);
+                fill_normal(&r, sc.vg, kn);
+                stream(&r, seed, (uint64_t)g, 0);
+                plant(w, s, &r, strength, sc.qg, sc.kg, group, &sc);
+                /* Q of (b, hkv) group is heads hkv*group .. +group-1 of batch b: contiguous. */
+                sa_bf16_from_f32_array(q + (size_t)g * qn, sc.qg, qn);
+                sa_bf16_from_f32_array(k + (size_t)g * kn, sc.kg, kn);
+                sa_bf16_from_f32_array(v + (size_t)g * kn, sc.vg, kn);
             }
-            stream(&r, seed, (uint64_t)g, 1);
-            fill_normal(&r, kg, kn);
-            stream(&r, seed, (uint64_t)g, 2);
-            fill_normal(&r, vg, kn);
-            stream(&r, seed, (uint64_t)g, 0);
-            if (plant(w, s, &r, strength, qg, kg, group))
-                fail = 1;
-            /* Q of (b, hkv) group is heads hkv*group .. +group-1 of batch b: contiguous. */
-            sa_bf16_from_f32_array(q + (size_t)g * qn, qg, qn);
-            sa_bf16_from_f32_array(k + (size_t)g * kn, kg, kn);
-            sa_bf16_from_f32_array(v + (size_t)g * kn, vg, kn);
         }
-        free(qg);
-        free(kg);
-        free(vg);
+        scratch_free(&sc);
     }
-    return fail ? SA_ERR_NOMEM : SA_OK;
+    return oom ? SA_ERR_NOMEM : SA_OK;
 }
 
 /* ---------------------------------------------------------------- index vectors

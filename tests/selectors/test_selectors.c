@@ -303,6 +303,39 @@ START_TEST(test_null_params)
 }
 END_TEST
 
+/* The workloads out of memory with thread 1 short: SA_ERR_NOMEM, and Q, K, V as they were
+ * (the thread that had its buffers used to write its groups). */
+START_TEST(test_workload_nomem_writes_nothing)
+{
+#ifdef SA_TEST_MALLOC
+    omp_set_dynamic(0);
+    omp_set_num_threads(2);
+    const sa_shape s = {2, 4, 2, 300, 500, 64};
+    const size_t qn = sa_q_elems(&s), kn = sa_kv_elems(&s);
+    uint16_t *q = malloc(qn * 2), *k = malloc(kn * 2), *v = malloc(kn * 2);
+    ck_assert(q && k && v);
+    for (int i = 0; i < sa_workload_count(); i++) {
+        const char *name = sa_workload_at(i)->name;
+        memset(q, 0x5a, qn * 2);
+        memset(k, 0x5a, kn * 2);
+        memset(v, 0x5a, kn * 2);
+        sa_fail_thread1 = 1;
+        const int rc = sa_workload_generate(name, &s, sa_test_seed(), -1, q, k, v);
+        sa_fail_thread1 = 0;
+        ck_assert_msg(rc == SA_ERR_NOMEM, "%s: rc %d", name, rc);
+        for (size_t j = 0; j < qn; j++)
+            ck_assert_msg(q[j] == 0x5a5a, "%s: a call out of memory wrote Q", name);
+        for (size_t j = 0; j < kn; j++)
+            ck_assert_msg(k[j] == 0x5a5a && v[j] == 0x5a5a, "%s: a call out of memory wrote K/V",
+                          name);
+    }
+    free(q);
+    free(k);
+    free(v);
+#endif
+}
+END_TEST
+
 /* Out of memory with one thread short and the other not (sa_test_malloc.h refuses thread 1's
  * blocks): every selector returns SA_ERR_NOMEM and writes no list, in each head-list mode it
  * takes (the threads that had their scratch used to write their rows). */
@@ -516,6 +549,7 @@ int main(void)
     tcase_add_test(tc, test_oracle_bound);
     tcase_add_test(tc, test_block_mass);
     tcase_add_test(tc, test_nomem_writes_nothing);
+    tcase_add_test(tc, test_workload_nomem_writes_nothing);
     suite_add_tcase(s, tc);
     suite_add_tcase(s, tc_nvfp4());
     suite_add_tcase(s, tc_workloads());
