@@ -154,19 +154,7 @@ static void parse(int argc, char **argv, lc_flags *f)
     }
 }
 
-#ifndef SA_HAVE_CUDA
-static int one_contender(const char *flag, const char *t) { return (void)flag, (void)t, 0; }
-
-int bench_longctx(int argc, char **argv)
-{
-    lc_flags f;
-    parse(argc, argv, &f);
-    fprintf(stderr, "sparseattn: bench longctx: built without CUDA (configure with "
-                    "-Dcuda=enabled)\n");
-    return 1;
-}
-#else
-
+#ifdef SA_HAVE_CUDA
 static void struct_name(int st, char *buf, size_t n)
 {
     if (st == LC_LOCAL)
@@ -358,18 +346,32 @@ static int kv_mma_setup(const lc_cell *c, void **state)
     return kv_setup_with(c, state, kv_mma_params);
 }
 
+#endif
+
+/* Both builds hold the table, so that parse() judges --contenders alike in both (a usage error
+ * comes before "built without CUDA"); without CUDA a row keeps only its name. */
+#ifdef SA_HAVE_CUDA
+#define LC_CONTENDER(n, ...) {n, __VA_ARGS__}
+#else
+#define LC_CONTENDER(n, ...) {.name = n}
+#endif
 static const lc_contender contenders[] = {
     /* name, exact, workspace, setup, run, done, work */
-    {"dense", exact_dense, no_memory, dense_setup, dense_run, no_done, dense_work},
-    {"qcentric-union", exact_union, union_memory, union_setup, union_run, union_done, union_work},
-    {"kvcentric-bf16", exact_lists, kv_memory, kv_setup, kv_run, kv_done, NULL},
-    {"kvcentric-bf16-mma", exact_lists, kv_memory, kv_mma_setup, kv_run, kv_done, NULL},
-    {"hybrid", exact_lists, hybrid_memory, hybrid_setup, kv_run, kv_done, NULL},
-    {"hybrid-all", exact_lists, hybrid_memory, hybrid_all_setup, kv_run, kv_done, NULL},
-    {"qcentric-masked", exact_lists, hybrid_memory, masked_setup, kv_run, kv_done, NULL},
-    /* ---- MORE CONTENDERS HERE, one line each:
-     * write their functions beside the ones above (or in a file of their own, declared in
-     * bench_longctx.h and added to tools/meson.build); the lc_cell has everything a run needs.
+    LC_CONTENDER("dense", exact_dense, no_memory, dense_setup, dense_run, no_done, dense_work),
+    LC_CONTENDER("qcentric-union", exact_union, union_memory, union_setup, union_run, union_done,
+                 union_work),
+    LC_CONTENDER("kvcentric-bf16", exact_lists, kv_memory, kv_setup, kv_run, kv_done, NULL),
+    LC_CONTENDER("kvcentric-bf16-mma", exact_lists, kv_memory, kv_mma_setup, kv_run, kv_done,
+                 NULL),
+    LC_CONTENDER("hybrid", exact_lists, hybrid_memory, hybrid_setup, kv_run, kv_done, NULL),
+    LC_CONTENDER("hybrid-all", exact_lists, hybrid_memory, hybrid_all_setup, kv_run, kv_done,
+                 NULL),
+    LC_CONTENDER("qcentric-masked", exact_lists, hybrid_memory, masked_setup, kv_run, kv_done,
+                 NULL),
+    /* ---- MORE CONTENDERS HERE, one LC_CONTENDER each:
+     * write their functions beside the ones above, inside SA_HAVE_CUDA (or in a file of their
+     * own, declared in bench_longctx.h and added to tools/meson.build); the lc_cell has
+     * everything a run needs.
      * The speed-up column divides by the first LC_EXACT_DENSE contender that ran; usage() names
      * the contenders. ---- */
 };
@@ -377,13 +379,26 @@ static const lc_contender contenders[] = {
 
 static int one_contender(const char *flag, const char *t)
 {
-    for (int i = 0; i < NCONT; i++)
+    char names[256] = "";
+    for (int i = 0; i < NCONT; i++) {
         if (!strcmp(contenders[i].name, t))
             return i;
-    cli_usage_error("bench longctx: %s: no contender '%s' (sparseattn bench longctx --help)",
-                    flag, t);
-    return -1;
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                 contenders[i].name);
+    }
+    cli_usage_error("bench longctx: %s: no contender '%s' (contenders: %s)", flag, t, names);
 }
+
+#ifndef SA_HAVE_CUDA
+int bench_longctx(int argc, char **argv)
+{
+    lc_flags f;
+    parse(argc, argv, &f);
+    fprintf(stderr, "sparseattn: bench longctx: built without CUDA (configure with "
+                    "-Dcuda=enabled)\n");
+    return 1;
+}
+#else
 
 /* ---------------------------------------------------------------- the sweep */
 

@@ -15,6 +15,7 @@ LIB_NAME = "libsparseattn.so"
 
 TILE = 128  # SA_TILE: tokens per query tile and per KV block
 INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
 SIZE_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1
 
 # SA_ROLE_* (sparseattn.h): what a stage is for.
@@ -30,6 +31,7 @@ SA_KV_SCHEDULE_KV, SA_KV_SCHEDULE_HYBRID = 0, 1  # sa_kv_params.schedule
 # SA_HEAD_LISTS_* (sa_selectors.h): sa_select_params.head_lists; sa_selector.head_lists holds
 # bit (1 << mode) for each mode a selector's CPU function takes.
 SA_HEAD_LISTS_GROUP, SA_HEAD_LISTS_PER_HEAD, SA_HEAD_LISTS_POOLED = 0, 1, 2
+SA_MAX_INDEX_DIM = 1024  # sa_selectors.h: the largest sa_select_params.index_dim
 
 # sa_status (sparseattn.h). The texts come from the library's sa_strerror.
 STATUS_NAMES = {

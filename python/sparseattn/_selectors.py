@@ -7,8 +7,9 @@ import numbers
 import numpy as np
 
 from . import _gpu
-from ._capi import SA_ERR_UNSUPPORTED, SaSelectParams, SaShape
-from ._core import check, flag, lib
+from ._capi import (INT32_MAX, SA_ERR_UNSUPPORTED, SA_MAX_INDEX_DIM, UINT64_MAX, SaSelectParams,
+                    SaShape)
+from ._core import check, flag, integer, lib
 from ._bf16 import bf16_to_float32
 from ._tensors import (attn_shape, check_layout, check_shape, common_kind, cuda_bf16, dims4,
                        host_bf16, host_ints_result, kv_blocks, ptr, torch_mod)
@@ -62,9 +63,9 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     indices: int32 (B, Hkv, ceil(Sq / 128), topk), or (B, Hkv, Sq, topk) for a per-query
     selector, rows sorted by block index; counts (B, Hkv, rows), all topk. q and k as in the
     attention functions (v is not needed); q_index (B, Hq, Sq, I) and k_index (B, Hkv, Skv, I)
-    are optional separate index vectors in the same layout (I a multiple of 16). numpy arrays
-    and CPU tensors run the selector's CPU function (sa_select_cpu); CUDA tensors its GPU
-    function, where it has one. keep_diagonal and keep_sink force blocks (they count toward
+    are optional separate index vectors in the same layout (I a multiple of 16 up to 1024).
+    numpy arrays and CPU tensors run the selector's CPU function (sa_select_cpu); CUDA tensors
+    its GPU function, where it has one. keep_diagonal and keep_sink force blocks (they count toward
     topk); seed drives the "random" selector. causal: a row picks only among the blocks it can
     see (bottom-right aligned), always keeps its diagonal block and holds min(topk, visible
     blocks) entries, its count, with -1 in the slots past it (CPU and GPU functions alike);
@@ -115,17 +116,24 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     if pool_cap is not None and not topk <= pool_cap <= kv_blocks(s):
         raise ValueError("pool_cap must lie in [topk, kv_blocks] = [%d, %d], got %d"
                          % (topk, kv_blocks(s), pool_cap))
-    if not isinstance(index_heads, numbers.Integral) or isinstance(index_heads, bool) \
-            or index_heads < 0:
-        raise ValueError("index_heads must be an int >= 0, got %r" % (index_heads,))
+    index_heads = integer("index_heads", index_heads, 0, INT32_MAX)
     if index_heads and q_index is None:
         raise ValueError("index_heads describes q_index and k_index: pass them too")
     index_dim = 0
     if q_index is not None:
+        # The rules of sel_index_heads and sel_begin (sa_selectors.h), judged here so that a
+        # mistake is a ValueError naming the argument rather than SA_ERR_ARG.
+        if index_heads and (s.heads_q % index_heads or
+                            (s.heads_kv % index_heads and index_heads % s.heads_kv)):
+            raise ValueError("index_heads (%d) must divide heads_q (%d) and divide heads_kv (%d) "
+                             "or be a multiple of it" % (index_heads, s.heads_q, s.heads_kv))
         hq_i, hk_i = (index_heads, index_heads) if index_heads else (s.heads_q, s.heads_kv)
         nq, nk = ("Hi", "Hi") if index_heads else ("Hq", "Hkv")
         b, h, sq, index_dim = dims4("q_index", q_index, layout, "I")
         check_shape("q_index", (b, h, sq), (s.batch, hq_i, s.len_q), "(B, %s, Sq)" % nq)
+        if index_dim % 16 or index_dim > SA_MAX_INDEX_DIM:
+            raise ValueError("q_index's last dimension (index_dim I) must be a multiple of 16 up "
+                             "to %d, got %d" % (SA_MAX_INDEX_DIM, index_dim))
         bk, hk, skv, ik = dims4("k_index", k_index, layout, "I")
         check_shape("k_index", (bk, hk, skv, ik), (s.batch, hk_i, s.len_kv, index_dim),
                     "(B, %s, Skv, I)" % nk)
@@ -134,13 +142,11 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     p.k = int(topk)
     p.keep_diagonal, p.keep_sink = flag("keep_diagonal", keep_diagonal), flag("keep_sink",
                                                                               keep_sink)
-    if not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
-        raise ValueError("seed must be an int in [0, 2**64), got %r" % (seed,))
-    p.seed = int(seed)
+    p.seed = integer("seed", seed, 0, UINT64_MAX)
     p.causal = flag("causal", causal)
     p.keep_local = flag("keep_local", keep_local)
     p.index_dim = index_dim
-    p.index_heads = int(index_heads)
+    p.index_heads = index_heads
     p.head_lists = HEAD_LISTS.index(head_lists)
     p.pool_cap = int(pool_cap or 0)
     out_shape = _layout(name, sel, s, p)
@@ -216,12 +222,17 @@ def workload(name, *, batch=1, heads_q=1, heads_kv=1, len_q=128, len_kv=128, hea
     the workload's default."""
     if not isinstance(name, str):
         raise TypeError("workload name must be a str, got %r" % (name,))
-    s = SaShape(batch, heads_q, heads_kv, len_q, len_kv, head_dim)
+    # The ranges of sa_shape's ints and the uint64_t seed here; the shape's own rules (head_dim,
+    # GQA, element counts) stay sa_shape_check's.
+    s = SaShape(*(integer(n, x, 1, INT32_MAX) for n, x in zip(
+        ("batch", "heads_q", "heads_kv", "len_q", "len_kv", "head_dim"),
+        (batch, heads_q, heads_kv, len_q, len_kv, head_dim))))
+    seed = integer("seed", seed, 0, UINT64_MAX)
     check(lib.sa_shape_check(ctypes.byref(s)), "sa_shape_check")
-    q = np.empty((batch, heads_q, len_q, head_dim), np.uint16)
-    k = np.empty((batch, heads_kv, len_kv, head_dim), np.uint16)
+    q = np.empty((s.batch, s.heads_q, s.len_q, s.head_dim), np.uint16)
+    k = np.empty((s.batch, s.heads_kv, s.len_kv, s.head_dim), np.uint16)
     v = np.empty_like(k)
-    check(lib.sa_workload_generate(name.encode(), ctypes.byref(s), int(seed),
+    check(lib.sa_workload_generate(name.encode(), ctypes.byref(s), seed,
                                    -1.0 if strength is None else float(strength), ptr(q), ptr(k),
                                    ptr(v)), "sa_workload_generate(%r)" % name)
     return tuple(bf16_to_float32(x) for x in (q, k, v))

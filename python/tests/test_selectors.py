@@ -36,6 +36,27 @@ def test_workload_is_reproducible_bf16(local):
     assert e.value.code == -17
 
 
+def test_workload_argument_errors():
+    """Sizes and seed are judged in Python: ctypes would wrap them into sa_shape's ints and the
+    uint64_t seed. The shape's own rules (head_dim here) stay the library's."""
+    for seed in (-1, 2**64):
+        with pytest.raises(ValueError, match=r"^seed must lie in \[0, 18446744073709551615\]"):
+            sa.workload("local", seed=seed, **SHAPE)
+    for seed in (1.0, True, "1"):
+        with pytest.raises(TypeError, match=r"^seed must be an int"):
+            sa.workload("local", seed=seed, **SHAPE)
+    for name, x in (("heads_q", 2**32 + 4), ("len_kv", 2**31), ("batch", 0), ("len_q", -128)):
+        with pytest.raises(ValueError, match=r"^%s must lie in \[1, 2147483647\]" % name):
+            sa.workload("local", **dict(SHAPE, **{name: x}))
+    with pytest.raises(TypeError, match=r"^head_dim must be an int"):
+        sa.workload("local", **dict(SHAPE, head_dim=128.0))
+    q, _, _ = sa.workload("local", seed=np.uint64(2**64 - 1), **dict(SHAPE, len_q=np.int64(128)))
+    assert q.shape == (1, 4, 128, 128)
+    with pytest.raises(sa.SparseAttnError) as e:
+        sa.workload("local", **dict(SHAPE, head_dim=100))
+    assert e.value.function == "sa_shape_check"
+
+
 @pytest.mark.parametrize("name", [s.name for s in sa.selectors()])
 def test_every_selector_writes_valid_lists(local, name):
     q, k, v = local
@@ -104,16 +125,43 @@ def test_index_heads_and_keep_local(local, rng):
         sa.select("nvfp4", q, k, 3, q_index=np.repeat(qi, 2, axis=1), k_index=ki, index_heads=2)
     with pytest.raises(ValueError, match=r"^index_heads describes q_index"):
         sa.select("nvfp4", q, k, 3, index_heads=2)
-    with pytest.raises(ValueError, match=r"^index_heads must be an int >= 0"):
+    with pytest.raises(ValueError, match=r"^index_heads must lie in \[0, 2147483647\], got -1"):
         sa.select("nvfp4", q, k, 3, q_index=qi, k_index=ki, index_heads=-1)
-    q3 = rng.standard_normal((1, 3, 256, 32), dtype=np.float32)
-    k3 = rng.standard_normal((1, 3, 1024, 32), dtype=np.float32)
-    with pytest.raises(sa.SparseAttnError) as e:  # 3 index heads for 4 / 2 heads
-        sa.select("nvfp4", q, k, 3, q_index=q3, k_index=k3, index_heads=3)
-    assert e.value.code == -11
     idx, _ = sa.select("random", q, k, 1, keep_local=True)
     # Tiles end at queries 127 and 255, positions 895 and 1023 (offset 768): blocks 6 and 7.
     assert np.all(idx[0, :, :, 0] == [6, 7])
+
+
+def test_index_argument_errors(local, rng):
+    """The index vectors' rules (sa_selectors.h: index_heads divides Hq and divides Hkv or is a
+    multiple of it; index_dim a multiple of 16 up to SA_MAX_INDEX_DIM) are ValueErrors naming
+    the argument, raised before the C call (docs/python.md, "Errors")."""
+    q, k, _ = local  # Hq 4, Hkv 2
+    ix = lambda h, s, i: rng.standard_normal((1, h, s, i), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"^index_heads \(3\) must divide heads_q \(4\) and "
+                                         r"divide heads_kv \(2\) or be a multiple of it"):
+        sa.select("nvfp4", q, k, 3, q_index=ix(3, 256, 32), k_index=ix(3, 1024, 32),
+                  index_heads=3)
+    q12, k12, _ = sa.workload("local", heads_q=12, heads_kv=4, len_q=128, len_kv=256)
+    with pytest.raises(ValueError, match=r"^index_heads \(6\) must divide heads_q \(12\) "
+                                         r"and divide heads_kv \(4\)"):  # 6 divides 12, not 4
+        sa.select("r1", q12, k12, 1, q_index=ix(6, 128, 16), k_index=ix(6, 256, 16),
+                  index_heads=6)
+    for i in (24, 8, 1040):
+        with pytest.raises(ValueError, match=r"^q_index's last dimension \(index_dim I\) must "
+                                             r"be a multiple of 16 up to 1024, got %d" % i):
+            sa.select("r1", q, k, 3, q_index=ix(4, 256, i), k_index=ix(2, 1024, i))
+    for bad in (2.0, True):
+        with pytest.raises(TypeError, match=r"^index_heads must be an int"):
+            sa.select("nvfp4", q, k, 3, q_index=ix(2, 256, 32), k_index=ix(2, 1024, 32),
+                      index_heads=bad)
+    with pytest.raises(ValueError, match=r"^index_heads must lie in \[0, 2147483647\]"):
+        sa.select("nvfp4", q, k, 3, q_index=ix(2, 256, 32), k_index=ix(2, 1024, 32),
+                  index_heads=2**32 + 2)  # ctypes would make it 2
+    with pytest.raises(ValueError, match=r"^seed must lie in \[0, 18446744073709551615\]"):
+        sa.select("random", q, k, 3, seed=-1)
+    with pytest.raises(TypeError, match=r"^seed must be an int"):
+        sa.select("random", q, k, 3, seed=1.5)
 
 
 def test_errors(local):

@@ -44,7 +44,13 @@ expect 2 "bench reference bad flag" "$cli" bench reference --nope
 expect 2 "bench longctx bad flag" "$cli" bench longctx --nope
 expect 2 "bench longctx bad length" "$cli" bench longctx --lens 16384,1000
 expect 2 "bench longctx bad structure" "$cli" bench longctx --structures overlap17
+expect 2 "bench longctx unknown contender" "$cli" bench longctx --contenders dense,bogus
 expect 0 "bench longctx help" "$cli" bench longctx --help
+# Flags are judged alike with and without CUDA, before "built without CUDA" or "no usable CUDA
+# device"; an unknown contender's message names the valid ones.
+err=$("$cli" bench longctx --contenders bogus 2>&1 >/dev/null)
+case "$err" in *"no contender 'bogus' (contenders: dense, qcentric-union,"*"qcentric-masked)") ;;
+    *) echo "FAIL: bench longctx --contenders bogus: $err"; fail=1 ;; esac
 expect 2 "bench selectors unknown selector" "$cli" bench selectors --selectors nope
 expect 2 "bench selectors unknown workload" "$cli" bench selectors --workloads gaussian,nope
 expect 2 "bench selectors empty entry" "$cli" bench selectors --selectors r1,
