@@ -60,7 +60,27 @@ SA_API int sa_kv_index_ref(const struct sa_shape *s, const struct sa_query_lists
                            int task_queries, int32_t *offsets, int32_t *entries,
                            sa_kv_task *tasks, int *n_entries, int *n_tasks);
 
-/* ------------------------------------------------------------ GPU entry point */
+/* ------------------------------------------------------------ GPU entry point
+ * Every GPU entry point below (sa_kvcentric_attention, sa_kv_workspace_size, sa_kv_build_index,
+ * sa_kv_attend, sa_kv_combine, sa_kv_index_get) answers in this order. Steps 1-3 make no CUDA
+ * call and read no tensor, so they answer alike on any machine, with or without a GPU:
+ *   1. SA_ERR_NULL for the call's own pointers (p, bytes, v; the workspace of the three parts
+ *      and of sa_kv_index_get), then the shape (SA_ERR_SHAPE, SA_ERR_GQA), the required
+ *      pointers (SA_ERR_NULL) and the lists' sizes (SA_ERR_MAX_BLOCKS);
+ *   2. SA_ERR_ARG: a flag not 0 or 1, an enum out of range, hybrid_share outside 1..128 with
+ *      SA_KV_SCHEDULE_HYBRID (whatever else the call asks for);
+ *   3. SA_ERR_UNSUPPORTED: what the kernels cannot run (HYBRID or causal on the mma.sync kernel,
+ *      head_dim other than 128, a GQA group over 128 heads, the index's int32 limits), then
+ *      pointer alignment: q, k, v, o, o_f32 and workspace at multiples of 16 bytes (rows are
+ *      copied and stored 16 bytes at a time, K/V loaded by TMA), lse, lists.indices and
+ *      lists.counts of 4 (optional pointers may be NULL);
+ *   4. SA_ERR_NO_DEVICE without an sm_90 GPU (every entry point, sa_kv_workspace_size too: the
+ *      workspace holds CUB's scratch, whose size CUB asks the device for);
+ *   5. the workspace: SA_ERR_ARG when workspace_bytes is below sa_kv_workspace_size's answer,
+ *      SA_ERR_NOMEM when sa_kvcentric_attention cannot allocate one; then, as the work runs,
+ *      the lists' errors (with validate), SA_ERR_CUDA, and for the hybrid whatever the tile
+ *      stage of its Q-centric pass answers.
+ * Built without CUDA each of them returns SA_ERR_NOT_BUILT without checking. */
 enum { SA_KV_PARTIAL_F32 = 0, SA_KV_PARTIAL_BF16 = 1 };
 /* Which kernel runs part 2 (sa_kv_params.attend). WGMMA, the default: a producer warpgroup gathers
  * each task's Q rows and streams K/V with TMA, two consumer warpgroups split the task's 128 rows
@@ -119,12 +139,15 @@ typedef struct sa_kv_params {
     int allow_future_blocks;
     int attend;                 /* SA_KV_ATTEND_WGMMA (default) or SA_KV_ATTEND_MMA_SYNC */
     int schedule;               /* SA_KV_SCHEDULE_KV (default) or SA_KV_SCHEDULE_HYBRID */
-    int hybrid_share;           /* 1..128, SA_KV_HYBRID_SHARE_DEFAULT (see above); HYBRID only */
+    int hybrid_share;           /* 1..128, SA_KV_HYBRID_SHARE_DEFAULT (see above); HYBRID only:
+                                   with SA_KV_SCHEDULE_KV it is neither read nor checked */
 } sa_kv_params;
 SA_API void sa_kv_params_default(sa_kv_params *p);
 
 /* Bytes of device workspace for this shape, list size and partial format: the reverse index,
- * the tasks, sort scratch, and the partials (B*Hq*Sq*max_blocks rows of D values plus an LSE). */
+ * the tasks, CUB's scan scratch, and the partials (B*Hq*Sq*max_blocks rows of D values plus an
+ * LSE).
+ * Needs the device (SA_ERR_NO_DEVICE without one); *bytes is 0 after any error. */
 SA_API int sa_kv_workspace_size(const sa_kv_params *p, size_t *bytes);
 
 /* The whole operation: checks the arguments, builds the index (validating the lists when

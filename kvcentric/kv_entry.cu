@@ -5,20 +5,11 @@ extern "C" int sa_kvcentric_attention(const sa_kv_params *p)
 {
     if (!p)
         return SA_ERR_NULL;
-    int err = kv_check_args(p);
-    if (err)
-        return err;
-    // A cheap device check: sa_gpu_available() reads every device property, which costs far more
-    // than a small launch, and this runs on every call.
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        major != 9) {
-        cudaGetLastError();
-        return SA_ERR_NO_DEVICE;
-    }
+    // The arguments, then the device (kv_device_check: a few attribute reads, where
+    // sa_gpu_available() reads every device property, which costs more than a small launch),
+    // before the workspace is allocated.
     kv_ws w;
-    err = kv_layout(p, nullptr, &w);
+    int err = kv_layout(p, nullptr, &w);
     if (err)
         return err;
     sa_kv_params run = *p;

@@ -323,6 +323,8 @@ struct task_args {
 };
 
 static_assert(sizeof(sa_kv_task) == sizeof(int4), "a task is one 16-byte store");
+// The workspace's arrays start at multiples of KV_ALIGN from a KV_VEC_ALIGN-aligned base.
+static_assert(KV_ALIGN % KV_VEC_ALIGN == 0, "workspace arrays keep the base's alignment");
 
 // Step 5, a warp per (bh, window, block): its chunks of the bucket, from the window's first chunk
 // to the next window's, at the position the exclusive sum gave; the lanes write consecutive
@@ -392,11 +394,13 @@ int kv_check_args(const sa_kv_params *p)
         !sa_flag_ok(p->allow_future_blocks) || !sa_enum_ok(p->attend, SA_KV_ATTEND_MMA_SYNC + 1) ||
         !sa_enum_ok(p->schedule, SA_KV_SCHEDULE_HYBRID + 1))
         return SA_ERR_ARG;
+    // An argument out of range is SA_ERR_ARG whatever else the call asks for, so the share is
+    // checked before any SA_ERR_UNSUPPORTED (with SA_KV_SCHEDULE_KV it is not read).
+    if (p->schedule == SA_KV_SCHEDULE_HYBRID && (p->hybrid_share < 1 || p->hybrid_share > SA_TILE))
+        return SA_ERR_ARG;
     // The hybrid's KV-centric part runs on the wgmma kernel (the plan's tiles are 128 queries).
     if (p->schedule == SA_KV_SCHEDULE_HYBRID && p->attend != SA_KV_ATTEND_WGMMA)
         return SA_ERR_UNSUPPORTED;
-    if (p->schedule == SA_KV_SCHEDULE_HYBRID && (p->hybrid_share < 1 || p->hybrid_share > SA_TILE))
-        return SA_ERR_ARG;
     if (p->causal && p->attend == SA_KV_ATTEND_MMA_SYNC) // only the wgmma kernel masks causally
         return SA_ERR_UNSUPPORTED;
     if (s->head_dim != KV_D || sa_kv_task_queries(s) == 0)
@@ -415,7 +419,20 @@ int kv_check_args(const sa_kv_params *p)
         sa_kv_buckets(s) >= INT32_MAX - 1 || p->lists.max_blocks >= (1 << 23) ||
         !sa_sz_within(per_tile, INT32_MAX - 1))
         return SA_ERR_UNSUPPORTED;
+    // Last, as in sa_gpu_attn_check_common, and before the device check: a misaligned pointer is
+    // refused on any machine, before any work is queued (KV_VEC_ALIGN, KV_WORD_ALIGN).
+    if ((((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o |
+          (uintptr_t)p->o_f32 | (uintptr_t)p->workspace) & (KV_VEC_ALIGN - 1)) ||
+        (((uintptr_t)p->lse | (uintptr_t)p->lists.indices | (uintptr_t)p->lists.counts) &
+         (KV_WORD_ALIGN - 1)))
+        return SA_ERR_UNSUPPORTED;
     return SA_OK;
+}
+
+int kv_device_check(void)
+{
+    int sms = 0, major = 0;
+    return sa_cuda_device_info(&sms, &major) == SA_OK && major == 9 ? SA_OK : SA_ERR_NO_DEVICE;
 }
 
 int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
@@ -423,7 +440,7 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
     if (!w)
         return SA_ERR_NULL;
     int err = kv_check_args(p);
-    if (err)
+    if (err || (err = kv_device_check()))
         return err;
     const sa_shape *s = &p->shape;
     memset(w, 0, sizeof *w);

@@ -10,6 +10,13 @@
 
 #define KV_D 128          // the kernels are written for head_dim 128
 #define KV_ALIGN 256      // every workspace array starts on a 256-byte boundary
+// Alignment the kernels need of the caller's pointers (kv_check_args, SA_ERR_UNSUPPORTED):
+// Q rows are gathered and K/V rows copied 16 bytes at a time (cp.async; the wgmma kernel loads
+// K/V with TMA, whose base must be 16-byte aligned), the combine writes O and O_f32 16 bytes a
+// lane, and the workspace holds 16-byte tasks and partials read and written 16 bytes at a time
+// (its arrays start at multiples of KV_ALIGN from it); LSE is floats, the lists int32.
+#define KV_VEC_ALIGN 16
+#define KV_WORD_ALIGN 4
 // The reverse index's per-tile pass keeps four ints per KV block in shared memory (64 KB for
 // 4096 blocks); shapes with more blocks take them in slices of this many (each slice reads the
 // tile's lists again).
@@ -59,9 +66,16 @@ typedef struct kv_ws {
     void *part_o;       // (B, Hq, Sq, max_blocks, D), FP32 or BF16
 } kv_ws;
 
-// Checks the arguments, not the lists (no CUDA call).
+// Checks the arguments, not the lists (no CUDA call), in the order of every entry point: NULL
+// pointers, the shape and the lists' sizes, then the options (SA_ERR_ARG), then what the kernels
+// cannot run (SA_ERR_UNSUPPORTED: option pairs, head_dim, index limits, pointer alignment).
 int kv_check_args(const sa_kv_params *p);
-// Checks the arguments and lays the workspace out; base may be NULL to size it.
+// SA_ERR_NO_DEVICE unless the current device is an sm_90 GPU (the kernels are built for sm_90a
+// only): a few attribute reads, cheap enough for every call.
+int kv_device_check(void);
+// Checks the arguments, then the device (kv_device_check: CUB's size query needs one), and lays
+// the workspace out; base may be NULL to size it. Every GPU entry point goes through it before
+// any other CUDA call.
 int kv_layout(const sa_kv_params *p, void *base, kv_ws *w);
 
 // The hybrid schedule's plan (kv_plan.cu): per tile, the blocks that hybrid_share / 128 of the

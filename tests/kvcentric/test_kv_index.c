@@ -2,6 +2,8 @@
  * on fresh random shapes and lists each run, plus its error paths and the GPU entry point's
  * argument checks that need no device. */
 #include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -305,7 +307,7 @@ END_TEST
  * says so. Host pointers stand in for device ones: they are never touched on these paths. */
 START_TEST(test_entry_args)
 {
-    uint16_t dummy[8];
+    _Alignas(16) uint16_t dummy[8]; /* aligned as the entry points require (KV_VEC_ALIGN) */
     int32_t lidx[1] = {0};
     sa_kv_params p;
     sa_kv_params_default(&p);
@@ -408,6 +410,252 @@ START_TEST(test_entry_args)
 }
 END_TEST
 
+/* The GPU entry points of sa_kvcentric.h, each called on one set of arguments; the ones that
+ * read parts of a workspace get one. sa_kv_workspace_size's bytes must be 0 after a failure. */
+enum { KV_ENTRY_POINTS = 6 };
+static const char *const kv_entry_names[KV_ENTRY_POINTS] = {
+    "sa_kvcentric_attention", "sa_kv_workspace_size", "sa_kv_build_index",
+    "sa_kv_attend",           "sa_kv_combine",        "sa_kv_index_get"};
+
+static int kv_call(int which, const sa_kv_params *p)
+{
+    size_t bytes = 1;
+    sa_kv_index_view v = {0};
+    int rc = SA_ERR_UNKNOWN;
+    switch (which) {
+    case 0: rc = sa_kvcentric_attention(p); break;
+    case 1:
+        rc = sa_kv_workspace_size(p, &bytes);
+        if (rc != SA_OK)
+            ck_assert_msg(bytes == 0, "sa_kv_workspace_size failed (%d) with bytes %zu", rc, bytes);
+        break;
+    case 2: rc = sa_kv_build_index(p); break;
+    case 3: rc = sa_kv_attend(p); break;
+    case 4: rc = sa_kv_combine(p); break;
+    case 5:
+        rc = sa_kv_index_get(p, &v);
+        if (rc != SA_OK) /* a failed call hands out no pointer */
+            ck_assert(!v.offsets && !v.entries && !v.tasks && !v.info);
+        break;
+    }
+    return rc;
+}
+
+/* Every entry point answers `want`; so does sa_kvcentric_attention with no workspace (it
+ * allocates one after its checks) unless the answer is about the workspace itself. */
+static void kv_expect(const sa_kv_params *p, int want, int unowned_too, const char *what)
+{
+    for (int i = 0; i < KV_ENTRY_POINTS; i++) {
+        const int rc = kv_call(i, p);
+        ck_assert_msg(rc == want, "%s: %s gave %d (%s), want %d (%s)", what, kv_entry_names[i],
+                      rc, sa_strerror(rc), want, sa_strerror(want));
+    }
+    if (unowned_too) {
+        sa_kv_params b = *p;
+        b.workspace = NULL;
+        b.workspace_bytes = 0;
+        const int rc = sa_kvcentric_attention(&b);
+        ck_assert_msg(rc == want, "%s: sa_kvcentric_attention without a workspace gave %d, want %d",
+                      what, rc, want);
+    }
+}
+static void kv_expect_all(const sa_kv_params *p, int want, const char *what)
+{
+    kv_expect(p, want, 1, what);
+}
+
+/* Host memory for the device pointers: every call below returns before it reads any of it (an
+ * argument error, a misaligned pointer, no device), so the stand-ins are never touched. */
+static _Alignas(16) uint16_t kv_q[64], kv_k[64], kv_v[64], kv_o[64];
+static _Alignas(16) float kv_o32[64], kv_lse[16];
+static _Alignas(16) int32_t kv_idx[16], kv_cnt[16];
+static _Alignas(16) unsigned char kv_ws[256];
+
+/* A valid call: GQA 2, one query, one block, counts and every optional output given, and a
+ * workspace (whose size the calls check only after the device). */
+static sa_kv_params kv_valid_params(void)
+{
+    sa_kv_params p;
+    sa_kv_params_default(&p);
+    p.shape = (sa_shape){.batch = 1, .heads_q = 2, .heads_kv = 1, .len_q = 1, .len_kv = 128,
+                         .head_dim = 128};
+    p.q = kv_q;
+    p.k = kv_k;
+    p.v = kv_v;
+    p.o = kv_o;
+    p.o_f32 = kv_o32;
+    p.lse = kv_lse;
+    p.lists = (sa_query_lists){kv_idx, kv_cnt, 1};
+    p.workspace = kv_ws;
+    p.workspace_bytes = sizeof kv_ws;
+    return p;
+}
+
+/* Without a usable device every GPU entry point says SA_ERR_NO_DEVICE once its arguments pass,
+ * on each schedule and kernel (they used to answer SA_ERR_CUDA from the workspace layout's CUB
+ * size query, or from the first CUDA call of the part). */
+START_TEST(test_entry_no_device)
+{
+    sa_kv_params p = kv_valid_params();
+#ifdef SA_HAVE_CUDA
+    if (sa_gpu_available())
+        return; /* the GPU test runs these calls for real */
+    kv_expect_all(&p, SA_ERR_NO_DEVICE, "valid, KV schedule");
+    sa_kv_params b = p;
+    b.partial_format = SA_KV_PARTIAL_BF16;
+    b.o_f32 = NULL;
+    b.lse = NULL;
+    b.lists.counts = NULL;
+    kv_expect_all(&b, SA_ERR_NO_DEVICE, "valid, BF16 partials, no optional output");
+    b = p;
+    b.attend = SA_KV_ATTEND_MMA_SYNC;
+    kv_expect_all(&b, SA_ERR_NO_DEVICE, "valid, mma.sync kernel");
+    b = p;
+    b.schedule = SA_KV_SCHEDULE_HYBRID;
+    b.causal = 1;
+    b.allow_future_blocks = 1;
+    b.validate = 0;
+    kv_expect_all(&b, SA_ERR_NO_DEVICE, "valid, hybrid, causal");
+    b.hybrid_share = 1;
+    kv_expect_all(&b, SA_ERR_NO_DEVICE, "valid, hybrid share 1");
+    b.hybrid_share = 128;
+    kv_expect_all(&b, SA_ERR_NO_DEVICE, "valid, hybrid share 128");
+    /* A workspace too small is found by the layout, which comes after the device. */
+    b = p;
+    b.workspace_bytes = 1;
+    ck_assert_int_eq(sa_kv_build_index(&b), SA_ERR_NO_DEVICE);
+    ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_NO_DEVICE);
+    /* The NULL checks of the parts that need a workspace and a view come first. */
+    b.workspace = NULL;
+    ck_assert_int_eq(sa_kv_build_index(&b), SA_ERR_NULL);
+    ck_assert_int_eq(sa_kv_attend(&b), SA_ERR_NULL);
+    ck_assert_int_eq(sa_kv_combine(&b), SA_ERR_NULL);
+    sa_kv_index_view v;
+    ck_assert_int_eq(sa_kv_index_get(&b, &v), SA_ERR_NULL);
+    ck_assert_int_eq(sa_kv_index_get(&p, NULL), SA_ERR_NULL);
+    ck_assert_int_eq(sa_kv_workspace_size(&p, NULL), SA_ERR_NULL);
+#else
+    for (int i = 0; i < KV_ENTRY_POINTS; i++)
+        ck_assert_int_eq(kv_call(i, &p), SA_ERR_NOT_BUILT);
+#endif
+}
+END_TEST
+
+/* hybrid_share out of 1..128 is SA_ERR_ARG before anything the kernels cannot run
+ * (SA_ERR_UNSUPPORTED) and before the device; with the KV schedule it is not read. */
+START_TEST(test_entry_hybrid_share)
+{
+#ifdef SA_HAVE_CUDA
+    static const int bad[] = {0, -1, SA_TILE + 1, INT_MIN, INT_MAX};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sa_kv_params p = kv_valid_params();
+        p.schedule = SA_KV_SCHEDULE_HYBRID;
+        p.hybrid_share = bad[i];
+        kv_expect_all(&p, SA_ERR_ARG, "hybrid_share out of range");
+        sa_kv_params b = p;
+        b.attend = SA_KV_ATTEND_MMA_SYNC; /* the hybrid needs the wgmma kernel */
+        kv_expect_all(&b, SA_ERR_ARG, "hybrid_share out of range, mma.sync kernel");
+        b.causal = 1; /* nor does mma.sync mask causally */
+        kv_expect_all(&b, SA_ERR_ARG, "hybrid_share out of range, causal mma.sync");
+        b = p;
+        b.shape.head_dim = 64;
+        kv_expect_all(&b, SA_ERR_ARG, "hybrid_share out of range, head_dim 64");
+        b = p;
+        b.lists.max_blocks = 1 << 23; /* past the index's slot limit */
+        kv_expect_all(&b, SA_ERR_ARG, "hybrid_share out of range, max_blocks 2^23");
+        b = p;
+        b.q = (const uint16_t *)((uintptr_t)b.q + 2);
+        kv_expect_all(&b, SA_ERR_ARG, "hybrid_share out of range, Q misaligned");
+        /* Ignored by the KV schedule. */
+        b = p;
+        b.schedule = SA_KV_SCHEDULE_KV;
+        if (!sa_gpu_available())
+            kv_expect_all(&b, SA_ERR_NO_DEVICE, "hybrid_share out of range, KV schedule");
+    }
+    /* In range, the schedule's own rule answers. */
+    sa_kv_params p = kv_valid_params();
+    p.schedule = SA_KV_SCHEDULE_HYBRID;
+    p.attend = SA_KV_ATTEND_MMA_SYNC;
+    static const int good[] = {1, SA_KV_HYBRID_SHARE_DEFAULT, SA_TILE};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        p.hybrid_share = good[i];
+        kv_expect_all(&p, SA_ERR_UNSUPPORTED, "hybrid on the mma.sync kernel");
+    }
+#else
+    sa_kv_params p = kv_valid_params();
+    p.schedule = SA_KV_SCHEDULE_HYBRID;
+    p.hybrid_share = 0;
+    for (int i = 0; i < KV_ENTRY_POINTS; i++)
+        ck_assert_int_eq(kv_call(i, &p), SA_ERR_NOT_BUILT);
+#endif
+}
+END_TEST
+
+/* Each pointer one step short of the alignment its kernel reads it with (16 bytes: Q, K, V, O,
+ * O_f32, the workspace; 4: LSE and the lists) is SA_ERR_UNSUPPORTED, after the argument errors
+ * and before the device. */
+START_TEST(test_entry_alignment)
+{
+#ifdef SA_HAVE_CUDA
+    struct {
+        const char *what;
+        size_t field; /* offsetof the pointer in sa_kv_params */
+        size_t need;
+    } const ptrs[] = {
+        {"Q", offsetof(sa_kv_params, q), 16},
+        {"K", offsetof(sa_kv_params, k), 16},
+        {"V", offsetof(sa_kv_params, v), 16},
+        {"O", offsetof(sa_kv_params, o), 16},
+        {"O_f32", offsetof(sa_kv_params, o_f32), 16},
+        {"workspace", offsetof(sa_kv_params, workspace), 16},
+        {"LSE", offsetof(sa_kv_params, lse), 4},
+        {"indices", offsetof(sa_kv_params, lists) + offsetof(sa_query_lists, indices), 4},
+        {"counts", offsetof(sa_kv_params, lists) + offsetof(sa_query_lists, counts), 4},
+    };
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) {
+        /* Every offset below the alignment fails; the first multiple of it passes. */
+        for (size_t off = 1; off <= ptrs[i].need; off++) {
+            sa_kv_params p = kv_valid_params();
+            char **field = (char **)((char *)&p + ptrs[i].field);
+            *field += off;
+            char what[96];
+            snprintf(what, sizeof what, "%s + %zu bytes", ptrs[i].what, off);
+            /* Without a workspace, sa_kvcentric_attention allocates an aligned one. */
+            const int unowned = ptrs[i].field != offsetof(sa_kv_params, workspace);
+            if (off < ptrs[i].need) {
+                kv_expect(&p, SA_ERR_UNSUPPORTED, unowned, what);
+                /* On the hybrid schedule too (its Q-centric pass reads the same pointers). */
+                sa_kv_params b = p;
+                b.schedule = SA_KV_SCHEDULE_HYBRID;
+                kv_expect(&b, SA_ERR_UNSUPPORTED, unowned, what);
+                /* An argument error still wins. */
+                b = p;
+                b.validate = 2;
+                kv_expect_all(&b, SA_ERR_ARG, what);
+                b = p;
+                b.shape.heads_kv = 3;
+                kv_expect_all(&b, SA_ERR_GQA, what);
+            } else if (!sa_gpu_available()) {
+                kv_expect_all(&p, SA_ERR_NO_DEVICE, what);
+            }
+        }
+    }
+    /* Optional pointers left NULL are not misaligned. */
+    sa_kv_params p = kv_valid_params();
+    p.o_f32 = NULL;
+    p.lse = NULL;
+    p.lists.counts = NULL;
+    if (!sa_gpu_available())
+        kv_expect_all(&p, SA_ERR_NO_DEVICE, "optional pointers NULL");
+#else
+    sa_kv_params p = kv_valid_params();
+    p.q = (const uint16_t *)((uintptr_t)p.q + 2);
+    for (int i = 0; i < KV_ENTRY_POINTS; i++)
+        ck_assert_int_eq(kv_call(i, &p), SA_ERR_NOT_BUILT);
+#endif
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("kv_index");
@@ -422,6 +670,9 @@ int main(void)
     tcase_add_test(tc, test_sizes);
     tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_entry_args);
+    tcase_add_test(tc, test_entry_no_device);
+    tcase_add_test(tc, test_entry_hybrid_share);
+    tcase_add_test(tc, test_entry_alignment);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
