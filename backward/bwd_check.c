@@ -16,6 +16,13 @@ void sa_gpu_attn_bwd_default(sa_gpu_attn_bwd *a)
     a->allow_empty_rows = 1;
 }
 
+sa_shape bwd_index_shape(const sa_gpu_attn_bwd *a)
+{
+    const sa_shape *s = &a->shape;
+    return (sa_shape){s->batch, a->lists.list_heads, a->lists.list_heads, sa_q_tiles(s),
+                      s->len_kv, s->head_dim};
+}
+
 int bwd_check_args(const sa_gpu_attn_bwd *a)
 {
     if (!a)
@@ -53,6 +60,16 @@ int bwd_check_args(const sa_gpu_attn_bwd *a)
         return SA_ERR_UNSUPPORTED;
     /* validate = 1 queues the forward's GPU list check, which has a block limit. */
     if (a->validate && sa_kv_blocks(s) > SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS)
+        return SA_ERR_UNSUPPORTED;
+    /* The reverse index is the KV-centric one on a stand-in shape whose queries are the list
+     * rows (bwd_tile.cu, index_params): that shape must pass the index's own checks, and with
+     * per-head lists its K side is list_heads (not heads_kv) long. Said here, as this limit,
+     * rather than as the stand-in's SA_ERR_SHAPE from inside the call. */
+    const sa_shape stand_in = bwd_index_shape(a);
+    if (sa_shape_check(&stand_in) || a->lists.max_blocks >= SA_KV_MAX_BLOCKS)
+        return SA_ERR_UNSUPPORTED;
+    /* The workspace holds 16-byte rows and the index's 16-byte tasks. */
+    if ((uintptr_t)a->workspace & 15)
         return SA_ERR_UNSUPPORTED;
     return SA_OK;
 }

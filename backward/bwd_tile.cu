@@ -159,9 +159,7 @@ sa_kv_params index_params(const sa_gpu_attn_bwd *a, void *ws)
 {
     sa_kv_params p;
     sa_kv_params_default(&p);
-    const sa_shape *s = &a->shape;
-    p.shape = (sa_shape){s->batch, a->lists.list_heads, a->lists.list_heads, sa_q_tiles(s),
-                         s->len_kv, s->head_dim};
+    p.shape = bwd_index_shape(a);
     p.q = a->q;
     p.k = a->k;
     p.v = a->v;

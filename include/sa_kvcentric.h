@@ -28,6 +28,9 @@ extern "C" {
  * max_blocks + slot: query q chose block indices[entry] in its slot `slot`, and its partial for
  * that block goes to slot `slot`. Entries of bucket k are entries[offsets[k] .. offsets[k+1]),
  * in ascending entry order (so ascending query: a valid row names a block at most once). */
+/* The largest max_blocks the GPU index takes is SA_KV_MAX_BLOCKS - 1: a list slot must fit the
+ * 24 bits the index's error word keeps for it (SA_ERR_UNSUPPORTED past it). */
+#define SA_KV_MAX_BLOCKS (1 << 23)
 typedef struct sa_kv_task {
     int32_t bucket; /* which (batch, kv head, kv block) */
     int32_t begin;  /* first entry: offsets[bucket] + chunk * task_queries */

@@ -416,7 +416,7 @@ int kv_check_args(const sa_kv_params *p)
         !sa_sz_within(sa_sz_add((int64_t)sa_kv_max_entries(s, &p->lists),
                                 (int64_t)sa_kv_max_tasks(s, &p->lists, (int)tq)),
                       INT32_MAX - 1) ||
-        sa_kv_buckets(s) >= INT32_MAX - 1 || p->lists.max_blocks >= (1 << 23) ||
+        sa_kv_buckets(s) >= INT32_MAX - 1 || p->lists.max_blocks >= SA_KV_MAX_BLOCKS ||
         !sa_sz_within(per_tile, INT32_MAX - 1))
         return SA_ERR_UNSUPPORTED;
     // Last, as in sa_gpu_attn_check_common, and before the device check: a misaligned pointer is

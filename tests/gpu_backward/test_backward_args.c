@@ -8,6 +8,13 @@
 #include "bwd_fake_args.h"
 #include "sa_test.h"
 
+/* What a valid call answers here, where no GPU runs it. */
+#ifdef SA_HAVE_CUDA
+#define VALID_CALL_CODE SA_ERR_NO_DEVICE
+#else
+#define VALID_CALL_CODE SA_ERR_NOT_BUILT
+#endif
+
 static sa_gpu_attn_bwd valid_args(void)
 {
     return bwd_fake_args((sa_shape){1, 4, 2, 256, 384, 128}, 2, 3);
@@ -97,13 +104,29 @@ START_TEST(errors)
                       1, 1);
     expect(&a, SA_ERR_UNSUPPORTED, "validated, past the GPU list check's blocks");
     a.validate = 0; /* unchecked: no such limit, the call goes on to look for a device */
-    if (!sa_gpu_available()) {
-#ifdef SA_HAVE_CUDA
-        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_ERR_NO_DEVICE);
-#else
-        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), SA_ERR_NOT_BUILT);
-#endif
-    }
+    if (!sa_gpu_available())
+        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), VALID_CALL_CODE);
+    /* The reverse index's stand-in shape (list rows as queries): with per-head lists its K
+     * side is list_heads long, 128 x 2^24 rows here, past INT32_MAX where the real K's
+     * 8 x 2^24 is not; with group lists it passes. Unvalidated, so that the GPU list check's
+     * block limit does not decide first. */
+    a = bwd_fake_args((sa_shape){1, 128, 8, 128, 1 << 24, 128}, 128, 1);
+    a.validate = 0;
+    expect(&a, SA_ERR_UNSUPPORTED, "per-head lists whose index shape is past the row limit");
+    a.lists.list_heads = 8;
+    if (!sa_gpu_available()) /* the call would run: the tensors are fake */
+        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), VALID_CALL_CODE);
+    /* The index's slots: max_blocks below SA_KV_MAX_BLOCKS. */
+    a = valid_args();
+    a.lists.max_blocks = SA_KV_MAX_BLOCKS;
+    expect(&a, SA_ERR_UNSUPPORTED, "max_blocks at the index's limit");
+    a.lists.max_blocks = SA_KV_MAX_BLOCKS - 1;
+    if (!sa_gpu_available())
+        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), VALID_CALL_CODE);
+    a = valid_args();
+    a.workspace = (char *)FAKE(12) + 8;
+    a.workspace_bytes = 1 << 20;
+    expect(&a, SA_ERR_UNSUPPORTED, "a workspace not 16-byte aligned");
     a = valid_args();
     ck_assert_int_eq(sa_gpu_backward_workspace_size(&a, NULL), SA_ERR_NULL);
 }

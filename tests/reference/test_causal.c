@@ -450,7 +450,7 @@ END_TEST
  * both fields. */
 START_TEST(test_kvcentric_causal_args)
 {
-    static uint16_t dummy[64];
+    static _Alignas(16) uint16_t dummy[64]; /* the GPU entry points check 16-byte alignment */
     static int32_t lists[1];
     sa_kv_params p;
     sa_kv_params_default(&p);
