@@ -1,12 +1,12 @@
 """The attention entry points. Each takes numpy arrays or CPU torch tensors (the CPU reference,
 exact up to FP32 accumulation) or torch CUDA tensors (the GPU stages / the KV-centric path)."""
 import ctypes
-import numbers
 
 import numpy as np
 
 from . import _gpu
 from ._capi import TILE, SaAttnOpts, SaOutputs, SaQueryLists, SaShape, SaTileLists
+from ._checks import integer
 from ._core import check, flag, lib, library_path
 from ._errors import AbiMismatchError
 from ._tensors import (attn_shape, check_layout, check_shape, common_kind, host_bf16, host_int32,
@@ -115,11 +115,7 @@ def query_sparse_attention(q, k, v, indices, counts=None, *, layout="bhsd", vali
         raise ValueError("partial_format must be 'f32' or 'bf16', got %r" % (partial_format,))
     if schedule not in ("kv", "hybrid"):
         raise ValueError("schedule must be 'kv' or 'hybrid', got %r" % (schedule,))
-    if hybrid_share is not None and (isinstance(hybrid_share, (bool, np.bool_)) or
-                                     not isinstance(hybrid_share, numbers.Integral) or
-                                     not 1 <= hybrid_share <= TILE):
-        raise ValueError("hybrid_share must be None or an int in 1..%d, got %r"
-                         % (TILE, hybrid_share))
+    hybrid_share = integer("hybrid_share", hybrid_share, 1, TILE, optional=True)
     kind = common_kind([("q", q), ("k", k), ("v", v)])
     s = attn_shape(q, k, v, layout)
     max_blocks = query_list_dims(indices, s)

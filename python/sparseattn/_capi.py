@@ -15,6 +15,7 @@ LIB_NAME = "libsparseattn.so"
 
 TILE = 128  # SA_TILE: tokens per query tile and per KV block
 INT32_MAX = 2**31 - 1
+INT32_MIN = -2**31
 UINT64_MAX = 2**64 - 1
 SIZE_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1
 

@@ -1,6 +1,4 @@
 """The loaded library (opened and ABI-checked once, at import) and the status check."""
-import numbers
-
 import numpy as np
 
 from . import _capi
@@ -27,12 +25,3 @@ def flag(name, x):
         return int(bool(x))
     raise TypeError("%s must be True or False, got %r" % (name, x))
 
-
-def integer(name, x, lo, hi):
-    """An int option checked against [lo, hi], the range of the C parameter it fills: ctypes
-    would wrap a value outside it silently. bool is not taken for an int."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
-        raise TypeError("%s must be an int, got %r" % (name, x))
-    if not lo <= x <= hi:
-        raise ValueError("%s must lie in [%d, %d], got %d" % (name, lo, hi, x))
-    return int(x)

@@ -10,7 +10,9 @@ from ._capi import (SA_ERR_NO_DEVICE, SA_ERR_NOT_BUILT, SA_KV_PARTIAL_BF16, SA_K
                     SA_KV_PARTIAL_F32, SA_ROLE_DEFAULT_DENSE, SA_ROLE_DEFAULT_TILE,
                     SA_ROLE_GPU_VERDICT, SA_ROLE_SPARSE, SaGpuAttn, SaKvParams, SaQueryLists,
                     SaTileLists)
-from ._capi import SA_LISTS_INDEPENDENT, TILE, SaShape  # random_tile_lists
+from ._capi import (INT32_MAX, INT32_MIN, SA_LISTS_INDEPENDENT, TILE, UINT64_MAX,
+                    SaShape)  # random_tile_lists
+from ._checks import integer
 from ._core import check, lib, strerror
 from ._errors import SparseAttnError
 from ._tensors import cuda_bf16, cuda_int32, kv_blocks, ptr, q_tiles, torch_mod
@@ -115,19 +117,25 @@ def random_tile_lists(shape, list_heads, max_blocks, pattern=SA_LISTS_INDEPENDEN
     max_blocks distinct blocks per row, ascending, drawn from the library's RNG with `seed`
     (the lists the GPU benchmarks feed the stages). pattern SA_LISTS_INDEPENDENT (0) draws each
     row alone, SA_LISTS_PAIRED (1) gives the Q tiles 2i and 2i + 1 the same row. shape is an
-    SaShape or (batch, heads_q, heads_kv, len_q, len_kv, head_dim). Runs without a GPU."""
-    fields = tuple(int(x) for x in shape) if not isinstance(shape, SaShape) else ()
-    for name, x in zip(("shape", "shape", "shape", "shape", "shape", "shape", "list_heads",
-                        "max_blocks"), fields + (int(list_heads), int(max_blocks))):
-        if not -2**31 <= x < 2**31:  # ctypes would wrap it: the buffer and C would disagree
-            raise ValueError("%s: %d does not fit an int" % (name, x))
-    s = shape if isinstance(shape, SaShape) else SaShape(*fields)
-    # The library judges the arguments (SA_ERR_SHAPE, _LIST_HEADS, _ARG) before it writes.
-    dims = tuple(max(0, int(x)) for x in (s.batch, list_heads, (s.len_q + TILE - 1) // TILE,
-                                          max_blocks))
+    SaShape or (batch, heads_q, heads_kv, len_q, len_kv, head_dim). Runs without a GPU.
+    The ints must fit their C parameters (int; the seed uint64_t), else TypeError / ValueError
+    as integer() says: ctypes would wrap them, and the buffer and C would disagree; within
+    those ranges the library judges them (SA_ERR_SHAPE, _LIST_HEADS, _ARG) before it writes."""
+    s = shape
+    if not isinstance(s, SaShape):
+        names = ("batch", "heads_q", "heads_kv", "len_q", "len_kv", "head_dim")
+        if len(s) != len(names):
+            raise ValueError("shape must be an SaShape or (%s), got %r" % (", ".join(names), s))
+        s = SaShape(*(integer(n, x, INT32_MIN, INT32_MAX) for n, x in zip(names, s)))
+    list_heads = integer("list_heads", list_heads, INT32_MIN, INT32_MAX)
+    max_blocks = integer("max_blocks", max_blocks, INT32_MIN, INT32_MAX)
+    pattern = integer("pattern", pattern, INT32_MIN, INT32_MAX)
+    seed = integer("seed", seed, 0, UINT64_MAX)
+    dims = tuple(max(0, x) for x in (s.batch, list_heads, (s.len_q + TILE - 1) // TILE,
+                                     max_blocks))
     out = np.zeros(dims, dtype=np.int32)
-    check(lib.sa_random_tile_lists(ctypes.byref(s), list_heads, max_blocks, pattern,
-                                   int(seed), out.ctypes.data), "sa_random_tile_lists")
+    check(lib.sa_random_tile_lists(ctypes.byref(s), list_heads, max_blocks, pattern, seed,
+                                   out.ctypes.data), "sa_random_tile_lists")
     return out
 
 

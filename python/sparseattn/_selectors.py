@@ -2,14 +2,14 @@
 import collections
 import ctypes
 import math
-import numbers
 
 import numpy as np
 
 from . import _gpu
 from ._capi import (INT32_MAX, SA_ERR_UNSUPPORTED, SA_MAX_INDEX_DIM, UINT64_MAX, SaSelectParams,
                     SaShape)
-from ._core import check, flag, integer, lib
+from ._checks import integer
+from ._core import check, flag, lib
 from ._bf16 import bf16_to_float32
 from ._tensors import (attn_shape, check_layout, check_shape, common_kind, cuda_bf16, dims4,
                        host_bf16, host_ints_result, kv_blocks, ptr, torch_mod)
@@ -96,8 +96,6 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
         if head_lists != "pooled":
             raise ValueError("pool_cap is for head_lists='pooled' only (head_lists=%r)"
                              % head_lists)
-        if not isinstance(pool_cap, numbers.Integral) or isinstance(pool_cap, bool):
-            raise TypeError("pool_cap must be an int or None, got %r" % (pool_cap,))
     if (q_index is None) != (k_index is None):
         raise ValueError("q_index and k_index go together: pass both or neither")
     kind = common_kind([("q", q), ("k", k), ("q_index", q_index), ("k_index", k_index)])
@@ -108,14 +106,11 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
                          % (head_lists, name, " or ".join(repr(m) for m in cuda_modes) or
                             "no mode (it has none)"))
     s = attn_shape(q, k, None, layout)
-    if not isinstance(topk, numbers.Integral) or isinstance(topk, bool):
-        raise TypeError("topk must be an int, got %r" % (topk,))
-    if not 1 <= topk <= kv_blocks(s):
-        raise ValueError("topk must lie in [1, %d] (the KV blocks of len_kv=%d), got %d"
-                         % (kv_blocks(s), s.len_kv, topk))
-    if pool_cap is not None and not topk <= pool_cap <= kv_blocks(s):
-        raise ValueError("pool_cap must lie in [topk, kv_blocks] = [%d, %d], got %d"
-                         % (topk, kv_blocks(s), pool_cap))
+    nb = kv_blocks(s)
+    topk = integer("topk", topk, 1, nb,
+                   interval="[1, %d] (the KV blocks of len_kv=%d)" % (nb, s.len_kv))
+    pool_cap = integer("pool_cap", pool_cap, topk, nb, optional=True,
+                       interval="[topk, kv_blocks] = [%d, %d]" % (topk, nb))
     index_heads = integer("index_heads", index_heads, 0, INT32_MAX)
     if index_heads and q_index is None:
         raise ValueError("index_heads describes q_index and k_index: pass them too")
@@ -139,7 +134,7 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
                     "(B, %s, Skv, I)" % nk)
     p = SaSelectParams()
     lib.sa_select_params_default(ctypes.byref(p))
-    p.k = int(topk)
+    p.k = topk
     p.keep_diagonal, p.keep_sink = flag("keep_diagonal", keep_diagonal), flag("keep_sink",
                                                                               keep_sink)
     p.seed = integer("seed", seed, 0, UINT64_MAX)
@@ -148,7 +143,7 @@ def select(name, q, k, topk=16, *, layout="bhsd", keep_diagonal=False, keep_sink
     p.index_dim = index_dim
     p.index_heads = index_heads
     p.head_lists = HEAD_LISTS.index(head_lists)
-    p.pool_cap = int(pool_cap or 0)
+    p.pool_cap = pool_cap or 0
     out_shape = _layout(name, sel, s, p)
     if kind == "cuda":
         return _select_cuda(name, sel, s, q, k, q_index, k_index, p, out_shape, layout)

@@ -7,9 +7,11 @@
     layers, info = act.read_with_library("x.safetensors")                # the C reader
 
 The writer and the numpy reader need numpy alone and never load libsparseattn, so the capture
-script (tools/capture_activations.py) loads this file by its path, without the package. The C
-reader is selectors/activations.c (include/sa_activations.h)."""
+script (tools/capture_activations.py) loads this file by its path, without the package (and this
+file loads _checks.py, the package's int check, by its path too). The C reader is
+selectors/activations.c (include/sa_activations.h)."""
 import ctypes
+import importlib.util
 import json
 import math
 import os
@@ -21,6 +23,16 @@ FORMAT = "sparseattn.activations"
 FORMAT_VERSION = "1"
 MAX_HEADER = 100_000_000  # the safetensors limit
 MAX_LAYER = 999_999  # the largest layer index the C reader takes (ACT_MAX_LAYER)
+
+if __package__:
+    from ._checks import integer
+else:  # loaded by its path, outside the package: its sibling _checks.py (numpy alone) the same way
+    _spec = importlib.util.spec_from_file_location(
+        "sa_activations_checks", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                              "_checks.py"))
+    _checks = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_checks)
+    integer = _checks.integer
 
 
 def bf16_bits(x):
@@ -56,12 +68,13 @@ def write(path, layers, metadata=None):
     """Writes {layer index: (q, k, v)} as tensors layers.<L>.q/k/v, BF16 little-endian.
 
     q is (B, Hq, Sq, D), k and v (B, Hkv, Skv, D) (or rank 3 without B), float arrays (cast to
-    float32, then rounded to BF16, nearest even) or uint16 BF16 bits; layer indices 0 ..
-    MAX_LAYER (the C reader's range). metadata: string -> string (numbers, numpy's included, and
-    booleans, as 1 or 0, are turned into strings; a None value leaves its key out, as a model
-    config's "no sliding window"); "format" is set, and "heads_q", "heads_kv", "head_dim" are
-    filled in from the first layer's tensors when absent ("layers.<L>.<key>" for a layer that
-    differs). Returns the number of bytes written."""
+    float32, then rounded to BF16, nearest even) or uint16 BF16 bits; layer indices ints in 0 ..
+    MAX_LAYER (the C reader's range; another type is a TypeError, another int a ValueError).
+    metadata: string -> string (numbers, numpy's included, and booleans, as 1 or 0, are turned
+    into strings; a None value leaves its key out, as a model config's "no sliding window");
+    "format" is set, and "heads_q", "heads_kv", "head_dim" are filled in from the first layer's
+    tensors when absent ("layers.<L>.<key>" for a layer that differs). Returns the number of
+    bytes written."""
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION}
     for key, value in (metadata or {}).items():
         if not isinstance(key, str):
@@ -70,11 +83,9 @@ def write(path, layers, metadata=None):
             meta[key] = value if isinstance(value, str) else _meta_str(value)
     meta["format"] = FORMAT
     header, blobs, offset = {}, [], 0
-    for layer in sorted(layers):
-        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) \
-                or not 0 <= layer <= MAX_LAYER:
-            raise ValueError("layer indices are integers in 0..%d, got %r" % (MAX_LAYER, layer))
-        q, k, v = layers[layer]
+    # Every key judged before any is sorted (mixed types would not sort).
+    for layer, key in sorted((integer("layer index", key, 0, MAX_LAYER), key) for key in layers):
+        q, k, v = layers[key]
         arrays = [_as_bf16("layers.%d.%s" % (layer, w), x) for w, x in zip("qkv", (q, k, v))]
         q4, k4 = (a.reshape((1,) + a.shape) if a.ndim == 3 else a for a in arrays[:2])
         if arrays[1].shape != arrays[2].shape:

@@ -2,7 +2,11 @@
 synthetic tensors, no model."""
 import json
 import math
+import os
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,9 +127,52 @@ def test_writer_checks(rng, tmp_path):
         act.write(tmp_path / "x", {0: (q[0, 0], k, v)})
     with pytest.raises(TypeError):
         act.write(tmp_path / "x", {0: (q.astype(np.int32), k, v)})
-    # Past the C reader's range: it would skip the layer without a word.
-    with pytest.raises(ValueError, match="0..999999"):
-        act.write(tmp_path / "x", {act.MAX_LAYER + 1: (q, k, v)})
+    # Past the C reader's range: it would skip the layer without a word. A layer index is an
+    # int option like the package's others: TypeError for a non-int, ValueError out of range.
+    for bad in (act.MAX_LAYER + 1, -1):
+        with pytest.raises(ValueError, match=r"^layer index must lie in \[0, 999999\], got %d$"
+                                             % bad):
+            act.write(tmp_path / "x", {bad: (q, k, v)})
+    for bad in (2.0, True, "2"):
+        with pytest.raises(TypeError, match=r"^layer index must be an int, got "):
+            act.write(tmp_path / "x", {bad: (q, k, v)})
+    with pytest.raises(TypeError, match=r"^layer index must be an int, got 'a'$"):
+        act.write(tmp_path / "x", {3: (q, k, v), "a": (q, k, v)})  # judged before sorting
+    assert not (tmp_path / "x").exists()
+    act.write(tmp_path / "x", {np.int64(3): (q, k, v)})
+    assert sorted(act.read(tmp_path / "x")[0]) == [3]
+
+
+def test_writer_by_its_path_alone(rng, tmp_path):
+    """As tools/capture_activations.py loads it: by its path, outside the package, with numpy
+    alone (its int check, _checks.py, comes by its path too); libsparseattn is not loaded."""
+    q, k, v = _layers(rng)[2]
+    np.savez(tmp_path / "qkv.npz", q=q, k=k, v=v)
+    script = """
+import importlib.util, os, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("sa_activations_io", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+t = np.load(sys.argv[2])
+qkv = (t["q"], t["k"], t["v"])
+try:
+    mod.write(sys.argv[3], {2.5: qkv})
+except TypeError as e:
+    print("TypeError:", e)
+mod.write(sys.argv[3], {4: qkv})
+assert sorted(mod.read(sys.argv[3])[0]) == [4]
+assert "sparseattn" not in sys.modules
+if os.path.exists("/proc/self/maps"):  # Linux: no libsparseattn among the mapped files
+    with open("/proc/self/maps") as f:
+        assert "libsparseattn" not in f.read()
+"""
+    path = Path(act.__file__)
+    out = subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "qkv.npz"),
+                          str(tmp_path / "w.safetensors")], capture_output=True, text=True,
+                         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=""))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "TypeError: layer index must be an int, got 2.5\n"
 
 
 def test_metadata_values_the_c_reader_takes(rng, tmp_path):

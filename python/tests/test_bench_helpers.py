@@ -72,6 +72,45 @@ def test_random_tile_lists_errors(args, code):
     assert e.value.name == code and e.value.function == "sa_random_tile_lists"
 
 
+def test_random_tile_lists_argument_checks():
+    """Its ints are judged against their C parameters (int; the seed uint64_t) before the call:
+    ctypes would wrap them (seed -1 to 2**64 - 1, pattern 2**32 to 0) or take 1.5 as 1."""
+    shape = (2, 4, 2, 640, 2048, 128)
+    for seed in (-1, 2**64):
+        with pytest.raises(ValueError, match=r"^seed must lie in \[0, 18446744073709551615\], "
+                                             r"got %d$" % seed):
+            _gpu.random_tile_lists(shape, 2, 6, seed=seed)
+    for seed in (1.5, True, "1"):
+        with pytest.raises(TypeError, match=r"^seed must be an int, got "):
+            _gpu.random_tile_lists(shape, 2, 6, seed=seed)
+    with pytest.raises(ValueError, match=r"^pattern must lie in \[-2147483648, 2147483647\], "
+                                         r"got 4294967296$"):
+        _gpu.random_tile_lists(shape, 2, 6, 2**32)
+    with pytest.raises(TypeError, match=r"^pattern must be an int, got 0.0$"):
+        _gpu.random_tile_lists(shape, 2, 6, 0.0)
+    with pytest.raises(ValueError, match=r"^max_blocks must lie in \[-2147483648, 2147483647\]"):
+        _gpu.random_tile_lists(shape, 2, 2**32 + 6)
+    for name, bad in (("list_heads", 2.0), ("max_blocks", np.float32(6)),
+                      ("list_heads", np.bool_(True))):
+        with pytest.raises(TypeError, match=r"^%s must be an int, got " % name):
+            _gpu.random_tile_lists(shape, **dict(dict(list_heads=2, max_blocks=6), **{name: bad}))
+    with pytest.raises(TypeError, match=r"^len_q must be an int, got 640.0$"):
+        _gpu.random_tile_lists((2, 4, 2, 640.0, 2048, 128), 2, 6)
+    with pytest.raises(ValueError, match=r"^heads_q must lie in \[-2147483648, 2147483647\]"):
+        _gpu.random_tile_lists((2, 2**32 + 4, 2, 640, 2048, 128), 2, 6)
+    with pytest.raises(ValueError, match=r"^shape must be an SaShape or \(batch, heads_q, "):
+        _gpu.random_tile_lists(shape + (1,), 2, 6)
+    # In range for C, the library judges them (a negative size: SA_ERR_SHAPE).
+    with pytest.raises(sa.SparseAttnError) as e:
+        _gpu.random_tile_lists((2, 4, 2, -640, 2048, 128), 2, 6)
+    assert e.value.name == "SA_ERR_SHAPE"
+    # numpy ints are ints: the same lists as Python ints.
+    x = _gpu.random_tile_lists(tuple(np.int64(d) for d in shape), np.int32(2), np.uint8(6),
+                               np.int64(_capi.SA_LISTS_PAIRED), np.uint64(2**64 - 1))
+    assert np.array_equal(x, _gpu.random_tile_lists(shape, 2, 6, _capi.SA_LISTS_PAIRED,
+                                                    2**64 - 1))
+
+
 def test_launcher_without_a_gpu_raises_the_stage_status():
     st = sa.stages()
     if not st:

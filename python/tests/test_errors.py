@@ -72,9 +72,18 @@ def test_options(inputs):
         sa.query_sparse_attention(q, k, v, idx, partial_format="fp8")
     with pytest.raises(ValueError, match=r"^schedule must be"):
         sa.query_sparse_attention(q, k, v, idx, schedule="auto")
-    for bad in (0, 129, 48.0, True):
-        with pytest.raises(ValueError, match=r"^hybrid_share must be None or an int in 1..128"):
+    # An int option: a non-int is a TypeError, an int out of range a ValueError (integer()).
+    for bad in (0, 129, -1, 2**32 + 64):
+        with pytest.raises(ValueError, match=r"^hybrid_share must lie in \[1, 128\], got %d$"
+                                             % bad):
             sa.query_sparse_attention(q, k, v, idx, schedule="hybrid", hybrid_share=bad)
+    for bad in (48.0, True, np.bool_(True), "48"):
+        with pytest.raises(TypeError, match=r"^hybrid_share must be an int or None, got "):
+            sa.query_sparse_attention(q, k, v, idx, schedule="hybrid", hybrid_share=bad)
+    per_query = np.tile(np.array([0, 2], np.int32), (1, 1, 256, 1))  # (B, Hkv, Sq, 2)
+    o, _ = sa.query_sparse_attention(q, k, v, per_query, schedule="hybrid",
+                                     hybrid_share=np.int64(64))  # a numpy int is an int
+    assert o.shape == q.shape
 
 
 @pytest.mark.parametrize("case,code,name", [
