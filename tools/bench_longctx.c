@@ -58,23 +58,28 @@ static void usage(FILE *f)
             LC_HEAD_DIM, LC_TOPK, SA_TILE);
 }
 
-/* Comma-separated values of one flag; each token through `one`, which exits on a bad one. */
+/* Comma-separated values of one flag, split by cli_list (an empty entry is a usage error); each
+ * entry through `one`, which exits on a bad one. */
+typedef struct lc_list {
+    int *out, n;
+    int (*one)(const char *flag, const char *tok);
+} lc_list;
+
+static void lc_entry(const char *flag, const char *entry, void *ctx)
+{
+    lc_list *l = ctx;
+    if (l->n == LC_MAX_LIST)
+        cli_usage_error("bench longctx: %s: more than %d values", flag, LC_MAX_LIST);
+    l->out[l->n++] = l->one(flag, entry);
+}
+
 static int parse_list(int argc, char **argv, int *i, int *out, int (*one)(const char *flag,
                                                                              const char *tok))
 {
     const char *flag = argv[*i];
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", cli_str_arg(argc, argv, i));
-    int n = 0;
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (n == LC_MAX_LIST)
-            cli_usage_error("bench longctx: %s: more than %d values", flag, LC_MAX_LIST);
-        out[n++] = one(flag, t);
-    }
-    if (!n)
-        cli_usage_error("bench longctx: %s: no value", flag);
-    return n;
+    lc_list l = {out, 0, one};
+    cli_list(flag, cli_str_arg(argc, argv, i), lc_entry, &l);
+    return l.n;
 }
 
 static int one_len(const char *flag, const char *t)

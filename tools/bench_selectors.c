@@ -72,35 +72,29 @@ static void usage(FILE *f)
 /* --selectors and --workloads (NULL: every one). */
 static const char *want_selectors, *want_workloads;
 
-/* Exits with a usage error unless every entry of `list` names a GPU selector (a row "name/..."
- * or "scorer" too) or, for workloads, a workload. */
-static void check_names(const char *flag, const char *list, int selectors)
+/* One entry of --selectors (*ctx 1) or --workloads (*ctx 0), split by cli_list: a usage error
+ * unless it names a GPU selector (a row "name/..." or "scorer" too) or a workload. */
+static void check_name(const char *flag, const char *entry, void *ctx)
 {
-    for (const char *e = list;;) {
-        const size_t len = strcspn(e, ",");
-        char name[64];
-        snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), e);
-        if (selectors)
-            name[strcspn(name, "/")] = 0;
-        const sa_selector *sel = selectors ? sa_selector_by_name(name) : NULL;
-        const int ok = selectors ? (sel && sel->cuda) || !strcmp(name, "scorer")
-                                 : sa_workload_by_name(name) != NULL;
-        if (!ok || !len) {
-            char names[256] = "";
-            for (int i = 0; i < (selectors ? sa_selector_count() : sa_workload_count()); i++) {
-                const char *n = selectors ? (sa_selector_at(i)->cuda ? sa_selector_at(i)->name
-                                                                     : NULL)
-                                          : sa_workload_at(i)->name;
-                if (n)
-                    snprintf(names + strlen(names), sizeof names - strlen(names), " %s", n);
-            }
-            cli_usage_error("%s: '%s' is not one of:%s%s", flag, name, names,
-                            selectors ? " scorer (a name/row such as nvfp4_query/i1 too)" : "");
-        }
-        if (!e[len])
-            return;
-        e += len + 1;
+    const int selectors = *(const int *)ctx;
+    char name[CLI_LIST_ENTRY_MAX + 1];
+    snprintf(name, sizeof name, "%s", entry);
+    if (selectors)
+        name[strcspn(name, "/")] = 0;
+    const sa_selector *sel = selectors ? sa_selector_by_name(name) : NULL;
+    const int ok = selectors ? (sel && sel->cuda) || !strcmp(name, "scorer")
+                             : sa_workload_by_name(name) != NULL;
+    if (ok)
+        return;
+    char names[256] = "";
+    for (int i = 0; i < (selectors ? sa_selector_count() : sa_workload_count()); i++) {
+        const char *n = selectors ? (sa_selector_at(i)->cuda ? sa_selector_at(i)->name : NULL)
+                                  : sa_workload_at(i)->name;
+        if (n)
+            snprintf(names + strlen(names), sizeof names - strlen(names), " %s", n);
     }
+    cli_usage_error("%s: '%s' is not one of:%s%s", flag, name, names,
+                    selectors ? " scorer (a name/row such as nvfp4_query/i1 too)" : "");
 }
 
 /* This bench's flags, and the shared ones (bench_parse); the same in a build without CUDA, so a
@@ -143,7 +137,8 @@ static void parse_flags(int argc, char **argv, sel_flags *o)
         } else if (!strcmp(argv[i], "--selectors") || !strcmp(argv[i], "--workloads")) {
             int j = i;
             const char *list = cli_str_arg(argc, argv, &j);
-            check_names(argv[i], list, argv[i][2] == 's');
+            int selectors = argv[i][2] == 's';
+            cli_list(argv[i], list, check_name, &selectors);
             *(argv[i][2] == 's' ? &want_selectors : &want_workloads) = list;
             used = 2;
         }

@@ -65,6 +65,29 @@ uint64_t cli_u64_arg(int argc, char **argv, int *i)
 
 const char *cli_str_arg(int argc, char **argv, int *i) { return value_of(argc, argv, i); }
 
+int cli_list(const char *flag, const char *list, cli_list_fn one, void *ctx)
+{
+    if (!*list)
+        cli_usage_error("%s: empty list", flag);
+    int n = 0;
+    for (const char *e = list;; n++) {
+        const size_t len = strcspn(e, ",");
+        if (!len)
+            cli_usage_error("%s: '%s' has an empty entry (a leading, trailing or doubled comma)",
+                            flag, list);
+        if (len > CLI_LIST_ENTRY_MAX)
+            cli_usage_error("%s: an entry of '%.40s...' is longer than %d characters", flag, list,
+                            CLI_LIST_ENTRY_MAX);
+        char entry[CLI_LIST_ENTRY_MAX + 1];
+        memcpy(entry, e, len);
+        entry[len] = 0;
+        one(flag, entry, ctx);
+        if (!e[len])
+            return n + 1;
+        e += len + 1;
+    }
+}
+
 int cli_shape_flag(int argc, char **argv, int *i, sa_shape *s)
 {
     static const struct {

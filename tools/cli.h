@@ -18,6 +18,16 @@ long cli_int_arg(int argc, char **argv, int *i, long min, long max);
 uint64_t cli_u64_arg(int argc, char **argv, int *i);
 const char *cli_str_arg(int argc, char **argv, int *i);
 
+/* The entries of a comma-separated list, the value of flag `flag` ("16384,32768"): each, in
+ * order, through one(flag, entry, ctx) as a string of its own; returns their count. An empty
+ * list or an empty entry (a leading, trailing or doubled comma, which strtok would skip without
+ * a word) is a usage error naming the flag, as is an entry longer than CLI_LIST_ENTRY_MAX. Every
+ * comma-separated flag of every command splits its value here; `one` judges the entry and
+ * exits through cli_usage_error on a bad one. */
+#define CLI_LIST_ENTRY_MAX 255
+typedef void (*cli_list_fn)(const char *flag, const char *entry, void *ctx);
+int cli_list(const char *flag, const char *list, cli_list_fn one, void *ctx);
+
 /* If argv[*i] is one of the shape flags (--batch --heads-q --heads-kv --len-q --len-kv
  * --head-dim), parse its value into *s, advance *i and return 1; else return 0. Whether the
  * shape as a whole is valid is left to sa_shape_check. */

@@ -89,45 +89,39 @@ static double double_arg(int argc, char **argv, int *i)
     return x;
 }
 
+/* One entry of --index, split by cli_list: own, qk or proj:D ("all" stands alone). */
+static void one_choice(const char *flag, const char *t, void *ctx)
+{
+    eval_cfg *c = ctx;
+    if (!strcmp(t, "all"))
+        cli_usage_error("select-eval: %s: 'all' stands alone (it means own,qk,proj:64,proj:128)",
+                        flag);
+    if (c->choices == MAX_CHOICES)
+        cli_usage_error("select-eval: %s: at most %d choices", flag, MAX_CHOICES);
+    index_choice *x = &c->choice[c->choices++];
+    x->method = NULL;
+    x->dim = 0;
+    if (!strcmp(t, "qk")) {
+        x->method = "qk";
+    } else if (!strncmp(t, "proj:", 5)) {
+        char *end;
+        long d = strtol(t + 5, &end, 10);
+        if (end == t + 5 || *end || d <= 0 || d % 16 || d > SA_MAX_INDEX_DIM)
+            cli_usage_error("select-eval: %s: '%s': proj:D needs D a multiple of 16 in [16, %d]",
+                            flag, t, SA_MAX_INDEX_DIM);
+        x->method = "proj";
+        x->dim = (int)d;
+    } else if (strcmp(t, "own")) {
+        cli_usage_error("select-eval: %s: unknown choice '%s' (own, qk, proj:D, all)", flag, t);
+    }
+    snprintf(x->label, sizeof x->label, "%s", t);
+}
+
 /* --index LIST: own, qk, proj:D, all. */
 static void parse_choices(const char *list, eval_cfg *c)
 {
-    char buf[256];
-    if (strlen(list) >= sizeof buf)
-        cli_usage_error("select-eval: --index: list too long");
-    strcpy(buf, list);
     c->choices = 0;
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (!strcmp(t, "all")) {
-            if (strcmp(list, "all"))
-                cli_usage_error("select-eval: --index: 'all' stands alone (it means "
-                                "own,qk,proj:64,proj:128)");
-            parse_choices("own,qk,proj:64,proj:128", c);
-            return;
-        }
-        if (c->choices == MAX_CHOICES)
-            cli_usage_error("select-eval: --index: at most %d choices", MAX_CHOICES);
-        index_choice *x = &c->choice[c->choices++];
-        x->method = NULL;
-        x->dim = 0;
-        if (!strcmp(t, "qk")) {
-            x->method = "qk";
-        } else if (!strncmp(t, "proj:", 5)) {
-            char *end;
-            long d = strtol(t + 5, &end, 10);
-            if (end == t + 5 || *end || d <= 0 || d % 16 || d > SA_MAX_INDEX_DIM)
-                cli_usage_error("select-eval: --index: '%s': proj:D needs D a multiple of 16 in "
-                                "[16, %d]", t, SA_MAX_INDEX_DIM);
-            x->method = "proj";
-            x->dim = (int)d;
-        } else if (strcmp(t, "own")) {
-            cli_usage_error("select-eval: --index: unknown choice '%s' (own, qk, proj:D, all)",
-                            t);
-        }
-        snprintf(x->label, sizeof x->label, "%s", t);
-    }
-    if (!c->choices)
-        cli_usage_error("select-eval: --index: empty list");
+    cli_list("--index", strcmp(list, "all") ? list : "own,qk,proj:64,proj:128", one_choice, c);
 }
 
 static void parse(int argc, char **argv, eval_cfg *c)

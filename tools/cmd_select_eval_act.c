@@ -60,38 +60,52 @@ static void *act_xmalloc(size_t n)
     return p;
 }
 
+/* A list of integers in [lo, hi] being read into out (at most cap values). */
+typedef struct int_list {
+    int lo, hi, cap, n;
+    int *out;
+} int_list;
+
+/* One entry of an integer list, split by cli_list: "a" or a range "a-b". */
+static void one_range(const char *flag, const char *t, void *ctx)
+{
+    int_list *l = ctx;
+    char *end;
+    long a = strtol(t, &end, 10), b = a;
+    int ok = end != t;
+    if (ok && *end == '-') {
+        const char *p = end + 1;
+        b = strtol(p, &end, 10);
+        ok = end != p;
+    }
+    if (!ok || *end)
+        cli_usage_error("select-eval: %s: '%s' is not a number or a range a-b", flag, t);
+    if (a < l->lo || b > l->hi || a > b)
+        cli_usage_error("select-eval: %s: %ld-%ld outside [%d, %d]", flag, a, b, l->lo, l->hi);
+    for (long x = a; x <= b; x++) {
+        if (l->n == l->cap)
+            cli_usage_error("select-eval: %s: more than %d entries", flag, l->cap);
+        l->out[l->n++] = (int)x;
+    }
+}
+
 /* "a,b-c,..." of integers in [lo, hi] into out (at most cap); returns the count. */
 static int parse_list(const char *flag, const char *v, int lo, int hi, int *out, int cap)
 {
-    int n = 0;
-    const char *p = v;
-    while (*p) {
-        char *end;
-        long a = strtol(p, &end, 10), b = a;
-        if (end == p)
-            cli_usage_error("select-eval: %s: '%s' is not a list of numbers", flag, v);
-        if (*end == '-') {
-            p = end + 1;
-            b = strtol(p, &end, 10);
-            if (end == p)
-                cli_usage_error("select-eval: %s: '%s' is not a list of numbers", flag, v);
-        }
-        if (a < lo || b > hi || a > b)
-            cli_usage_error("select-eval: %s: %ld-%ld outside [%d, %d]", flag, a, b, lo, hi);
-        for (long x = a; x <= b; x++) {
-            if (n == cap)
-                cli_usage_error("select-eval: %s: more than %d entries", flag, cap);
-            out[n++] = (int)x;
-        }
-        if (*end == ',')
-            end++;
-        else if (*end)
-            cli_usage_error("select-eval: %s: '%s' is not a list of numbers", flag, v);
-        p = end;
-    }
-    if (!n)
-        cli_usage_error("select-eval: %s: empty list", flag);
-    return n;
+    int_list l = {lo, hi, cap, 0, out};
+    cli_list(flag, v, one_range, &l);
+    return l.n;
+}
+
+/* One entry of --head-lists, split by cli_list: a mode's name. */
+static void one_mode(const char *flag, const char *t, void *ctx)
+{
+    int *modes = ctx, m = 0;
+    while (m < ACT_MODES && strcmp(t, mode_name[m]))
+        m++;
+    if (m == ACT_MODES)
+        cli_usage_error("select-eval: %s: '%s' is not one of group, per_head, pooled", flag, t);
+    modes[m] = 1;
 }
 
 /* "group,pooled" -> modes[0] = modes[2] = 1. */
@@ -99,20 +113,7 @@ static void parse_modes(const char *v, int *modes)
 {
     for (int m = 0; m < ACT_MODES; m++)
         modes[m] = 0;
-    if (!*v)
-        cli_usage_error("select-eval: --head-lists: empty list (group, per_head, pooled)");
-    for (const char *p = v; *p;) {
-        const char *end = strchr(p, ',');
-        const size_t len = end ? (size_t)(end - p) : strlen(p);
-        int m = 0;
-        while (m < ACT_MODES && (strlen(mode_name[m]) != len || strncmp(p, mode_name[m], len)))
-            m++;
-        if (m == ACT_MODES)
-            cli_usage_error("select-eval: --head-lists: '%.*s' is not one of group, per_head, "
-                            "pooled", (int)len, p);
-        modes[m] = 1;
-        p += len + (end != NULL);
-    }
+    cli_list("--head-lists", v, one_mode, modes);
 }
 
 static void act_parse(int argc, char **argv, act_cfg *c)
@@ -267,18 +268,23 @@ int cmd_select_eval_activations(int argc, char **argv)
     act_parse(argc, argv, &c);
     if (!c.path)
         cli_usage_error("select-eval: --activations needs a FILE");
+    /* --layers is judged before the file is opened, as the other flags are; whether the file
+     * holds those layers, after. */
+    int *want = NULL, nwant = 0;
+    if (c.layers) {
+        want = act_xmalloc(1024 * sizeof *want);
+        nwant = parse_list("--layers", c.layers, 0, 999999, want, 1024);
+    }
     char msg[512];
     sa_act_file *f;
     int err = sa_act_open(c.path, &f, msg, sizeof msg);
     if (err) {
         fprintf(stderr, "sparseattn: select-eval: %s\n", msg);
+        free(want);
         return 1;
     }
     const int nlayers = sa_act_layer_count(f);
-    int *want = NULL, nwant = 0;
     if (c.layers) {
-        want = act_xmalloc(1024 * sizeof *want);
-        nwant = parse_list("--layers", c.layers, 0, 999999, want, 1024);
         for (int j = 0; j < nwant; j++)
             if (sa_act_find_layer(f, want[j]) < 0)
                 cli_usage_error("select-eval: layer %d is not in %s", want[j], c.path);

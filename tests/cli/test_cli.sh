@@ -54,6 +54,30 @@ case "$err" in *"no contender 'bogus' (contenders: dense, qcentric-union,"*"qcen
 expect 2 "bench selectors unknown selector" "$cli" bench selectors --selectors nope
 expect 2 "bench selectors unknown workload" "$cli" bench selectors --workloads gaussian,nope
 expect 2 "bench selectors empty entry" "$cli" bench selectors --selectors r1,
+# Every comma-separated flag splits its value in one place (cli_list, tools/cli.c): an empty entry
+# (leading, trailing or doubled comma) or an empty list is a usage error, never skipped.
+expect 2 "bench longctx empty contender" "$cli" bench longctx --contenders dense,
+expect 2 "bench longctx doubled comma in --lens" "$cli" bench longctx --lens 16384,,32768
+expect 2 "bench longctx leading comma in --structures" "$cli" bench longctx --structures ,local
+expect 2 "bench longctx empty --lens" "$cli" bench longctx --lens ''
+expect 2 "bench selectors leading comma in --workloads" "$cli" bench selectors --workloads ,gaussian
+expect 2 "select-eval empty --index entry" "$cli" select-eval --len-q 256 --len-kv 512 --topk 2 \
+    --workload local --selector r1 --index own,
+expect 2 "select-eval doubled comma in --index" "$cli" select-eval --len-q 256 --len-kv 512 \
+    --topk 2 --workload local --selector r1 --index own,,qk
+# --activations: the list flags are judged before the file is opened (exit 2, not 1).
+expect 2 "select-eval empty --layers entry" "$cli" select-eval --activations /nonexistent \
+    --layers 1,
+expect 2 "select-eval bad --layers range" "$cli" select-eval --activations /nonexistent --layers 1-
+expect 2 "select-eval empty --budgets entry" "$cli" select-eval --activations /nonexistent \
+    --budgets 8,
+expect 2 "select-eval empty --head-lists entry" "$cli" select-eval --activations /nonexistent \
+    --head-lists group,
+expect 1 "select-eval good lists, no file" "$cli" select-eval --activations /nonexistent \
+    --layers 0,2-3 --budgets 8,16 --head-lists group,pooled
+err=$("$cli" bench longctx --lens 16384,,32768 2>&1 >/dev/null)
+case "$err" in *"--lens: '16384,,32768' has an empty entry"*) ;;
+    *) echo "FAIL: bench longctx --lens 16384,,32768: $err"; fail=1 ;; esac
 expect 2 "bench selectors missing list" "$cli" bench selectors --selectors
 expect 2 "bench selectors --no-validate" "$cli" bench selectors --no-validate
 expect 2 "select-eval bad flag" "$cli" select-eval --nope
