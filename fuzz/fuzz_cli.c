@@ -1,6 +1,6 @@
-/* Fuzz target: the command line's argument parsers (tools/cli.c): the shape flags and the
- * integer, unsigned and string values, as `sparseattn run` and the benchmarks use them, then the
- * shape check on what was parsed. The input is argv: arguments separated by NUL bytes. A usage
+/* Fuzz target: the command line's argument parsers (tools/cli.c): the shape flags, the integer,
+ * unsigned and string values and the comma-list splitter (cli_list), as `sparseattn run` and the
+ * benchmarks use them, then the shape check on what was parsed. The input is argv: arguments separated by NUL bytes. A usage
  * error must come back through cli_usage_error (here a longjmp instead of exit); whatever is
  * accepted must lie in its flag's range. */
 #include <errno.h>
@@ -12,6 +12,28 @@
 extern jmp_buf *cli_usage_jump; /* tools/cli.c */
 
 #define MAX_ARGS 64
+
+/* cli_list's entries, put back together: they must rebuild the list exactly. */
+typedef struct {
+    char joined[4096];
+    size_t len;
+    int n;
+} list_back;
+
+static void list_entry(const char *flag, const char *entry, void *ctx)
+{
+    list_back *lb = ctx;
+    const size_t n = strlen(entry);
+    FUZZ_REQUIRE(n >= 1 && n <= CLI_LIST_ENTRY_MAX && !strchr(entry, ','), "%s: entry '%s'",
+                 flag, entry);
+    if (lb->len + n + 1 < sizeof lb->joined) {
+        if (lb->n)
+            lb->joined[lb->len++] = ',';
+        memcpy(lb->joined + lb->len, entry, n + 1);
+        lb->len += n;
+    }
+    lb->n++;
+}
 
 static void parse(int argc, char **argv, sa_shape *s)
 {
@@ -32,6 +54,17 @@ static void parse(int argc, char **argv, sa_shape *s)
             uint64_t v = cli_u64_arg(argc, argv, &i);
             FUZZ_REQUIRE(text[0] != '-', "negative --seed '%s' accepted as %llu", text,
                          (unsigned long long)v);
+        } else if (!strcmp(a, "--list")) { /* every comma-separated flag's splitter */
+            const char *v = cli_str_arg(argc, argv, &i);
+            static list_back lb;
+            lb.len = 0, lb.n = 0, lb.joined[0] = 0;
+            const int n = cli_list(a, v, list_entry, &lb);
+            size_t commas = 0;
+            for (const char *c = v; *c; c++)
+                commas += *c == ',';
+            FUZZ_REQUIRE(n == lb.n && (size_t)n == commas + 1, "--list '%s': %d entries", v, n);
+            FUZZ_REQUIRE(strlen(v) >= sizeof lb.joined || !strcmp(lb.joined, v),
+                         "--list '%s' came back as '%s'", v, lb.joined);
         } else if (!strcmp(a, "--selector") || !strcmp(a, "--workload") ||
                    !strcmp(a, "--device")) {
             const char *v = cli_str_arg(argc, argv, &i);

@@ -1,11 +1,20 @@
 /* Fuzz target: sa_shape_check, the counts derived from a shape and the GPU stages' shared
- * argument check (sa_gpu_attn_check_common), against the limits of sparseattn.h recomputed in
- * 128-bit arithmetic. Input: six int32 shape fields, then validate, allow_empty_rows, list_heads,
- * max_blocks (int32), a block index (int32) and one byte of flags (bit 0: sparse stage, bit 1: a
- * misaligned q). */
+ * argument check (sa_gpu_attn_check_common) and the GPU backward's (bwd_check_args, through
+ * sa_gpu_backward_workspace_size of a build without CUDA), against the limits of sparseattn.h
+ * recomputed in 128-bit arithmetic. Input: six int32 shape fields, then validate,
+ * allow_empty_rows, list_heads, max_blocks (int32), a block index (int32) and one byte of flags
+ * (bit 0: sparse stage, bit 1: a misaligned q, bit 2: the stage queues the GPU list check). */
 #include "fuzz_util.h"
 #include "sa_checked.h"
 #include "sa_internal.h"
+
+/* The backward's reverse index runs on this shape (backward/bwd_check.c, bwd_index_shape). */
+static int index_shape_code(const sa_shape *s, int list_heads)
+{
+    const sa_shape st = {s->batch, list_heads, list_heads, (int)fuzz_ceil128(s->len_q), s->len_kv,
+                         s->head_dim};
+    return fuzz_expected_shape_code(&st);
+}
 
 static _Alignas(16) uint16_t dev_buf[64];
 static _Alignas(16) int32_t dev_lists[4];
@@ -71,8 +80,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     a.validate = validate;
     a.allow_empty_rows = allow_empty;
     const int sparse = flags & 1, pad = sparse ? SA_TILE : 0;
-    const int g = sa_gpu_attn_check_common(&a, sparse, 128, pad);
+    const int what = sparse | ((flags & 4) ? SA_CHECK_GPU_VALIDATOR : 0);
+    const int g = sa_gpu_attn_check_common(&a, what, 128, pad);
     if (g == SA_OK) {
+        FUZZ_REQUIRE(!(what & SA_CHECK_GPU_VALIDATOR) || !validate ||
+                         kb <= SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS,
+                     "GPU check accepted %d blocks for the GPU list check", kb);
         FUZZ_REQUIRE(code == SA_OK && s.head_dim == 128, "GPU check accepted a bad shape");
         FUZZ_REQUIRE((validate == 0 || validate == 1) && (allow_empty == 0 || allow_empty == 1),
                      "GPU check accepted options %d %d", validate, allow_empty);
@@ -83,6 +96,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_REQUIRE(!sparse || sa_tile_lists_check_args(&s, &l) == SA_OK, "GPU check lists");
     } else if (code != SA_OK) {
         FUZZ_REQUIRE(g == code, "GPU check %d, shape check %d", g, code);
+    }
+
+    /* The GPU backward's argument checks: without CUDA a call they accept is SA_ERR_NOT_BUILT. */
+    sa_gpu_attn_bwd b;
+    sa_gpu_attn_bwd_default(&b);
+    b.shape = s;
+    b.q = a.q;
+    b.k = b.v = b.o = b.d_o = dev_buf;
+    b.lse = (const float *)dev_buf;
+    b.dq = b.dk = b.dv = (float *)dev_buf;
+    b.lists = l;
+    b.validate = validate;
+    b.allow_empty_rows = allow_empty;
+    size_t bytes = 1;
+    const int bw = sa_gpu_backward_workspace_size(&b, &bytes);
+    FUZZ_REQUIRE(bytes == 0, "backward size query left bytes at %zu", bytes);
+    if (bw == SA_ERR_NOT_BUILT) {
+        FUZZ_REQUIRE(code == SA_OK && s.head_dim == 128, "backward accepted a bad shape");
+        FUZZ_REQUIRE(sa_tile_lists_check_args(&s, &l) == SA_OK, "backward accepted bad lists");
+        FUZZ_REQUIRE((validate == 0 || validate == 1) && (allow_empty == 0 || allow_empty == 1),
+                     "backward accepted options %d %d", validate, allow_empty);
+        FUZZ_REQUIRE(!(flags & 2), "backward accepted a misaligned q");
+        FUZZ_REQUIRE((i128)s.batch * s.heads_q * fuzz_ceil128(s.len_q) * SA_TILE <= INT32_MAX &&
+                         (i128)s.batch * s.heads_kv * fuzz_ceil128(s.len_kv) * SA_TILE <=
+                             INT32_MAX &&
+                         (i128)tr * max_blocks <= INT32_MAX / 2,
+                     "backward accepted rows or entries past int32");
+        FUZZ_REQUIRE(!validate || kb <= SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS,
+                     "backward accepted %d blocks for the GPU list check", kb);
+        FUZZ_REQUIRE(index_shape_code(&s, list_heads) == SA_OK && max_blocks < SA_KV_MAX_BLOCKS,
+                     "backward accepted lists its reverse index refuses");
+    } else if (code != SA_OK) {
+        FUZZ_REQUIRE(bw == code, "backward check %d, shape check %d", bw, code);
     }
     return 0;
 }
