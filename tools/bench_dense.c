@@ -41,9 +41,7 @@ int bench_dense(int argc, char **argv)
 {
     bench_flags f;
     bench_parse(argc, argv, "dense", 0, usage, &f);
-    fprintf(stderr,
-            "sparseattn: bench dense: built without CUDA (configure with -Dcuda=enabled)\n");
-    return 1;
+    return bench_not_built("dense");
 }
 #else
 

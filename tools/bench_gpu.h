@@ -196,6 +196,15 @@ static inline const char *bench_why(int rc)
 {
     return rc == SA_ERR_CUDA || rc == SA_ERR_NOMEM ? bh_last_error() : sa_strerror(rc);
 }
+#else
+/* What every GPU bench answers in a build without CUDA, once its flags have parsed (so a usage
+ * error still exits 2 there): the message, then exit status 1. */
+static inline int bench_not_built(const char *name)
+{
+    fprintf(stderr, "sparseattn: bench %s: built without CUDA (configure with -Dcuda=enabled)\n",
+            name);
+    return 1;
+}
 #endif /* SA_HAVE_CUDA */
 
 #endif

@@ -63,9 +63,7 @@ int bench_kvcentric(int argc, char **argv)
 {
     bench_flags f;
     parse(argc, argv, &f);
-    fprintf(stderr, "sparseattn: bench kvcentric: built without CUDA (configure with "
-                    "-Dcuda=enabled)\n");
-    return 1;
+    return bench_not_built("kvcentric");
 }
 #else
 #define CK_SA(x)                                                                                  \

@@ -399,9 +399,7 @@ int bench_longctx(int argc, char **argv)
 {
     lc_flags f;
     parse(argc, argv, &f);
-    fprintf(stderr, "sparseattn: bench longctx: built without CUDA (configure with "
-                    "-Dcuda=enabled)\n");
-    return 1;
+    return bench_not_built("longctx");
 }
 #else
 

@@ -158,9 +158,7 @@ int bench_selectors(int argc, char **argv)
 {
     sel_flags o;
     parse_flags(argc, argv, &o);
-    fprintf(stderr, "sparseattn: bench selectors: built without CUDA (%s)\n",
-            sa_strerror(SA_ERR_NOT_BUILT));
-    return 1;
+    return bench_not_built("selectors");
 }
 #else
 #include "sel_cuda.h"

@@ -45,9 +45,7 @@ int bench_sparse(int argc, char **argv)
 {
     bench_flags f;
     bench_parse(argc, argv, "sparse", 1, usage, &f);
-    fprintf(stderr,
-            "sparseattn: bench sparse: built without CUDA (configure with -Dcuda=enabled)\n");
-    return 1;
+    return bench_not_built("sparse");
 }
 #else
 

@@ -385,9 +385,9 @@ START_TEST(test_entry_args)
      * check (and then find no device here). GQA 2: 64 queries a task, one bucket. */
     {
         sa_kv_params b = p;
-        b.lists.max_blocks = 1 << 23;
+        b.lists.max_blocks = SA_KV_MAX_BLOCKS;
         ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_UNSUPPORTED);
-        b.lists.max_blocks = (1 << 23) - 1;
+        b.lists.max_blocks = SA_KV_MAX_BLOCKS - 1;
         b.shape.len_q = 252; /* 2113928964 entries + 33030141 tasks: below INT32_MAX */
         if (!sa_gpu_available())
             ck_assert_int_eq(sa_kvcentric_attention(&b), SA_ERR_NO_DEVICE);
@@ -413,9 +413,6 @@ END_TEST
 /* The GPU entry points of sa_kvcentric.h, each called on one set of arguments; the ones that
  * read parts of a workspace get one. sa_kv_workspace_size's bytes must be 0 after a failure. */
 enum { KV_ENTRY_POINTS = 6 };
-static const char *const kv_entry_names[KV_ENTRY_POINTS] = {
-    "sa_kvcentric_attention", "sa_kv_workspace_size", "sa_kv_build_index",
-    "sa_kv_attend",           "sa_kv_combine",        "sa_kv_index_get"};
 
 static int kv_call(int which, const sa_kv_params *p)
 {
@@ -441,6 +438,10 @@ static int kv_call(int which, const sa_kv_params *p)
     return rc;
 }
 
+#ifdef SA_HAVE_CUDA /* without CUDA every case expects SA_ERR_NOT_BUILT through kv_call */
+static const char *const kv_entry_names[KV_ENTRY_POINTS] = {
+    "sa_kvcentric_attention", "sa_kv_workspace_size", "sa_kv_build_index",
+    "sa_kv_attend",           "sa_kv_combine",        "sa_kv_index_get"};
 /* Every entry point answers `want`; so does sa_kvcentric_attention with no workspace (it
  * allocates one after its checks) unless the answer is about the workspace itself. */
 static void kv_expect(const sa_kv_params *p, int want, int unowned_too, const char *what)
@@ -463,6 +464,7 @@ static void kv_expect_all(const sa_kv_params *p, int want, const char *what)
 {
     kv_expect(p, want, 1, what);
 }
+#endif
 
 /* Host memory for the device pointers: every call below returns before it reads any of it (an
  * argument error, a misaligned pointer, no device), so the stand-ins are never touched. */
@@ -561,7 +563,7 @@ START_TEST(test_entry_hybrid_share)
         b.shape.head_dim = 64;
         kv_expect_all(&b, SA_ERR_ARG, "hybrid_share out of range, head_dim 64");
         b = p;
-        b.lists.max_blocks = 1 << 23; /* past the index's slot limit */
+        b.lists.max_blocks = SA_KV_MAX_BLOCKS; /* past the index's slot limit */
         kv_expect_all(&b, SA_ERR_ARG, "hybrid_share out of range, max_blocks 2^23");
         b = p;
         b.q = (const uint16_t *)((uintptr_t)b.q + 2);
