@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "bwd_internal.h"
+#include "kv_limits.h"
 #include "sa_checked.h"
 #include "sa_internal.h"
 
@@ -62,11 +63,12 @@ int bwd_check_args(const sa_gpu_attn_bwd *a)
     if (a->validate && sa_kv_blocks(s) > SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS)
         return SA_ERR_UNSUPPORTED;
     /* The reverse index is the KV-centric one on a stand-in shape whose queries are the list
-     * rows (bwd_tile.cu, index_params): that shape must pass the index's own checks, and with
-     * per-head lists its K side is list_heads (not heads_kv) long. Said here, as this limit,
-     * rather than as the stand-in's SA_ERR_SHAPE from inside the call. */
+     * rows (bwd_tile.cu, index_params): that shape must pass the index's own checks (the
+     * shape's and kv_index_limits); with per-head lists its K side is list_heads (not heads_kv)
+     * long. Said here, as a limit, rather than from inside the call after the device check. */
     const sa_shape stand_in = bwd_index_shape(a);
-    if (sa_shape_check(&stand_in) || a->lists.max_blocks >= SA_KV_MAX_BLOCKS)
+    const sa_query_lists rows = {a->lists.indices, a->lists.counts, a->lists.max_blocks};
+    if (sa_shape_check(&stand_in) || kv_index_limits(&stand_in, &rows))
         return SA_ERR_UNSUPPORTED;
     /* The workspace holds 16-byte rows and the index's 16-byte tasks. */
     if ((uintptr_t)a->workspace & 15)

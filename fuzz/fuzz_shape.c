@@ -16,6 +16,20 @@ static int index_shape_code(const sa_shape *s, int list_heads)
     return fuzz_expected_shape_code(&st);
 }
 
+/* The index's int32 limits on that shape (kvcentric/kv_index_ref.c, kv_index_limits), its
+ * group being 1 (128 queries a task): entries, tasks and their sum, buckets, an int per
+ * (bucket, stand-in Q tile), and max_blocks below SA_KV_MAX_BLOCKS. */
+static int index_limits_ok(const sa_shape *s, int list_heads, int max_blocks)
+{
+    const i128 qt = fuzz_ceil128(s->len_q), buckets = (i128)s->batch * list_heads *
+                                                      fuzz_ceil128(s->len_kv);
+    const i128 entries = (i128)s->batch * list_heads * qt * max_blocks;
+    const i128 tasks = entries / SA_TILE + buckets;
+    return entries < INT32_MAX && tasks < INT32_MAX && entries + tasks <= INT32_MAX - 1 &&
+           buckets < INT32_MAX - 1 && buckets * fuzz_ceil128(qt) <= INT32_MAX - 1 &&
+           max_blocks < SA_KV_MAX_BLOCKS;
+}
+
 static _Alignas(16) uint16_t dev_buf[64];
 static _Alignas(16) int32_t dev_lists[4];
 
@@ -125,7 +139,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                      "backward accepted rows or entries past int32");
         FUZZ_REQUIRE(!validate || kb <= SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS,
                      "backward accepted %d blocks for the GPU list check", kb);
-        FUZZ_REQUIRE(index_shape_code(&s, list_heads) == SA_OK && max_blocks < SA_KV_MAX_BLOCKS,
+        FUZZ_REQUIRE(index_shape_code(&s, list_heads) == SA_OK && index_limits_ok(&s, list_heads,
+                                                                               max_blocks),
                      "backward accepted lists its reverse index refuses");
     } else if (code != SA_OK) {
         FUZZ_REQUIRE(bw == code, "backward check %d, shape check %d", bw, code);

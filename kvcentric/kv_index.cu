@@ -403,22 +403,8 @@ int kv_check_args(const sa_kv_params *p)
         return SA_ERR_UNSUPPORTED;
     if (p->causal && p->attend == SA_KV_ATTEND_MMA_SYNC) // only the wgmma kernel masks causally
         return SA_ERR_UNSUPPORTED;
-    if (s->head_dim != KV_D || sa_kv_task_queries(s) == 0)
-        return SA_ERR_UNSUPPORTED;
-    // Entries, buckets and tasks are int32; a slot must fit the error word's 24 bits. The
-    // counting index keeps an int per (bucket, Q tile) and per (bucket, query window), and CUB's
-    // sums take int counts.
-    size_t tq = (size_t)sa_kv_task_queries(s);
-    const int64_t per_tile = sa_sz_mul((int64_t)sa_kv_buckets(s), sa_q_tiles(s));
-    // Step 3 sums entries and tasks in one int32 scan: their totals together fit it.
-    if (sa_kv_max_entries(s, &p->lists) >= INT32_MAX ||
-        sa_kv_max_tasks(s, &p->lists, (int)tq) >= INT32_MAX ||
-        !sa_sz_within(sa_sz_add((int64_t)sa_kv_max_entries(s, &p->lists),
-                                (int64_t)sa_kv_max_tasks(s, &p->lists, (int)tq)),
-                      INT32_MAX - 1) ||
-        sa_kv_buckets(s) >= INT32_MAX - 1 || p->lists.max_blocks >= SA_KV_MAX_BLOCKS ||
-        !sa_sz_within(per_tile, INT32_MAX - 1))
-        return SA_ERR_UNSUPPORTED;
+    if ((err = kv_index_limits(s, &p->lists)))
+        return err;
     // Last, as in sa_gpu_attn_check_common, and before the device check: a misaligned pointer is
     // refused on any machine, before any work is queued (KV_VEC_ALIGN, KV_WORD_ALIGN).
     if ((((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o |

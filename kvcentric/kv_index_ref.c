@@ -1,55 +1,13 @@
-/* KV-centric path, C side: sizes, the CPU reference of the reverse index and task list, the
- * parameter defaults, and stubs of the GPU entry points for builds without CUDA. */
+/* KV-centric path, C side: the CPU reference of the reverse index and task list, the parameter
+ * defaults, and stubs of the GPU entry points for builds without CUDA (the sizes and limits are
+ * kv_limits.c's). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_limits.h"
 #include "sa_checked.h"
 #include "sparseattn.h"
-
-/* The sizes are computed through sa_checked.h and are 0 for arguments no call would accept (a
- * shape that fails sa_shape_check, max_blocks or task_queries <= 0, or a product past int64),
- * so a caller sizing buffers with them never sees a wrapped value. */
-size_t sa_kv_buckets(const sa_shape *s)
-{
-    if (sa_shape_check(s))
-        return 0;
-    return (size_t)sa_sz_mul3(s->batch, s->heads_kv, sa_sz_kv_blocks(s));
-}
-
-size_t sa_kv_max_entries(const sa_shape *s, const sa_query_lists *l)
-{
-    if (!l || sa_shape_check(s) || l->max_blocks <= 0)
-        return 0;
-    int64_t n = sa_sz_mul((int64_t)sa_query_rows(s), l->max_blocks);
-    return sa_sz_fits_size_t(n) ? (size_t)n : 0;
-}
-
-size_t sa_kv_max_tasks(const sa_shape *s, const sa_query_lists *l, int task_queries)
-{
-    size_t entries = sa_kv_max_entries(s, l);
-    if (!entries || task_queries <= 0)
-        return 0;
-    int64_t n = sa_sz_add((int64_t)(entries / (size_t)task_queries), (int64_t)sa_kv_buckets(s));
-    return sa_sz_fits_size_t(n) ? (size_t)n : 0;
-}
-
-int sa_kv_task_queries(const sa_shape *s)
-{
-    if (sa_shape_check(s))
-        return 0;
-    int group = s->heads_q / s->heads_kv;
-    return group > SA_TILE ? 0 : SA_TILE / group;
-}
-
-int sa_kv_window_queries(const sa_shape *s)
-{
-    if (sa_shape_check(s))
-        return 0;
-    /* Whole Q tiles, so the GPU index counts windows tile by tile. */
-    int w = SA_KV_WINDOW_ROWS / (s->heads_q / s->heads_kv) / SA_TILE * SA_TILE;
-    return w > SA_TILE ? w : SA_TILE;
-}
 
 /* A task and its sort key (window), for the stable sort of the task list. */
 typedef struct kv_keyed_task {

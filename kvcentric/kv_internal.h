@@ -5,10 +5,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kv_limits.h"        // KV_D, kv_index_limits
 #include "sa_cuda_internal.h" // SA_CUDA_TRY: return SA_ERR_CUDA when a CUDA call fails
 #include "sparseattn.h"
 
-#define KV_D 128          // the kernels are written for head_dim 128
 #define KV_ALIGN 256      // every workspace array starts on a 256-byte boundary
 // Alignment the kernels need of the caller's pointers (kv_check_args, SA_ERR_UNSUPPORTED):
 // Q rows are gathered and K/V rows copied 16 bytes at a time (cp.async; the wgmma kernel loads

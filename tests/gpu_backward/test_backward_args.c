@@ -27,7 +27,9 @@ static void expect(const sa_gpu_attn_bwd *a, int code, const char *what)
                   sa_strerror(code));
     size_t bytes = 1;
     const int ws = sa_gpu_backward_workspace_size(a, &bytes);
-    if (code != SA_ERR_NO_DEVICE) /* the size needs no device: only argument errors compare */
+    /* The size answers every argument error as the call does; past them it needs a device too
+     * (the index's scratch is sized by CUB there), so only argument errors compare. */
+    if (code != SA_ERR_NO_DEVICE)
         ck_assert_msg(ws == code, "%s: workspace size got %d, want %d", what, ws, code);
     if (ws != SA_OK)
         ck_assert_msg(bytes == 0, "%s: a failed size query leaves bytes at 0", what);
@@ -104,6 +106,20 @@ START_TEST(errors)
                       1, 1);
     expect(&a, SA_ERR_UNSUPPORTED, "validated, past the GPU list check's blocks");
     a.validate = 0; /* unchecked: no such limit, the call goes on to look for a device */
+    if (!sa_gpu_available())
+        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), VALID_CALL_CODE);
+    a.validate = 1; /* validated, at the limit itself */
+    a.shape.len_kv = SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS * 128;
+    if (!sa_gpu_available())
+        ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), VALID_CALL_CODE);
+    /* The index's other limits on its stand-in shape: an int per (KV block, stand-in Q tile),
+     * 98304 blocks x ceil(16777214 list rows / 128) past INT32_MAX, where the call's own rows
+     * fit int32. */
+    a = bwd_fake_args((sa_shape){1, 1, 1, 16777214 * 128, SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS * 128,
+                                 128},
+                      1, 1);
+    expect(&a, SA_ERR_UNSUPPORTED, "the reverse index's per-tile counts past int32");
+    a.shape.len_q = 2097152 * 128; /* 16384 stand-in tiles: 98304 x 16384 < 2^31 */
     if (!sa_gpu_available())
         ck_assert_int_eq(sa_gpu_tile_sparse_backward(&a), VALID_CALL_CODE);
     /* The reverse index's stand-in shape (list rows as queries): with per-head lists its K
