@@ -4,6 +4,7 @@
  * head) draws its structure and each head its noise from its own RNG stream, so the output does
  * not depend on the thread count. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,7 +217,9 @@ int sa_workload_generate(const char *name, const sa_shape *s, uint64_t seed, dou
     const size_t qn = (size_t)group * s->len_q * d, kn = (size_t)s->len_kv * d;
     const int groups = s->batch * s->heads_kv;
     int oom = 0;
-#pragma omp parallel
+    /* No more threads than groups: each thread takes a whole group's buffers up front. */
+    const int team = groups < omp_get_max_threads() ? groups : omp_get_max_threads();
+#pragma omp parallel num_threads(team)
     {
         scratch sc;
         const int failed = sa_omp_any_failed(&oom, scratch_alloc(&sc, s, qn, kn) != SA_OK);
