@@ -28,8 +28,9 @@ extern "C" {
  * max_blocks + slot: query q chose block indices[entry] in its slot `slot`, and its partial for
  * that block goes to slot `slot`. Entries of bucket k are entries[offsets[k] .. offsets[k+1]),
  * in ascending entry order (so ascending query: a valid row names a block at most once). */
-/* The largest max_blocks the GPU index takes is SA_KV_MAX_BLOCKS - 1: a list slot must fit the
- * 24 bits the index's error word keeps for it (SA_ERR_UNSUPPORTED past it). */
+/* The largest max_blocks the GPU index takes is SA_KV_MAX_BLOCKS - 1 (SA_ERR_UNSUPPORTED past
+ * it): a list position must fit the 24 bits the index's error word keeps for it, and this
+ * limit leaves one of them spare. The GPU backward, which builds this index, holds it too. */
 #define SA_KV_MAX_BLOCKS (1 << 23)
 typedef struct sa_kv_task {
     int32_t bucket; /* which (batch, kv head, kv block) */

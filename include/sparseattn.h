@@ -309,8 +309,10 @@ SA_API int sa_gpu_verdict_read(sa_gpu_verdict *v, void *stream);
 SA_API void sa_gpu_verdict_destroy(sa_gpu_verdict *v); /* NULL is a no-op */
 
 /* Validate lists that live in device memory, with a small GPU kernel (the shape and the list
- * struct are host memory). Same codes as the host validators; synchronizes `stream`.
- * SA_ERR_NOT_BUILT without CUDA. */
+ * struct are host memory). Same codes as the host validators, and SA_ERR_UNSUPPORTED past
+ * SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS KV blocks; synchronizes `stream`. With several bad rows the
+ * most negative code comes back (the host validators: the first bad row's). SA_ERR_NOT_BUILT
+ * without CUDA. */
 SA_API int sa_gpu_tile_lists_check(const sa_shape *s, const sa_tile_lists *device_lists,
                                    int allow_empty, void *stream);
 SA_API int sa_gpu_query_lists_check(const sa_shape *s, const sa_query_lists *device_lists,
@@ -403,7 +405,8 @@ typedef struct sa_gpu_attn_bwd {
     int allow_empty_rows;    /* as sa_attn_opts (default 1) */
     int causal;              /* as sa_attn_opts (default 0) */
     int allow_future_blocks; /* as sa_attn_opts (default 0) */
-    void *workspace;         /* device, sa_gpu_backward_workspace_size bytes; NULL: per call */
+    void *workspace;         /* device, 16-byte aligned, sa_gpu_backward_workspace_size bytes;
+                                NULL: allocated per call */
     size_t workspace_bytes;
     void *stream;            /* cudaStream_t; NULL is the default stream */
     int dq_pass;             /* SA_BWD_DQ_AUTO (default), _RECOMPUTE or _STORED (above) */
@@ -416,10 +419,17 @@ typedef struct sa_gpu_attn_bwd {
 } sa_gpu_attn_bwd;
 SA_API void sa_gpu_attn_bwd_default(sa_gpu_attn_bwd *a);
 /* Device workspace of a call: D (B * Hq * Sq floats), the reverse index of the lists, the dK/dV
- * split sums (GQA) and, on the stored path, dS^T. */
+ * split sums (GQA) and, on the stored path, dS^T. The call's argument errors first (as below),
+ * then SA_ERR_NO_DEVICE: the index's scratch is sized on the device. */
 SA_API int sa_gpu_backward_workspace_size(const sa_gpu_attn_bwd *a, size_t *bytes);
 /* Checks the arguments (and the lists when a->validate), then queues its kernels (the reverse
- * index of the lists, D, dK/dV, dQ) on a->stream. SA_ERR_NOT_BUILT without CUDA, SA_ERR_NO_DEVICE without an sm_90 GPU. */
+ * index of the lists, D, dK/dV, dQ) on a->stream. The argument checks, none of which needs a
+ * device: NULL pointers, the shape, the lists' arguments, flags and dq_pass (SA_ERR_ARG), then
+ * SA_ERR_UNSUPPORTED for alignment, head_dim other than 128, rows or entries past int32, with
+ * validate more than SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS KV blocks, lists the reverse index cannot
+ * take (its shape: batch, list_heads heads, q_tiles queries, len_kv keys; max_blocks below
+ * SA_KV_MAX_BLOCKS) and a workspace not 16-byte aligned. Then SA_ERR_NO_DEVICE without an sm_90
+ * GPU; SA_ERR_NOT_BUILT without CUDA (after the argument checks). docs/api.md has every code. */
 SA_API int sa_gpu_tile_sparse_backward(const sa_gpu_attn_bwd *a);
 
 /* ---------------------------------------------------------------- ABI check */
