@@ -18,8 +18,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: sparseattn bench dense [flags]\n"
-            "  --stage ID        only this stage (default: every dense stage registered, then\n"
-            "                    the default tile-list stage with every block listed)\n"
+            "  --stage ID        only this stage: a dense stage, or the default tile-list\n"
+            "                    stage, run with every block listed (both listed below; default:\n"
+            "                    every dense stage registered, then the tile-list stage)\n"
             "  --reps N          timed launches per (stage, shape), median reported (default 30)\n"
             "  --warmup N        untimed launches first (default 5, at least one per input set)\n"
             "  --gemm-tflops X   bf16 GEMM rate for the FLOP floor (default %.0f: 8192^3\n"
@@ -31,8 +32,10 @@ static void usage(FILE *f)
     for (int i = 0; i < NSHAPES; i++)
         fprintf(f, " (%d,%d,%d,%d)", dense_bhsd[i][0], dense_bhsd[i][1], dense_bhsd[i][2],
                 dense_bhsd[i][3]);
-    fprintf(f, "\nstages:");
+    fprintf(f, "\ndense stages:");
     cli_print_stages(f, 0, SA_ROLE_SPARSE);
+    fprintf(f, "\ndefault tile-list stage (every block listed):");
+    cli_print_stages(f, SA_ROLE_SPARSE | SA_ROLE_DEFAULT_TILE, 0);
     fputc('\n', f);
 }
 

@@ -37,14 +37,16 @@ static void usage(FILE *f)
             "  --structures S,...  overlapR (R in 0..%d) and/or local (default\n"
             "                      overlap0,overlap8,overlap14,overlap16,local)\n"
             "  --reps N            timed runs per round, median of each round (default 10)\n"
-            "  --rounds N          interleaved rounds, median of their medians (default 3)\n"
+            "  --rounds N          interleaved rounds, median of their medians (default 3,\n"
+            "                      at most %d)\n"
             "  --warmup N          untimed runs before the first round (default 2)\n"
             "  --samples N         (head, query) rows checked against the CPU reference\n"
-            "                      (default 64)\n"
+            "                      (default 64, at least 2: the first and the last row)\n"
             "  --seed S            seed of the inputs, lists and sampled rows (default 2026)\n"
             "  --contenders C,...  run only these (default: every one below)\n"
             "  --share N           hybrid_share of the hybrid contender, 1..%d (default %d)\n"
             "  --json              one JSON object per line\n"
+            "--lens, --structures and --contenders take at most %d entries each.\n"
             "shape: B=1 Hq=%d Hkv=1 D=%d, every query %d blocks of %d keys\n"
             "contenders: dense (default dense stage), qcentric-union (default tile stage on\n"
             "  each tile's union: exact only where the queries agree), kvcentric-bf16\n"
@@ -54,8 +56,8 @@ static void usage(FILE *f)
             "  hybrid-all (the same with share 128: only blocks every query lists),\n"
             "  qcentric-masked (the same with share 1: each tile's whole union with row masks,\n"
             "  exact)\n",
-            LC_MIN_LEN, LC_MAX_LEN, LC_TOPK, SA_TILE, SA_KV_HYBRID_SHARE_DEFAULT, LC_HEADS_Q,
-            LC_HEAD_DIM, LC_TOPK, SA_TILE);
+            LC_MIN_LEN, LC_MAX_LEN, LC_TOPK, LC_MAX_ROUNDS, SA_TILE, SA_KV_HYBRID_SHARE_DEFAULT,
+            LC_MAX_LIST, LC_HEADS_Q, LC_HEAD_DIM, LC_TOPK, SA_TILE);
 }
 
 /* Comma-separated values of one flag, split by cli_list (an empty entry is a usage error); each

@@ -12,6 +12,11 @@
  * more threads each gets too little of it, so above GEMM_WIDE_THREADS the side doubles. */
 #define GEMM_N 2048
 #define GEMM_WIDE_THREADS 4
+/* Flag defaults and limits (usage() prints them). */
+#define REF_TOPK 16
+#define REF_SEED 1
+#define REF_REPS 5
+#define REF_MAX_REPS 1000
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -28,15 +33,19 @@ static double median(double *t, int n)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: sparseattn bench reference [--batch N] [--heads-q N] [--heads-kv N]\n"
-               "         [--len-q N] [--len-kv N] [--head-dim 64|128] [--topk K] [--seed S]\n"
+               "         [--len-q N] [--len-kv N] [--head-dim 64|128|256] [--topk K] [--seed S]\n"
                "         [--reps N] [--per-query] [--json]\n"
                "Default: batch 1, 16 query heads sharing 1 KV head, head dim 128, 4096 queries,\n"
                "16384 keys, 16 of 128 blocks per query tile (random, one list per KV head).\n"
                "Reports useful GFLOP/s (4 * B * Hq * Sq * selected keys * D, median of --reps after\n"
                "one warm-up) next to OpenBLAS sgemm (%d^3; %d^3 above %d threads) with the same\n"
                "threads, the two alternating rep by rep.\n"
+               "--topk K: blocks per row, at most len-kv's blocks of 128 (default %d).\n"
+               "--seed S: seed of the inputs and lists (default %d).\n"
+               "--reps N: timed reps, %d..%d (default %d).\n"
                "--per-query times sa_ref_query_sparse on random per-query lists (topk per query)\n"
-               "instead of sa_ref_tile_sparse.\n", GEMM_N, 2 * GEMM_N, GEMM_WIDE_THREADS);
+               "instead of sa_ref_tile_sparse.\n", GEMM_N, 2 * GEMM_N, GEMM_WIDE_THREADS,
+            REF_TOPK, REF_SEED, 1, REF_MAX_REPS, REF_REPS);
 }
 
 /* Useful FLOPs: 4 D per (query, selected key), the final block counting only its valid keys. */
@@ -110,8 +119,8 @@ int bench_reference(int argc, char **argv)
 {
     sa_shape s = {.batch = 1, .heads_q = 16, .heads_kv = 1, .len_q = 4096, .len_kv = 16384,
                   .head_dim = 128};
-    int topk = 16, reps = 5, json = 0, per_query = 0;
-    uint64_t seed = 1;
+    int topk = REF_TOPK, reps = REF_REPS, json = 0, per_query = 0;
+    uint64_t seed = REF_SEED;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -124,7 +133,7 @@ int bench_reference(int argc, char **argv)
         else if (!strcmp(f, "--seed"))
             seed = cli_u64_arg(argc, argv, &i);
         else if (!strcmp(f, "--reps"))
-            reps = (int)cli_int_arg(argc, argv, &i, 1, 1000);
+            reps = (int)cli_int_arg(argc, argv, &i, 1, REF_MAX_REPS);
         else if (!strcmp(f, "--json"))
             json = 1;
         else if (!strcmp(f, "--per-query"))

@@ -35,18 +35,22 @@
 
 #include "bench_selectors.h"
 #include "cli.h"
+#include "sel_cuda.h" /* SEL_CUDA_MAX_BLOCKS; the GPU functions with CUDA */
 
 static const int bench_lens[] = SA_BENCH_SPARSE_LEN_KV;
 #define NLENS (int)(sizeof bench_lens / sizeof bench_lens[0])
+/* --len-kv: at least BENCH_K blocks (the lists, and the placeholder lists 0..BENCH_K-1 every set
+ * starts with), at most the GPU selectors' top-k limit. */
+#define BS_MIN_LEN_KV ((BENCH_K - 1) * SA_TILE + 1)
+#define BS_MAX_LEN_KV (SEL_CUDA_MAX_BLOCKS * SA_TILE)
+/* The quantizer takes whole blocks of 16 values (sa_q_elems / 2 and / 16 bytes) and the read-once
+ * kernel whole 16-byte chunks of Q and K: both hold for every shape of this bench while D does. */
+_Static_assert(SA_BENCH_SPARSE_D % 16 == 0, "bench selectors needs D a multiple of 16");
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: sparseattn bench selectors [--reps N] [--warmup N] [--stage ID] [--seed S]\n"
-            "                                  [--gemm-tflops T] [--validate] [--json]\n"
-            "                                  [--len-kv N] [--len-q N] [--batch N]\n"
-            "                                  [--no-pipeline] [--index-heads N]\n"
-            "                                  [--selectors LIST] [--workloads LIST]\n\n"
+            "usage: sparseattn bench selectors [flags]\n"
             "GPU selectors alone (median time vs the memory floor), then the selector ->\n"
             "attention pipeline's useful TFLOP/s against the attention alone, at batch %d,\n"
             "%d query heads on %d KV head, D %d, %d queries, ",
@@ -57,23 +61,55 @@ static void usage(FILE *f)
                 bench_lens[i] % 1024 ? bench_lens[i] : bench_lens[i] / 1024);
     fprintf(f,
             " keys, top-%d.\n"
-            "--len-kv N runs that key length alone, --len-q N and --batch N set the queries and\n"
-            "the batch; --no-pipeline times the selectors only;\n"
-            "--index-heads N (default %d; 0: none) also times the nvfp4 scorers on index\n"
-            "vectors with N heads of dimension D. Per-query selectors (nvfp4_query) then feed\n"
-            "the KV-centric attention (schedules kv and hybrid): the per-query pipeline part.\n"
-            "--selectors LIST (comma-separated) keeps only those selectors or rows (nvfp4_query,\n"
-            "nvfp4_query/i1; \"scorer\": the scorer-kernel and quantizer rows), --workloads\n"
-            "LIST only those workloads in the pipeline parts. Long context, one index head:\n"
-            "  --batch 1 --len-q 32768 --len-kv 32768 --selectors nvfp4_query/i1\n",
-            BENCH_K, SA_BENCH_SPARSE_HKV);
+            "Per-query selectors (nvfp4_query) then feed the KV-centric attention\n"
+            "(schedules kv and hybrid): the per-query pipeline part.\n"
+            "  --len-kv N        only this key length (default: each above in turn), in\n"
+            "                    %d..%d: at least %d blocks of %d keys for the lists, at\n"
+            "                    most the %d blocks the GPU selectors' top-k takes\n"
+            "  --len-q N         queries (default %d)\n"
+            "  --batch N         batch (default %d); the shape must pass sa_shape_check\n"
+            "  --index-heads N   also time the nvfp4 scorers on index vectors with N heads of\n"
+            "                    dimension D (default %d; 0: none; N divides %d)\n"
+            "  --no-pipeline     time the selectors only\n"
+            "  --selectors LIST  comma-separated: keep only those selectors or rows (nvfp4_query,\n"
+            "                    nvfp4_query/i1; \"scorer\": the scorer-kernel and quantizer rows)\n"
+            "  --workloads LIST  comma-separated: only those workloads in the pipeline parts\n"
+            "  --stage ID        the sparse stage of the tile pipelines (default: the registry's\n"
+            "                    default tile-list stage where it takes the shape, else the\n"
+            "                    first sparse stage that does)\n"
+            "  --validate        turn the GPU list check on in the pipeline and attention\n"
+            "                    columns (default off: the lists come from a selector in the\n"
+            "                    same run)\n"
+            "  --reps N          timed calls per row, median reported (default 30)\n"
+            "  --warmup N        untimed calls first (default 5, at least one per input set)\n"
+            "  --gemm-tflops X   bf16 GEMM rate for the FLOP floor (default %.0f: 8192^3\n"
+            "                    torch.matmul on the H200; bench/peers.py measures it)\n"
+            "  --seed S          seed of the inputs, workloads and index vectors (default 2026)\n"
+            "  --json            one JSON object per line\n"
+            "Long context, one index head:\n"
+            "  --batch 1 --len-q 32768 --len-kv 32768 --selectors nvfp4_query/i1\n"
+            "GPU selectors:",
+            BENCH_K, BS_MIN_LEN_KV, BS_MAX_LEN_KV, BENCH_K, SA_TILE, SEL_CUDA_MAX_BLOCKS,
+            SA_BENCH_SPARSE_SQ, SA_BENCH_SPARSE_B, SA_BENCH_SPARSE_HKV, SA_BENCH_SPARSE_HQ,
+            BENCH_GEMM_TFLOPS_DEFAULT);
+    int any = 0;
+    for (int i = 0; i < sa_selector_count(); i++)
+        if (sa_selector_at(i)->cuda) {
+            fprintf(f, " %s", sa_selector_at(i)->name);
+            any = 1;
+        }
+    fprintf(f, "%s\nsparse stages:", any ? "" : " none in this build");
+    cli_print_stages(f, SA_ROLE_SPARSE, 0);
+    fputc('\n', f);
 }
 
 /* --selectors and --workloads (NULL: every one). */
 static const char *want_selectors, *want_workloads;
 
 /* One entry of --selectors (*ctx 1) or --workloads (*ctx 0), split by cli_list: a usage error
- * unless it names a GPU selector (a row "name/..." or "scorer" too) or a workload. */
+ * unless it names a workload, or "scorer", or a selector (a row "name/..." too) that has a GPU
+ * function. Which selectors have one is known only with CUDA built (.cuda is NULL without): there
+ * any registered selector passes, so a command line is judged alike in both builds. */
 static void check_name(const char *flag, const char *entry, void *ctx)
 {
     const int selectors = *(const int *)ctx;
@@ -82,17 +118,22 @@ static void check_name(const char *flag, const char *entry, void *ctx)
     if (selectors)
         name[strcspn(name, "/")] = 0;
     const sa_selector *sel = selectors ? sa_selector_by_name(name) : NULL;
-    const int ok = selectors ? (sel && sel->cuda) || !strcmp(name, "scorer")
+    const int ok = selectors ? (sel && (sel->cuda || !CLI_CUDA_BUILT)) || !strcmp(name, "scorer")
                              : sa_workload_by_name(name) != NULL;
     if (ok)
         return;
     char names[256] = "";
     for (int i = 0; i < (selectors ? sa_selector_count() : sa_workload_count()); i++) {
-        const char *n = selectors ? (sa_selector_at(i)->cuda ? sa_selector_at(i)->name : NULL)
+        const char *n = selectors ? (sa_selector_at(i)->cuda || !CLI_CUDA_BUILT
+                                         ? sa_selector_at(i)->name
+                                         : NULL)
                                   : sa_workload_at(i)->name;
         if (n)
             snprintf(names + strlen(names), sizeof names - strlen(names), " %s", n);
     }
+    if (sel)
+        cli_usage_error("%s: selector '%s' has no GPU function (GPU selectors:%s, and scorer)",
+                        flag, name, names);
     cli_usage_error("%s: '%s' is not one of:%s%s", flag, name, names,
                     selectors ? " scorer (a name/row such as nvfp4_query/i1 too)" : "");
 }
@@ -103,6 +144,37 @@ typedef struct sel_flags {
     bench_flags f;
     int validate, only_len, no_pipeline, index_heads, len_q, batch;
 } sel_flags;
+
+/* What the bench relies on about its sizes, judged after parsing and before any GPU work (in both
+ * builds): every shape it runs passes sa_shape_check, len-kv gives the lists their BENCH_K blocks
+ * and stays within the GPU selectors' top-k (SEL_CUDA_MAX_BLOCKS), and the index heads follow
+ * sa_select_params.index_heads's rule (they divide heads_q, and divide or are a multiple of
+ * heads_kv) as sa_index_generate and the nvfp4 scorers require. */
+static void check_sizes(const sel_flags *o)
+{
+    for (int li = 0; li < (o->only_len ? 1 : NLENS); li++) {
+        const sa_shape s = {o->batch, SA_BENCH_SPARSE_HQ, SA_BENCH_SPARSE_HKV, o->len_q,
+                            o->only_len ? o->only_len : bench_lens[li], SA_BENCH_SPARSE_D};
+        const int err = sa_shape_check(&s);
+        if (err)
+            cli_usage_error("bench selectors: batch %d, len-q %d, len-kv %d (%d query heads, %d "
+                            "KV head, D %d): %s",
+                            s.batch, s.len_q, s.len_kv, s.heads_q, s.heads_kv, s.head_dim,
+                            sa_strerror(err));
+        const int blocks = sa_kv_blocks(&s);
+        if (blocks < BENCH_K || blocks > SEL_CUDA_MAX_BLOCKS)
+            cli_usage_error("bench selectors: --len-kv %d gives %d blocks of %d keys: the lists "
+                            "need at least %d and the GPU selectors take at most %d "
+                            "(len-kv %d..%d)",
+                            s.len_kv, blocks, SA_TILE, BENCH_K, SEL_CUDA_MAX_BLOCKS,
+                            BS_MIN_LEN_KV, BS_MAX_LEN_KV);
+    }
+    const int hi = o->index_heads, hq = SA_BENCH_SPARSE_HQ, hkv = SA_BENCH_SPARSE_HKV;
+    if (hi && (hq % hi || (hkv % hi && hi % hkv)))
+        cli_usage_error("bench selectors: --index-heads %d must divide the %d query heads and "
+                        "divide or be a multiple of the %d KV head%s (0: none)",
+                        hi, hq, hkv, hkv == 1 ? "" : "s");
+}
 
 static void parse_flags(int argc, char **argv, sel_flags *o)
 {
@@ -151,6 +223,7 @@ static void parse_flags(int argc, char **argv, sel_flags *o)
     }
     bench_parse(argc, argv, "selectors", 1, usage, &o->f);
     o->f.no_validate = !o->validate;
+    check_sizes(o);
 }
 
 #ifndef SA_HAVE_CUDA
@@ -161,8 +234,6 @@ int bench_selectors(int argc, char **argv)
     return bench_not_built("selectors");
 }
 #else
-#include "sel_cuda.h"
-
 /* Device buffers the selectors and the quantizer write when timed alone (one of each, shared by
  * every input set). */
 typedef struct sel_bufs {

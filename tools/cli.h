@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "sparseattn.h"
 
@@ -33,7 +34,8 @@ int cli_list(const char *flag, const char *list, cli_list_fn one, void *ctx);
  * shape as a whole is valid is left to sa_shape_check. */
 int cli_shape_flag(int argc, char **argv, int *i, sa_shape *s);
 #define CLI_SHAPE_FLAGS_HELP \
-    "  --batch N --heads-q N --heads-kv N --len-q N --len-kv N --head-dim 64|128\n"
+    "  --batch N --heads-q N --heads-kv N --len-q N --len-kv N\n" \
+    "  --head-dim 64|128|256 (the GPU stages: 128 only)\n"
 
 double cli_now(void); /* monotonic seconds */
 
@@ -52,6 +54,20 @@ static inline void cli_json_str(const char *s)
     }
     putchar('"');
 }
+
+/* Whether the program was built with CUDA. A flag parser judges what only a CUDA build can know
+ * (the stage registry, which selectors have a GPU function) through this constant, so that one
+ * parser serves both builds: without CUDA it accepts every value the CUDA build might, and the
+ * command says "built without CUDA" after parsing. */
+#ifdef SA_HAVE_CUDA
+#define CLI_CUDA_BUILT 1
+#else
+#define CLI_CUDA_BUILT 0
+#endif
+
+/* The values `--stage ID` parses to (every command that takes it): registered ids lie inside. */
+#define CLI_STAGE_ID_MIN 1
+#define CLI_STAGE_ID_MAX 99
 
 /* GPU stages by role, never by id: the registry (cuda/stages.c) is the only list of ids. */
 static inline int cli_stage_sparse(const sa_stage *st)
@@ -73,6 +89,50 @@ static inline const sa_stage *cli_tile_stage(const sa_gpu_attn *a)
             return st;
     }
     return NULL;
+}
+
+/* What a --stage ID of command `cmd` ("run", "bench sparse") must name: CLI_STAGE_SPARSE a stage
+ * with SA_ROLE_SPARSE; CLI_STAGE_DENSE_OR_TILE a stage without it or the default tile-list stage
+ * (bench dense runs that one with every block listed). With CUDA built, an id the registry lacks
+ * or a stage of the other kind is a usage error naming the stages of the right kind; the stage is
+ * returned. Without CUDA the registry is empty and every id passes (NULL is returned). */
+enum { CLI_STAGE_SPARSE, CLI_STAGE_DENSE_OR_TILE };
+static inline int cli_stage_of_kind(const sa_stage *st, int kind)
+{
+    return kind == CLI_STAGE_SPARSE ? cli_stage_sparse(st)
+                                    : !cli_stage_sparse(st) || (st->roles & SA_ROLE_DEFAULT_TILE);
+}
+static inline const sa_stage *cli_stage_judge(const char *cmd, int id, int kind)
+{
+    if (!CLI_CUDA_BUILT)
+        return NULL; /* the registry is empty: any id in range passes, the command says why not */
+    const sa_stage *st = sa_stage_by_id(id);
+    if (st && cli_stage_of_kind(st, kind))
+        return st;
+    char have[512] = "";
+    size_t n = 0;
+    for (int i = 0; i < sa_stage_count() && n < sizeof have - 48; i++)
+        if (cli_stage_of_kind(sa_stage_at(i), kind))
+            n += (size_t)snprintf(have + n, sizeof have - n, " %d (%s)", sa_stage_at(i)->id,
+                                  sa_stage_at(i)->name);
+    const char *what = kind == CLI_STAGE_SPARSE ? "sparse stages" : "dense or tile-list stages";
+    if (!st)
+        cli_usage_error("%s: --stage %d: no such stage in the registry (%s:%s)", cmd, id, what,
+                        n ? have : " none");
+    cli_usage_error("%s: --stage %d (%s) is a %s stage (%s:%s)", cmd, id, st->name,
+                    cli_stage_sparse(st) ? "sparse" : "dense", what, n ? have : " none");
+}
+
+/* The width of a column of selector names: the longest name in the selector registry, at least
+ * `min` (the header's, or another row's such as "dense"). */
+static inline int cli_selector_width(int min)
+{
+    int w = min;
+    for (int i = 0; i < sa_selector_count(); i++) {
+        const int n = (int)strlen(sa_selector_at(i)->name);
+        w = n > w ? n : w;
+    }
+    return w;
 }
 
 /* Prints " ID (name)" for every registered stage that has all of `with` and none of `without`,

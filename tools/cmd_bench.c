@@ -20,9 +20,12 @@ static const struct {
 
 int cmd_bench(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help")) {
+    /* --help, -h and help, as at the top level (sparseattn.c). */
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
         FILE *f = argc < 2 ? stderr : stdout;
-        fprintf(f, "usage: sparseattn bench NAME [flags]\n\n");
+        fprintf(f, "usage: sparseattn bench NAME [flags]   (sparseattn bench NAME --help for its "
+                   "flags)\n\n");
         for (int i = 0; i < NBENCH; i++)
             fprintf(f, "  %-10s %s\n", benches[i].name, benches[i].help);
         return argc < 2 ? SA_EXIT_USAGE : 0;

@@ -60,17 +60,20 @@ static void run_usage(FILE *f)
             "  --workload NAME   input structure (default: %s; see select-eval --help)\n"
             "  --strength X      the workload's knob (default: %g for %s, else the\n"
             "                    workload's own default)\n"
-            "  --stage ID        GPU sparse stage for --device cuda (default: the registry's\n"
-            "                    default tile-list stage where it accepts the shape, else the\n"
-            "                    first sparse stage that does)\n"
+            "  --stage ID        the sparse GPU stage of the attention rows (listed below;\n"
+            "                    default: the registry's default tile-list stage where it\n"
+            "                    accepts the shape, else the first sparse stage that does). A\n"
+            "                    dense stage is a usage error, and so is --stage with --device\n"
+            "                    cpu; when --device auto picks the CPU a notice says it is unused\n"
             "  --device auto|cpu|cuda (default auto: cuda when a GPU is present and the\n"
             "                    selector writes tile lists, else cpu)\n"
             "  --no-dense        skip everything that needs the dense scores: dense attention,\n"
             "                    the recall, and the oracle and random rows\n"
             "  --causal          causal attention, bottom-right aligned (query i sees key j when\n"
             "                    j <= i + len_kv - len_q): the selectors, the recall's exact mass\n"
-            "                    and every attention row (on the GPU: the default tile stage,\n"
-            "                    and for the dense row that stage over every visible block)\n"
+            "                    and every attention row (on the GPU: the tile stage in use,\n"
+            "                    --stage else the default, and for the dense row that stage\n"
+            "                    over every visible block)\n"
             "  --json            one machine-readable line instead of the table\n"
             "selectors:",
             RUN_TOPK, RUN_SELECTOR, RUN_WORKLOAD, RUN_STRENGTH, RUN_WORKLOAD);
@@ -102,7 +105,7 @@ static void resolve_device(run_cfg *c)
         c->cuda = 1;
     else if (!strcmp(c->device, "auto")) {
         if (!sa_gpu_available())
-            c->why_cpu = "no GPU found";
+            c->why_cpu = CLI_CUDA_BUILT ? "no GPU found" : "built without CUDA";
         else if (sel->per_query)
             c->why_cpu = "the selector writes per-query lists, which the GPU stages do not read";
         else
@@ -149,7 +152,7 @@ static void parse(int argc, char **argv, run_cfg *c)
         else if (!strcmp(a, "--strength"))
             c->strength = double_arg(argc, argv, &i);
         else if (!strcmp(a, "--stage"))
-            c->stage = (int)cli_int_arg(argc, argv, &i, 1, 99);
+            c->stage = (int)cli_int_arg(argc, argv, &i, CLI_STAGE_ID_MIN, CLI_STAGE_ID_MAX);
         else if (!strcmp(a, "--device"))
             c->device = cli_str_arg(argc, argv, &i);
         else if (!strcmp(a, "--json"))
@@ -166,8 +169,13 @@ static void parse(int argc, char **argv, run_cfg *c)
     if (!sa_workload_by_name(c->workload))
         cli_usage_error("run: unknown workload '%s' (sparseattn select-eval --help lists them)",
                         c->workload);
-    if (c->stage && !sa_stage_by_id(c->stage))
-        cli_usage_error("run: --stage %d is not a registered GPU stage in this build", c->stage);
+    /* A sparse stage of the registry (with CUDA built; without, any id in range passes and
+     * the run takes the CPU, or says "built without CUDA" for --device cuda). */
+    if (c->stage)
+        cli_stage_judge("run", c->stage, CLI_STAGE_SPARSE);
+    if (c->stage && !strcmp(c->device, "cpu"))
+        cli_usage_error("run: --stage %d names a GPU stage, and --device cpu runs the CPU "
+                        "reference: drop one", c->stage);
     if (!sa_selector_by_name(c->selector))
         cli_usage_error("run: unknown selector '%s' (sparseattn run --help lists them)",
                         c->selector);
@@ -354,12 +362,16 @@ static void gpu_open(run_gpu *G, const run_cfg *c, const uint16_t *q, const uint
     /* --stage, else the registry's default tile-list stage where its check accepts the shape,
      * else the first sparse stage whose check does (cli_tile_stage). */
     G->st = c->stage ? sa_stage_by_id(c->stage) : cli_tile_stage(&G->set.a);
-    if (!cli_stage_sparse(G->st) || (err = G->st->check(&G->set.a))) {
-        const int why = cli_stage_sparse(G->st) ? err : SA_ERR_ARG;
+    if (!G->st || (err = G->st->check(&G->set.a))) {
         cli_progress_done();
-        fprintf(stderr, "sparseattn: run: no sparse GPU stage runs this shape%s%s (--device cpu "
-                        "runs the CPU reference)\n",
-                G->st ? ": " : "", G->st ? sa_strerror(why) : "");
+        if (c->stage) /* parse() checked that it is a registered sparse stage */
+            fprintf(stderr, "sparseattn: run: stage %d (%s) does not run this shape: %s "
+                            "(--device cpu runs the CPU reference)\n",
+                    G->st->id, G->st->name, sa_strerror(err));
+        else
+            fprintf(stderr, "sparseattn: run: no sparse GPU stage runs this shape%s%s "
+                            "(--device cpu runs the CPU reference)\n",
+                    G->st ? ": " : "", G->st ? sa_strerror(err) : "");
         exit(1);
     }
 }
@@ -484,7 +496,9 @@ static void print_table(const run_cfg *c, const run_row *rows, int nrows, const 
              wl->description);
     wrap(line, 2, 4);
     wrap(device_line, 2, 4);
-    printf("\n%-12s %6s %8s %9s %12s %10s %10s %9s\n", "lists", "select", "recall",
+    /* The lists column fits the longest registered selector name ("dense" too). */
+    const int w = cli_selector_width(12);
+    printf("\n%-*s %6s %8s %9s %12s %10s %10s %9s\n", w, "lists", "select", "recall",
            "recall_p5", "err_vs_dense", "select_ms", "attn_ms", "GFLOP/s");
     int any_oracle = 0, any_random = 0;
     for (int i = 0; i < nrows; i++) {
@@ -496,8 +510,8 @@ static void print_table(const run_cfg *c, const run_row *rows, int nrows, const 
         fmt_cell(sm, sizeof sm, "%.2f", r->select_s * 1e3);
         fmt_cell(am, sizeof am, "%.2f", r->attn_s * 1e3);
         fmt_cell(gf, sizeof gf, "%.1f", r->useful_flops / r->attn_s * 1e-9);
-        printf("%-12s %6s %8s %9s %12s %10s %10s %9s\n", r->name, r->select_on, rm, rp, e, sm,
-               am, gf);
+        printf("%-*s %6s %8s %9s %12s %10s %10s %9s\n", w, r->name, r->select_on, rm, rp, e,
+               sm, am, gf);
         any_oracle |= r->idx && !strcmp(r->name, "oracle");
         any_random |= r->idx && !strcmp(r->name, "random");
     }
@@ -545,6 +559,9 @@ int cmd_run(int argc, char **argv)
     parse(argc, argv, &c);
     const sa_shape *s = &c.s;
     const sa_selector *sel = sa_selector_by_name(c.selector);
+    if (!c.cuda && c.stage) /* --device auto chose the CPU (--device cpu with --stage: usage) */
+        fprintf(stderr, "sparseattn: run: --stage %d is not used: the run is on the CPU (%s)\n",
+                c.stage, c.why_cpu);
     if (c.cuda) {
 #ifndef SA_HAVE_CUDA
         fprintf(stderr, "sparseattn: run: --device cuda: %s\n", sa_strerror(SA_ERR_NOT_BUILT));

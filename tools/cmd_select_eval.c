@@ -47,24 +47,30 @@ static void usage(FILE *f)
             "usage: sparseattn select-eval [flags]\n"
             CLI_SHAPE_FLAGS_HELP
             "                    (default 1, 4, 1, 4096, 4096, 128)\n"
-            "  --topk K          blocks per row (default 8)\n"
+            "  --topk K          blocks per row, at most len-kv's blocks of 128 (default 8)\n"
             "  --seed S          workload seed; the random selector uses it too (default 1)\n"
             "  --workload NAME   only this workload (default all)\n"
             "  --strength X      the workloads' knob (default: each workload's own)\n"
             "  --selector NAME   only this selector (the oracle still runs for the overlap)\n"
-            "  --keep-sink --keep-diagonal   selector options (default off)\n"
+            "  --keep-sink       keep block 0, the attention sink (default off)\n"
+            "  --keep-diagonal   keep each row's diagonal block (needs len-q = len-kv; with\n"
+            "                    --keep-sink it needs topk >= 2; default off)\n"
             "  --keep-local      keep the block holding each row's own position (bottom-right\n"
-            "                    aligned; needs len-q <= len-kv; default off)\n"
+            "                    aligned; needs len-q <= len-kv; with --keep-sink it needs\n"
+            "                    topk >= 2 unless len-kv is one block; default off)\n"
             "  --index LIST      score index vectors: comma-separated choices among own (the\n"
             "                    attention's Q/K, all heads), qk (Q/K averaged per index head),\n"
             "                    proj:D (a Gaussian projection of those means to D dims, D a\n"
             "                    multiple of 16 up to 1024), or all (own,qk,proj:64,proj:128).\n"
             "                    The selectors that read index vectors run once per choice and\n"
             "                    the table gains an index column (default: own only, no column)\n"
-            "  --index-heads N   index heads of qk / proj (default heads-kv: one per KV group)\n"
+            "  --index-heads N   index heads of the qk / proj choices (default heads-kv: one\n"
+            "                    per KV group); N divides heads-q and divides or is a multiple\n"
+            "                    of heads-kv. Only with --index naming qk or proj:D\n"
             "  --causal          causal attention, bottom-right aligned (len-q < len-kv is a\n"
             "                    chunk of prefill): causal mass, causal dense output, lists of\n"
-            "                    visible blocks with the diagonal kept (default off)\n"
+            "                    visible blocks with the diagonal kept; with --keep-sink it needs\n"
+            "                    topk >= 2 unless len-kv is one block (default off)\n"
             "  --device cpu|cuda (default cpu; cuda runs the selectors that have a GPU function\n"
             "                    on the GPU and reports how many rows equal the CPU lists)\n"
             "  --json            one JSON object per line instead of the table\n"
@@ -177,6 +183,14 @@ static void parse(int argc, char **argv, eval_cfg *c)
         cli_usage_error("select-eval: --keep-local needs len-q <= len-kv");
     if (c->keep_local && c->keep_sink && c->topk < 2 && sa_kv_blocks(&c->s) > 1)
         cli_usage_error("select-eval: --keep-local with --keep-sink needs --topk >= 2");
+    /* --index-heads shapes the qk / proj index vectors alone: without such a choice it would
+     * change nothing. */
+    int any_method = 0;
+    for (int j = 0; j < c->choices; j++)
+        any_method |= c->choice[j].method != NULL;
+    if (c->index_heads && !any_method)
+        cli_usage_error("select-eval: --index-heads %d has no effect without --index naming qk "
+                        "or proj:D (the index vectors it shapes)", c->index_heads);
     if (!c->index_heads)
         c->index_heads = c->s.heads_kv;
     const int hi = c->index_heads;
@@ -262,7 +276,7 @@ static void print_row(const eval_cfg *c, const char *wl, double strength, const 
             snprintf(e, sizeof e, "%.4f", oerr);
         else
             snprintf(e, sizeof e, "n/a");
-        printf("%-10s %-12s", wl, sel);
+        printf("%-10s %-*s", wl, cli_selector_width(12), sel);
         if (c->choices)
             printf(" %-9s", ix ? ix->label : "-");
         printf(" %11.4f %9.4f %11s %8.3f %10.2f", rmean, rp5, e, overlap, ms);
@@ -384,7 +398,8 @@ int cmd_select_eval(int argc, char **argv)
                (unsigned long long)c.seed, c.keep_sink ? ", keep_sink" : "",
                c.keep_diagonal ? ", keep_diagonal" : "", c.keep_local ? ", keep_local" : "",
                extra, c.causal ? ", causal (rows hold up to topk visible blocks)" : "");
-        printf("%-10s %-12s%s %11s %9s %11s %8s %10s%s\n", "workload", "selector",
+        printf("%-10s %-*s%s %11s %9s %11s %8s %10s%s\n", "workload", cli_selector_width(12),
+               "selector",
                c.choices ? " index    " : "", "recall_mean", "recall_p5", "out_rel_err",
                "overlap", "select_ms", cuda ? "  dev cpu_match" : "");
     }

@@ -18,6 +18,7 @@
 #include "sa_activations.h"
 
 #define ACT_MAX_BUDGETS 16
+#define ACT_MAX_LAYERS 1024 /* --layers entries */
 #define ACT_PERCENTILE 0.05
 #define ACT_MODES 3 /* SA_HEAD_LISTS_GROUP, _PER_HEAD, _POOLED */
 
@@ -39,15 +40,19 @@ static void act_usage(FILE *f)
             "usage: sparseattn select-eval --activations FILE [flags]\n"
             "  --activations FILE  an activation file (tools/capture_activations.py,\n"
             "                      docs/activations.md); causal as its metadata says\n"
-            "  --layers LIST       model layer indices, e.g. 0,5-7 (default every stored layer)\n"
-            "  --budgets LIST      blocks per row (default 8,16,32,64; past the layer's blocks:\n"
+            "  --layers LIST       model layer indices, e.g. 0,5-7 (default every stored layer;\n"
+            "                      at most %d layers in all, a range counting each of its\n"
+            "                      layers)\n"
+            "  --budgets LIST      blocks per row (default 8,16,32,64; at most %d entries, a\n"
+            "                      range counting each of its values; past the layer's blocks:\n"
             "                      n/a)\n"
             "  --selector NAME     only this selector (the two oracle bounds still run)\n"
             "  --keep-sink         every registered selector keeps block 0 (the attention sink)\n"
             "  --per-head          also one line per query head\n"
             "  --head-lists LIST   head_lists modes, of group, per_head, pooled (default group);\n"
             "                      each selector runs in the modes it takes: NAME/ph, NAME/pool\n"
-            "  --json              one JSON object per line instead of the tables\n");
+            "  --json              one JSON object per line instead of the tables\n",
+            ACT_MAX_LAYERS, ACT_MAX_BUDGETS);
 }
 
 static void *act_xmalloc(size_t n)
@@ -272,8 +277,8 @@ int cmd_select_eval_activations(int argc, char **argv)
      * holds those layers, after. */
     int *want = NULL, nwant = 0;
     if (c.layers) {
-        want = act_xmalloc(1024 * sizeof *want);
-        nwant = parse_list("--layers", c.layers, 0, 999999, want, 1024);
+        want = act_xmalloc(ACT_MAX_LAYERS * sizeof *want);
+        nwant = parse_list("--layers", c.layers, 0, 999999, want, ACT_MAX_LAYERS);
     }
     char msg[512];
     sa_act_file *f;

@@ -19,6 +19,19 @@ expect() { # expected-code description command...
         fail=1
     fi
 }
+# A command line whose flags are all valid: it either ran (exit 0, on a GPU; the sizes below keep
+# that short) or says why it could not (exit 1: no CUDA in the build, or no GPU), never exit 2.
+expect_parsed() { # description command...
+    local what=$1
+    shift
+    local err rc
+    err=$("$@" 2>&1 >/dev/null)
+    rc=$?
+    case "$rc:$err" in
+        0:*|1:*"built without CUDA"*|1:*"no usable CUDA device"*) ;;
+        *) echo "FAIL: $what: exit $rc, expected its flags to parse ($*): $err"; fail=1 ;;
+    esac
+}
 small=(--len-q 256 --len-kv 640 --heads-q 4 --topk 2 --no-dense)
 expect 2 "no command" "$cli" # prints the usage, several lines
 expect 2 "unknown command" "$cli" frobnicate
@@ -85,6 +98,93 @@ expect 2 "select-eval --index all with others" "$cli" select-eval --index all,pr
 expect 2 "select-eval empty --head-lists" "$cli" select-eval --activations /nonexistent --head-lists ''
 expect 0 "help" "$cli" --help
 expect 0 "run help" "$cli" run --help
+# bench takes --help, -h and help, as the top level does.
+expect 0 "bench --help" "$cli" bench --help
+expect 0 "bench -h" "$cli" bench -h
+expect 0 "bench help" "$cli" bench help
+
+# Flags are judged alike with and without CUDA: what only a CUDA build knows (the stage registry,
+# which selectors have a GPU function) is taken on trust without it, so these command lines parse
+# in both builds (docs/benchmarks.md).
+quick=(--reps 1 --warmup 0)
+selq=(--no-pipeline --batch 1 --len-q 256 --len-kv 2048 --index-heads 0 "${quick[@]}")
+expect_parsed "bench selectors GPU selectors" "$cli" bench selectors --selectors r1,nvfp4 "${selq[@]}"
+expect_parsed "bench selectors a row" "$cli" bench selectors --selectors nvfp4_query/i1 "${selq[@]}"
+# The ids of the registry, from the help (none without CUDA, where any id in 1..99 parses).
+sparse_id=$("$cli" run --help | sed -n 's/^sparse stages: \([0-9]*\) .*/\1/p')
+dense_id=$("$cli" bench dense --help | sed -n 's/^dense stages: \([0-9]*\) .*/\1/p')
+tile_id=$("$cli" bench dense --help |
+    sed -n 's/^default tile-list stage (every block listed): \([0-9]*\) .*/\1/p')
+expect_parsed "bench selectors --stage" "$cli" bench selectors --stage "${sparse_id:-17}" \
+    --selectors r1 "${selq[@]}"
+expect_parsed "bench dense --stage (the tile-list stage)" "$cli" bench dense \
+    --stage "${tile_id:-17}" "${quick[@]}"
+expect_parsed "bench sparse --stage" "$cli" bench sparse --stage "${sparse_id:-15}" --no-validate \
+    "${quick[@]}"
+expect 2 "bench --stage 0" "$cli" bench sparse --stage 0
+expect 2 "bench --stage past the range" "$cli" bench dense --stage 100
+if [ -n "$sparse_id" ]; then # with CUDA: the registry judges the id and the selectors' names
+    [ -n "$dense_id" ] && [ -n "$tile_id" ] ||
+        { echo "FAIL: bench dense --help names no dense or tile-list stage"; fail=1; }
+    expect 2 "bench dense a sparse stage" "$cli" bench dense --stage "$sparse_id"
+    expect 2 "bench sparse a dense stage" "$cli" bench sparse --stage "$dense_id"
+    expect 2 "bench selectors a dense stage" "$cli" bench selectors --stage "$dense_id"
+    expect 2 "bench sparse an id the registry lacks" "$cli" bench sparse --stage 99
+    expect 2 "bench selectors no GPU function" "$cli" bench selectors --selectors oracle
+    expect 2 "run a dense stage" "$cli" run --stage "$dense_id" "${small[@]}"
+else
+    expect_parsed "bench selectors a CPU-only selector without CUDA" "$cli" bench selectors \
+        --selectors oracle "${selq[@]}"
+fi
+# bench selectors judges its sizes after parsing, before any GPU work, in both builds: each
+# shape passes sa_shape_check, len-kv gives 16..8192 blocks, the index heads divide 16.
+expect 2 "bench selectors too few blocks" "$cli" bench selectors --len-kv 1920
+expect 2 "bench selectors too many blocks" "$cli" bench selectors --len-kv 1048577
+expect 2 "bench selectors bad shape" "$cli" bench selectors --batch 65536 --len-q 1073741824
+expect 2 "bench selectors bad shape at a default length" "$cli" bench selectors --batch 8 \
+    --len-q 100000000
+expect 2 "bench selectors index heads" "$cli" bench selectors --index-heads 3
+expect_parsed "bench selectors smallest len-kv" "$cli" bench selectors --selectors r1 \
+    --no-pipeline --batch 1 --len-q 256 --len-kv 1921 "${quick[@]}"
+expect_parsed "bench selectors index heads 2" "$cli" bench selectors --selectors nvfp4/i2 \
+    --no-pipeline --batch 1 --len-q 256 --len-kv 2048 --index-heads 2 "${quick[@]}"
+# run --stage: a sparse stage for the GPU; with --device cpu a usage error, and a notice where
+# --device auto takes the CPU (here always: nvfp4_query writes per-query lists).
+expect 2 "run --stage with --device cpu" "$cli" run --stage "${sparse_id:-17}" --device cpu \
+    "${small[@]}"
+err=$("$cli" run --stage "${sparse_id:-17}" --selector nvfp4_query "${small[@]}" 2>&1 >/dev/null)
+case "$err" in *"--stage ${sparse_id:-17} is not used: the run is on the CPU"*) ;;
+    *) echo "FAIL: run --stage on the CPU gives no notice: $err"; fail=1 ;; esac
+# --index-heads shapes the qk / proj index vectors: without such an --index choice it is a usage
+# error, not silently unused.
+sel_small=(--len-q 256 --len-kv 512 --topk 2 --workload local --selector r1)
+expect 2 "select-eval --index-heads without --index" "$cli" select-eval "${sel_small[@]}" \
+    --index-heads 1
+expect 2 "select-eval --index-heads with --index own" "$cli" select-eval "${sel_small[@]}" \
+    --index own --index-heads 1
+expect 0 "select-eval --index-heads with --index qk" "$cli" select-eval "${sel_small[@]}" \
+    --index qk --index-heads 1
+# The selector column fits the longest registered name (nvfp4_mass_q8, 13 characters, when this
+# was written): a row's columns end where the header's do.
+longest=$("$cli" run --help | sed -n 's/^selectors: //p' | tr ' ' '\n' |
+    awk 'length > m { m = length; n = $0 } END { print n }')
+aligned() { # the table on stdin, the number of leading fields to compare
+    awk -v n="$1" 'function end(s,  i, pos) { # the column where field n ends
+            for (i = 1; i <= n; i++) {
+                if (!match(s, /^ *[^ ]+/))
+                    return -1
+                pos += RLENGTH
+                s = substr(s, RLENGTH + 1)
+            }
+            return pos }
+        /^(lists|workload) / { h = end($0); next } h && !NF { h_done = 1 }
+        h && !h_done && NF { if (end($0) != h) bad = 1; rows++ }
+        END { exit !(h > 0 && rows > 0 && !bad) }'
+}
+"$cli" run --selector "$longest" --len-q 256 --len-kv 1024 --heads-q 4 --topk 2 --device cpu |
+    aligned 2 || { echo "FAIL: run: the lists column does not fit $longest"; fail=1; }
+"$cli" select-eval --len-q 256 --len-kv 512 --topk 2 --workload local --selector "$longest" |
+    aligned 3 || { echo "FAIL: select-eval: the selector column does not fit $longest"; fail=1; }
 
 json=$("$cli" run "${small[@]}" --selector r4 --workload local --seed 010 --json) || { echo "FAIL: small run"; fail=1; }
 for field in '"selector":"r4"' '"workload":"local"' '"useful_gflops":' '"attention_s":' '"seed":10,'; do
