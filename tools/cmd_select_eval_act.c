@@ -240,6 +240,8 @@ static void oracle_query_lists(const sa_shape *s, const float *mass, int k, int 
                     for (int blk = 0; blk < vis; blk++)
                         if (!take[blk] && (best < 0 || score[blk] > score[best]))
                             best = blk;
+                    if (best < 0) /* not reached: c <= vis (a guard the compiler can see) */
+                        break;
                     take[best] = 1;
                 }
                 int j = 0;

@@ -26,4 +26,10 @@ void *malloc(size_t n)
     }
     return __libc_malloc(n);
 }
+#else
+#include <stdio.h>
+/* A test that needs the injection says, where it is missing, that it did not run. */
+#define SA_TEST_MALLOC_SKIP()                                                                     \
+    fprintf(stderr, "%s: skipped: no malloc injection in this build (ASan, or not glibc)\n",    \
+            __func__)
 #endif

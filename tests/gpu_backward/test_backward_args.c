@@ -95,12 +95,23 @@ START_TEST(errors)
     a = valid_args();
     a.shape.head_dim = 64;
     expect(&a, SA_ERR_UNSUPPORTED, "head_dim 64");
-    a = valid_args();
-    a.q = (const uint16_t *)((uintptr_t)a.q + 8);
-    expect(&a, SA_ERR_UNSUPPORTED, "Q not 16-byte aligned");
-    a = valid_args();
-    a.dk = (float *)((uintptr_t)a.dk + 4);
-    expect(&a, SA_ERR_UNSUPPORTED, "dK not 16-byte aligned");
+    /* Every pointer one step short of the alignment it is read with: the eight tensors 16
+     * bytes (8 off), LSE and the lists 4 (2 off). */
+    const void **aligned16[] = {(const void **)&a.q,  (const void **)&a.k,  (const void **)&a.v,
+                                (const void **)&a.o,  (const void **)&a.d_o, (const void **)&a.dq,
+                                (const void **)&a.dk, (const void **)&a.dv};
+    for (size_t i = 0; i < sizeof aligned16 / sizeof aligned16[0]; i++) {
+        a = valid_args();
+        *aligned16[i] = (const void *)((uintptr_t)*aligned16[i] + 8);
+        expect(&a, SA_ERR_UNSUPPORTED, "a tensor not 16-byte aligned");
+    }
+    const void **aligned4[] = {(const void **)&a.lse, (const void **)&a.lists.indices,
+                               (const void **)&a.lists.counts};
+    for (size_t i = 0; i < sizeof aligned4 / sizeof aligned4[0]; i++) {
+        a = valid_args();
+        *aligned4[i] = (const void *)((uintptr_t)*aligned4[i] + 2);
+        expect(&a, SA_ERR_UNSUPPORTED, "LSE or a list array not 4-byte aligned");
+    }
     /* Validated, the forward's GPU list check runs first: its block limit holds. */
     a = bwd_fake_args((sa_shape){1, 1, 1, 128, SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS * 128 + 1, 128},
                       1, 1);
