@@ -161,10 +161,10 @@ START_TEST(test_tile_lists_limits)
     ck_assert_int_eq(sa_tile_lists_check(&s, &l, 0), SA_ERR_SHAPE);
     /* The generator fills the same rows. */
     s.len_q--;
-    ck_assert_int_eq(sa_random_tile_lists(&s, 1, 1, SA_LISTS_PAIRED, 3, idx), SA_OK);
+    ck_assert_int_eq(sa_random_tile_lists(&s, 1, 1, SA_LISTS_PAIRED, sa_test_seed(), idx), SA_OK);
     ck_assert_int_eq(sa_tile_lists_check(&s, &l, 0), SA_OK);
     s.len_q++;
-    ck_assert_int_eq(sa_random_tile_lists(&s, 1, 1, SA_LISTS_PAIRED, 3, idx), SA_ERR_SHAPE);
+    ck_assert_int_eq(sa_random_tile_lists(&s, 1, 1, SA_LISTS_PAIRED, sa_test_seed(), idx), SA_ERR_SHAPE);
     free(idx);
 
     /* The most blocks: the last block exists, the one after does not. */
