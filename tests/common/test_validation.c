@@ -144,6 +144,70 @@ START_TEST(test_random_lists)
 }
 END_TEST
 
+/* Block frequencies over `rows` rows of k entries, drawn from n blocks: every block (the last,
+ * partial one included) is drawn, and each count lies within [0.5, 1.5] x the mean
+ * mu = rows * k / n. A correct generator gives each block a Binomial(rows, k / n) count; the
+ * Chernoff bounds P(X >= 1.5 mu) <= exp(-mu / 12) and P(X <= 0.5 mu) <= exp(-mu / 8) with the
+ * callers' mu >= 250 give under 1e-9 per block, about 1e-7 per list of 100 blocks: a false
+ * failure is negligible, while a generator that skips blocks or favours some fails outright. */
+static void check_uniform(const int32_t *idx, size_t rows, int k, int n, const char *what)
+{
+    long *hits = calloc((size_t)n, sizeof *hits);
+    for (size_t e = 0; e < rows * (size_t)k; e++)
+        hits[idx[e]]++;
+    const double mu = (double)rows * k / n;
+    ck_assert_msg(mu >= 250, "%s: mean %g too small for the bound", what, mu);
+    for (int b = 0; b < n; b++)
+        ck_assert_msg(hits[b] > 0 && hits[b] >= 0.5 * mu && hits[b] <= 1.5 * mu,
+                      "%s: block %d of %d drawn %ld times, mean %g (seed %llu)", what, b, n,
+                      hits[b], mu, (unsigned long long)sa_test_seed());
+    free(hits);
+}
+
+/* The generators draw from every block uniformly, per head independently, and per seed. 100 KV
+ * blocks (the last partial), k = 8, 3200 rows: mean 256 draws per block. */
+START_TEST(test_random_lists_spread)
+{
+    const uint64_t seed = sa_test_seed();
+    sa_shape s = shape(1, 8, 8, 400 * 128, 99 * 128 + 5, 64);
+    const int n = sa_kv_blocks(&s), k = 8, tiles = sa_q_tiles(&s);
+    ck_assert_int_eq(n, 100);
+    size_t rows = (size_t)s.batch * s.heads_kv * tiles;
+    int32_t *idx = malloc(rows * k * sizeof *idx), *other = malloc(rows * k * sizeof *idx);
+    ck_assert_int_eq(
+        sa_random_tile_lists(&s, s.heads_kv, k, SA_LISTS_INDEPENDENT, seed, idx), SA_OK);
+    check_uniform(idx, rows, k, n, "tile lists, independent");
+    /* Each head's rows against the next head's: equal by chance with probability ~C(100,8)^-400. */
+    const size_t per_head = (size_t)tiles * k;
+    for (int h = 0; h + 1 < s.batch * s.heads_kv; h++)
+        ck_assert_msg(memcmp(idx + h * per_head, idx + (h + 1) * per_head,
+                             per_head * sizeof *idx),
+                      "heads %d and %d drew the same lists (seed %llu)", h, h + 1,
+                      (unsigned long long)seed);
+    ck_assert_int_eq(
+        sa_random_tile_lists(&s, s.heads_kv, k, SA_LISTS_INDEPENDENT, seed + 1, other), SA_OK);
+    ck_assert_msg(memcmp(idx, other, rows * k * sizeof *idx),
+                  "seeds %llu and %llu drew the same tile lists", (unsigned long long)seed,
+                  (unsigned long long)(seed + 1));
+    free(idx);
+    free(other);
+
+    /* Query lists: 3200 query rows over the same 100 blocks. */
+    s = shape(1, 2, 1, 3200, 99 * 128 + 5, 64);
+    rows = sa_query_rows(&s);
+    idx = malloc(rows * k * sizeof *idx);
+    other = malloc(rows * k * sizeof *idx);
+    ck_assert_int_eq(sa_random_query_lists(&s, k, seed, idx), SA_OK);
+    check_uniform(idx, rows, k, n, "query lists");
+    ck_assert_int_eq(sa_random_query_lists(&s, k, seed + 1, other), SA_OK);
+    ck_assert_msg(memcmp(idx, other, rows * k * sizeof *idx),
+                  "seeds %llu and %llu drew the same query lists", (unsigned long long)seed,
+                  (unsigned long long)(seed + 1));
+    free(idx);
+    free(other);
+}
+END_TEST
+
 /* Out of memory at each allocation of the list generators: SA_ERR_NOMEM and no list written
  * (the tile generator had drawn the first heads' rows before the next head's scratch failed). */
 START_TEST(test_random_lists_nomem)
@@ -174,6 +238,8 @@ START_TEST(test_random_lists_nomem)
                               gen, at);
         }
     free(idx);
+#else
+    SA_TEST_MALLOC_SKIP();
 #endif
 }
 END_TEST
@@ -294,6 +360,7 @@ int main(void)
     tcase_add_test(tc, test_bf16_rounding);
     tcase_add_test(tc, test_rng_reproducible);
     tcase_add_test(tc, test_random_lists);
+    tcase_add_test(tc, test_random_lists_spread);
     tcase_add_test(tc, test_tile_list_errors);
     tcase_add_test(tc, test_query_list_errors);
     tcase_add_test(tc, test_defaults);

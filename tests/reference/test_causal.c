@@ -72,6 +72,65 @@ START_TEST(test_geometry)
 }
 END_TEST
 
+/* sa_causal_query_blocks / sa_causal_tile_blocks against a recomputation from the definition
+ * (query i sees key j iff j <= i + len_kv - len_q; a tile sees the blocks holding any key its
+ * last valid query sees), on fixed shapes with len_kv - len_q = 1 and 127 (mod 128) and several
+ * full tiles (the last row of a full tile is then the only one to reach the next block), and
+ * on shapes drawn from the seed, half of them with such an offset. */
+static void check_geometry(const sa_shape *s)
+{
+    const int nb = sa_kv_blocks(s), tiles = sa_q_tiles(s);
+    for (int i = 0; i < s->len_q; i++) {
+        int want = 0; /* blocks holding a key that query i sees */
+        for (int b = 0; b < nb; b++)
+            want += (long long)b * 128 <= (long long)i + s->len_kv - s->len_q;
+        int got = sa_causal_query_blocks(s, i);
+        ck_assert_msg(got == want,
+                      "len_q %d len_kv %d: query %d sees %d blocks, want %d (seed %" PRIu64 ")",
+                      s->len_q, s->len_kv, i, got, want, sa_test_seed());
+    }
+    for (int t = 0; t < tiles; t++) {
+        int last = t * 128 + 127 < s->len_q ? t * 128 + 127 : s->len_q - 1;
+        int want = 0;
+        for (int b = 0; b < nb; b++) { /* any key of block b seen by any query of tile t */
+            int seen = 0;
+            for (int i = t * 128; i <= last && !seen; i++)
+                seen = (long long)b * 128 <= (long long)i + s->len_kv - s->len_q;
+            want += seen;
+        }
+        int got = sa_causal_tile_blocks(s, t);
+        ck_assert_msg(got == want,
+                      "len_q %d len_kv %d: tile %d sees %d blocks, want %d (seed %" PRIu64 ")",
+                      s->len_q, s->len_kv, t, got, want, sa_test_seed());
+    }
+}
+
+START_TEST(test_geometry_offsets)
+{
+    static const int fixed[][2] = {
+        {384, 385}, {384, 513}, {512, 1}, {384, 129}, /* len_kv - len_q = 1 (mod 128) */
+        {384, 511}, {512, 639}, {384, 255}, {384, 127}, /* len_kv - len_q = 127 (mod 128) */
+    };
+    sa_shape s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .head_dim = 64};
+    for (size_t f = 0; f < sizeof fixed / sizeof fixed[0]; f++) {
+        s.len_q = fixed[f][0];
+        s.len_kv = fixed[f][1];
+        check_geometry(&s);
+    }
+    sa_rng r = rng_for(7, 0);
+    for (int n = 0; n < 40; n++) {
+        s.len_q = 1 + (int)sa_rng_below(&r, 1200);
+        s.len_kv = 1 + (int)sa_rng_below(&r, 1500);
+        if (n % 2) { /* move len_kv to the nearest offset = 1 or 127 (mod 128) at or above it */
+            const int want = sa_rng_below(&r, 2) ? 1 : 127;
+            while ((((s.len_kv - s.len_q) % 128) + 128) % 128 != want)
+                s.len_kv++;
+        }
+        check_geometry(&s);
+    }
+}
+END_TEST
+
 START_TEST(test_causal_dense)
 {
     sa_rng r = rng_for(1, _i);
@@ -485,6 +544,7 @@ int main(void)
     TCase *tc = tcase_create("causal against the double loop");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_geometry, 0, NSHAPES);
+    tcase_add_test(tc, test_geometry_offsets);
     tcase_add_loop_test(tc, test_causal_dense, 0, NSHAPES);
     tcase_add_loop_test(tc, test_causal_tile, 0, NSHAPES);
     tcase_add_loop_test(tc, test_causal_query, 0, NSHAPES);

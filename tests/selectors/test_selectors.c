@@ -293,12 +293,122 @@ START_TEST(test_null_params)
     sa_rng r;
     sa_rng_seed(&r, sa_test_seed() + 6);
     inputs in = make_inputs(&r, 1, 2, 1, 130, 17 * 128, 64);
-    int32_t idx[2 * 16];
-    ck_assert_int_eq(sa_select_cpu("r1", &in.s, in.q, in.k, NULL, idx, NULL), SA_OK);
     sa_select_params p;
     sa_select_params_default(&p);
     ck_assert_int_eq(p.k, 16);
+    /* Every selector: lists and counts poisoned, then the NULL-params call must write exactly
+     * what explicit default params write. */
+    for (int i = 0; i < sa_selector_count(); i++) {
+        const sa_selector *sel = sa_selector_at(i);
+        const size_t len = sa_selector_list_len(sel, &in.s, p.k), rows = len / p.k;
+        int32_t *a = malloc(len * sizeof *a), *b = malloc(len * sizeof *b);
+        int32_t *ca = malloc(rows * sizeof *ca), *cb = malloc(rows * sizeof *cb);
+        ck_assert(a && b && ca && cb);
+        for (size_t j = 0; j < len; j++)
+            a[j] = b[j] = -7;
+        for (size_t j = 0; j < rows; j++)
+            ca[j] = cb[j] = -7;
+        ck_assert_int_eq(sa_select_cpu(sel->name, &in.s, in.q, in.k, NULL, a, ca), SA_OK);
+        ck_assert_int_eq(sa_select_cpu(sel->name, &in.s, in.q, in.k, &p, b, cb), SA_OK);
+        for (size_t j = 0; j < rows; j++)
+            ck_assert_msg(ca[j] == p.k && cb[j] == p.k,
+                          "%s: row %zu counts %d (NULL params) / %d (defaults), want %d (seed %llu)",
+                          sel->name, j, ca[j], cb[j], p.k, (unsigned long long)sa_test_seed());
+        for (size_t j = 0; j < len; j++)
+            ck_assert_msg(a[j] == b[j] && a[j] >= 0,
+                          "%s: entry %zu is %d with NULL params, %d with the defaults (seed %llu)",
+                          sel->name, j, a[j], b[j], (unsigned long long)sa_test_seed());
+        free(a);
+        free(b);
+        free(ca);
+        free(cb);
+    }
     check_against_brute(sa_selector_by_name("r1"), &in.s, in.q, in.k, &p);
+    free_inputs(&in);
+}
+END_TEST
+
+/* A NaN score ranks below every number (docs/selectors.md), so it is never picked while k < the
+ * blocks the row may pick. Group and per-head lists: one NaN in K's block 0 makes that block's
+ * representative score NaN in every row of r1, r4 and gauss (the NaN is met first, where it
+ * enters the top k before any number). Pooled lists (r4_mass, one index head per query head): a
+ * NaN in index head 0's keys makes all of head 0's scores NaN (its softmax sums go NaN), so the
+ * group's shared budget goes to head 1, whose scores are numbers (with NaN ranked as a tie,
+ * head 0 would win every pair as the lower head). The oracle cannot score NaN: its mass turns a
+ * NaN row into zeros. */
+START_TEST(test_nan_ranks_last)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() + 10);
+    inputs in = make_inputs(&r, 1, 4, 2, 256, 4 * 128, 64); /* 2 tiles, 4 blocks */
+    const int n = 4;
+    in.k[(size_t)sa_rng_below(&r, 128) * 64 + sa_rng_below(&r, 64)] = 0x7FC0; /* KV head 0 */
+    in.k[((size_t)4 * 128 + sa_rng_below(&r, 128)) * 64 + sa_rng_below(&r, 64)] = 0xFFC0;
+    const char *names[] = {"r1", "r4", "gauss"};
+    for (int i = 0; i < 3; i++) {
+        const sa_selector *sel = sa_selector_by_name(names[i]);
+        ck_assert_ptr_nonnull(sel);
+        for (int mode = SA_HEAD_LISTS_GROUP; mode <= SA_HEAD_LISTS_PER_HEAD; mode++) {
+            const int ks[] = {1, 2, n - 1};
+            for (int ki = 0; ki < 3; ki++) {
+                sa_select_params p;
+                sa_select_params_default(&p);
+                p.k = ks[ki];
+                p.head_lists = mode;
+                const size_t len = (size_t)in.s.heads_q * sa_q_tiles(&in.s) * p.k;
+                int32_t idx[4 * 2 * 3], cnt[4 * 2];
+                for (size_t j = 0; j < len; j++)
+                    idx[j] = -7;
+                ck_assert_int_eq(sel->cpu(&in.s, in.q, in.k, &p, idx, cnt), SA_OK);
+                const size_t rows = mode ? (size_t)in.s.heads_q * 2 : (size_t)in.s.heads_kv * 2;
+                for (size_t row = 0; row < rows; row++) {
+                    ck_assert_int_eq(cnt[row], p.k);
+                    for (int j = 0; j < p.k; j++) {
+                        const int b = idx[row * p.k + j];
+                        ck_assert_msg(b >= 1 && b < n,
+                                      "%s, head lists %d, k %d: row %zu slot %d is block %d, the "
+                                      "NaN block is 0 (seed %llu)",
+                                      sel->name, mode, p.k, row, j, b,
+                                      (unsigned long long)sa_test_seed());
+                        if (p.k == n - 1)
+                            ck_assert_int_eq(b, j + 1);
+                    }
+                }
+            }
+        }
+    }
+    free_inputs(&in);
+
+    /* Pooled: r4_mass with an index head per query head; a NaN in index head 0's keys. */
+    in = make_inputs(&r, 1, 2, 1, 128, 4 * 128, 64); /* one tile, 4 blocks, group of 2 */
+    const int dim = 32;
+    uint16_t *qi = bf_random_bf16(&r, (size_t)2 * 128 * dim, 1.0f);
+    uint16_t *ki = bf_random_bf16(&r, (size_t)2 * 512 * dim, 1.0f);
+    ki[(size_t)sa_rng_below(&r, 512) * dim + sa_rng_below(&r, dim)] = 0x7FC0; /* index head 0 */
+    sa_select_params p;
+    sa_select_params_default(&p);
+    p.k = 2;
+    p.head_lists = SA_HEAD_LISTS_POOLED;
+    p.pool_cap = n;
+    p.q_index = qi;
+    p.k_index = ki;
+    p.index_dim = dim;
+    p.index_heads = 2;
+    int32_t idx[2 * 4], cnt[2];
+    ck_assert_int_eq(sa_select_cpu("r4_mass", &in.s, in.q, in.k, &p, idx, cnt), SA_OK);
+    /* Head 0 keeps only its best block (block 0: every score NaN); head 1 takes the other 3 of
+     * the group's 2 k = 4. */
+    ck_assert_msg(cnt[0] == 1 && cnt[1] == 3,
+                  "r4_mass pooled: counts %d, %d, want 1, 3 (seed %llu)", cnt[0], cnt[1],
+                  (unsigned long long)sa_test_seed());
+    ck_assert_int_eq(idx[0], 0);
+    for (int j = 1; j < 4; j++)
+        ck_assert_int_eq(idx[j], -1);
+    for (int j = 0; j < 3; j++)
+        ck_assert(idx[4 + j] >= 0 && idx[4 + j] < n && (j == 0 || idx[4 + j] > idx[4 + j - 1]));
+    ck_assert_int_eq(idx[7], -1);
+    free(qi);
+    free(ki);
     free_inputs(&in);
 }
 END_TEST
@@ -332,6 +442,8 @@ START_TEST(test_workload_nomem_writes_nothing)
     free(q);
     free(k);
     free(v);
+#else
+    SA_TEST_MALLOC_SKIP();
 #endif
 }
 END_TEST
@@ -374,6 +486,8 @@ START_TEST(test_nomem_writes_nothing)
     free(idx);
     free(cnt);
     free_inputs(&in);
+#else
+    SA_TEST_MALLOC_SKIP();
 #endif
 }
 END_TEST
@@ -544,6 +658,7 @@ int main(void)
     tcase_add_test(tc, test_brute_force);
     tcase_add_test(tc, test_index_vectors);
     tcase_add_test(tc, test_ties_go_low);
+    tcase_add_test(tc, test_nan_ranks_last);
     tcase_add_test(tc, test_options);
     tcase_add_test(tc, test_random);
     tcase_add_test(tc, test_oracle_bound);
