@@ -2,12 +2,14 @@
  * inputs every run. Shapes are small so the suite stays fast under ASan. */
 #include <cblas.h>
 #include <inttypes.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "naive.h"
+#include "../../reference/ref_internal.h" /* ref_exp_nonpos, ref_softmax_row */
 
 /* GQA 1, 2, 4, 16; head dims 64 and 128; partial last query tile and partial final KV block. */
 static const sa_shape shapes[] = {
@@ -490,6 +492,60 @@ START_TEST(test_blas_threads_restored)
 }
 END_TEST
 
+/* The reference's exponential (ref_internal.h) against exp in double, on fresh arguments over
+ * its whole range: within 4 FP32 ulp of the rounded value (its header: about 2), +0 below the
+ * clamp. The attention tests' tolerances are far wider than a few ulp per weight, so this is
+ * what holds the polynomial to its claim. */
+#define EXP_MAX_ULP 4
+START_TEST(test_exp_nonpos)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0xe4);
+    for (int i = 0; i < 1 << 20; i++) {
+        const float x = i < 64 ? -(float)i / 64 * 0.5f /* near 0, where e^x is near 1 */
+                               : REF_EXP_MIN_ARG * (float)sa_rng_uniform(&r);
+        const float got = ref_exp_nonpos(x), want = (float)exp((double)x);
+        const float ulp = nextafterf(want, INFINITY) - want;
+        ck_assert_msg(fabsf(got - want) <= EXP_MAX_ULP * ulp,
+                      "e^%.9g: %.9g, want %.9g (seed %" PRIu64 ")", (double)x, (double)got,
+                      (double)want, sa_test_seed());
+    }
+    ck_assert(ref_exp_nonpos(REF_EXP_MIN_ARG - 1.0f) == 0.0f);
+    ck_assert(ref_exp_nonpos(-INFINITY) == 0.0f);
+    ck_assert(ref_exp_nonpos(0.0f) == 1.0f);
+}
+END_TEST
+
+/* A decode-shaped softmax row (one query, 2^17 keys): the row sum is taken in double, so the LSE
+ * matches a double loop over the same weights to within the weights' own rounding. */
+START_TEST(test_softmax_row_long)
+{
+    enum { N = 1 << 17 };
+    float *s = malloc(N * sizeof *s), *w = malloc(N * sizeof *w);
+    ck_assert(s && w);
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x50f7);
+    for (int j = 0; j < N; j++)
+        s[j] = (float)(4.0 * sa_rng_normal(&r));
+    memcpy(w, s, N * sizeof *s);
+    double sum;
+    const double lse = ref_softmax_row(w, N, &sum);
+    float m = -INFINITY;
+    for (int j = 0; j < N; j++)
+        m = s[j] > m ? s[j] : m;
+    double want = 0;
+    for (int j = 0; j < N; j++)
+        want += exp((double)s[j] - (double)m);
+    want = (double)m + log(want);
+    /* Each weight within 4 ulp (2.4e-7 relative), so the sum and the LSE within about that; a
+     * float accumulation over 2^17 terms is off by 1e-5 and more. */
+    ck_assert_msg(fabs(lse - want) <= 1e-6, "LSE %.12g, want %.12g (seed %" PRIu64 ")", lse, want,
+                  sa_test_seed());
+    free(s);
+    free(w);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("reference");
@@ -505,6 +561,8 @@ int main(void)
     tcase_add_loop_test(tc, test_validate_off, 0, NSHAPES);
     tcase_add_loop_test(tc, test_tolerance_can_fail, 0, NSHAPES);
     tcase_add_test(tc, test_blas_threads_restored);
+    tcase_add_test(tc, test_exp_nonpos);
+    tcase_add_test(tc, test_softmax_row_long);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }
