@@ -10,6 +10,43 @@
 #include "kv_test_lists.h"
 #include "sa_test_malloc.h"
 
+#ifdef SA_TEST_MALLOC /* glibc without ASan, as the malloc interposer */
+#include <string.h>
+/* An unstable qsort for this whole program, the library's calls included: the array reversed,
+ * then merge-sorted, so equal keys come out in the reverse of their order (glibc's qsort is a
+ * stable merge sort where it has the memory). The task list of sa_kv_index_ref must not depend
+ * on the sort's stability: its keys carry a position tie-break. */
+static void unstable_msort(char *a, char *tmp, size_t n, size_t sz,
+                           int (*cmp)(const void *, const void *))
+{
+    if (n < 2)
+        return;
+    const size_t h = n / 2;
+    unstable_msort(a, tmp, h, sz, cmp);
+    unstable_msort(a + h * sz, tmp, n - h, sz, cmp);
+    size_t i = 0, j = h, o = 0;
+    while (i < h || j < n) {
+        const int left = j >= n || (i < h && cmp(a + i * sz, a + j * sz) <= 0);
+        memcpy(tmp + o++ * sz, a + (left ? i++ : j++) * sz, sz);
+    }
+    memcpy(a, tmp, n * sz);
+}
+void qsort(void *base, size_t n, size_t sz, int (*cmp)(const void *, const void *))
+{
+    char *a = base, *tmp = n > 1 ? __libc_malloc(n * sz) : NULL;
+    if (n > 1 && !tmp)
+        abort();
+    for (size_t i = 0; i < n / 2; i++) /* reverse, a byte at a time */
+        for (size_t b = 0; b < sz; b++) {
+            const char t = a[i * sz + b];
+            a[i * sz + b] = a[(n - 1 - i) * sz + b];
+            a[(n - 1 - i) * sz + b] = t;
+        }
+    unstable_msort(a, tmp, n, sz, cmp);
+    free(tmp);
+}
+#endif
+
 static void run_case(const sa_shape *s, int m, int pattern, int tq, int with_counts, sa_rng *r)
 {
     size_t rows = sa_query_rows(s);
