@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sparseattn.h"
+#include "sa_internal_api.h" /* SA_INTERNAL_API; includes sparseattn.h */
 
 /* What a selector works on, filled by sel_begin after validation. */
 typedef struct sel_ctx {
@@ -87,7 +87,7 @@ static inline int sel_diag_of_tile(const sel_ctx *c, int t) { return c->keep_dia
 
 /* Validates index_heads against the shape (rules at sa_select_params.index_heads) and gives the
  * head counts of q_index and k_index: SA_OK or SA_ERR_ARG. index_heads 0 gives (Hq, Hkv). */
-int sel_index_heads(const sa_shape *s, int index_heads, int *qh, int *kh);
+SA_INTERNAL_API int sel_index_heads(const sa_shape *s, int index_heads, int *qh, int *kh);
 
 /* One row: forced blocks (diag >= 0, block 0 if sink), then the best of score[0..n) until k are
  * chosen (higher score first, NaN last, ties to the lower index); writes out[0..k) sorted by

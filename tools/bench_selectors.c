@@ -35,7 +35,8 @@
 
 #include "bench_selectors.h"
 #include "cli.h"
-#include "sel_cuda.h" /* SEL_CUDA_MAX_BLOCKS; the GPU functions with CUDA */
+#include "sel_cuda.h"     /* SEL_CUDA_MAX_BLOCKS; the GPU functions with CUDA */
+#include "sel_internal.h" /* sel_index_heads: the index-head rule the selectors apply */
 
 static const int bench_lens[] = SA_BENCH_SPARSE_LEN_KV;
 #define NLENS (int)(sizeof bench_lens / sizeof bench_lens[0])
@@ -148,8 +149,7 @@ typedef struct sel_flags {
 /* What the bench relies on about its sizes, judged after parsing and before any GPU work (in both
  * builds): every shape it runs passes sa_shape_check, len-kv gives the lists their BENCH_K blocks
  * and stays within the GPU selectors' top-k (SEL_CUDA_MAX_BLOCKS), and the index heads follow
- * sa_select_params.index_heads's rule (they divide heads_q, and divide or are a multiple of
- * heads_kv) as sa_index_generate and the nvfp4 scorers require. */
+ * the selectors' own rule (sel_index_heads). */
 static void check_sizes(const sel_flags *o)
 {
     for (int li = 0; li < (o->only_len ? 1 : NLENS); li++) {
@@ -169,11 +169,12 @@ static void check_sizes(const sel_flags *o)
                             s.len_kv, blocks, SA_TILE, BENCH_K, SEL_CUDA_MAX_BLOCKS,
                             BS_MIN_LEN_KV, BS_MAX_LEN_KV);
     }
-    const int hi = o->index_heads, hq = SA_BENCH_SPARSE_HQ, hkv = SA_BENCH_SPARSE_HKV;
-    if (hi && (hq % hi || (hkv % hi && hi % hkv)))
+    const sa_shape s = {1, SA_BENCH_SPARSE_HQ, SA_BENCH_SPARSE_HKV, 1, 1, SA_BENCH_SPARSE_D};
+    int qh, kh;
+    if (sel_index_heads(&s, o->index_heads, &qh, &kh))
         cli_usage_error("bench selectors: --index-heads %d must divide the %d query heads and "
                         "divide or be a multiple of the %d KV head%s (0: none)",
-                        hi, hq, hkv, hkv == 1 ? "" : "s");
+                        o->index_heads, s.heads_q, s.heads_kv, s.heads_kv == 1 ? "" : "s");
 }
 
 static void parse_flags(int argc, char **argv, sel_flags *o)
