@@ -40,6 +40,10 @@
 //   producer copies a block's mask beside its K stage with cp.async, which the stage's k-ready
 //   barrier waits for (version 7's producer waited for the load itself), and row-mask calls that
 //   need no step-4 mask at all get a fourth build, without the producer's MASK LAST passes.
+//   Version 9 is a programmatic dependent launch (sa_pdl.cuh): its CTAs may become resident while
+//   the kernel ahead on the stream (a GPU selector's top-k, which lets them in at its start)
+//   finishes, and every thread waits for that kernel (sa_pdl_wait) before any global access, so
+//   the launch's latency and the prologue hide behind the selector.
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -184,6 +188,7 @@
 #include "sa_cuda_internal.h"
 #include "sa_mbarrier.cuh"
 #include "sa_mma_sync.cuh"
+#include "sa_pdl.cuh"
 #include "sa_stage14.cuh"
 #include "sa_stage15.cuh"
 #include "sa_stage_entries.h"
@@ -660,6 +665,10 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         }
         sa_mbar_fence_init();
     }
+    // Version 9: the kernel ahead (it may have written the lists, Q, K or V, or still read O) has
+    // finished and its writes are visible. Every thread waits, the consumers too (they write O
+    // and read row masks), so no access depends on the ordering through the producer.
+    sa_pdl_wait();
     __syncthreads(); // the last CTA-wide barrier: after this the roles never meet again
 
     if (wg == 0) {
@@ -1075,8 +1084,8 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
         smem_set[variant] = 1;
     }
     const int grid = p.items < sms ? p.items : sms;
-    kernel<<<grid, NTHREADS, SMEM_BYTES, (cudaStream_t)a->stream>>>(maps.q, maps.k, maps.v, p);
-    SA_CUDA_TRY(cudaGetLastError());
+    SA_CUDA_TRY(sa_launch_pdl(kernel, 1, dim3(grid), dim3(NTHREADS), SMEM_BYTES,
+                              (cudaStream_t)a->stream, maps.q, maps.k, maps.v, p));
     // Synchronous convenience: no verdict given, so wait for ours and return its code.
     if (a->validate && !a->verdict)
         return sa_gpu_verdict_read(verdict, a->stream);

@@ -210,6 +210,34 @@ __host__ __device__ __forceinline__ SelRow sel_row_of(const SelRowRule &r, int x
     return o;
 }
 
+// One warp ranks row `row` of a top-k (the rule below, sel_row_of): key(i) gives block i's key
+// for the blocks that compete (i < the row's n); the forced blocks (diagonal, sink) become
+// SEL_KEY_FORCED; the chosen indices go to indices + row * rule.k in index order, -1 in the slots
+// past the row's count, and the count to counts[row] (counts may be NULL). rule.n <= 32 * ITEMS.
+// Introduced for topk_warp_rows; the fused r1/r4 kernel ranks with it too.
+template <int ITEMS, typename Key>
+__device__ __forceinline__ void sel_warp_rank(Key key, const SelRowRule &rule, size_t row,
+                                              int32_t *indices, int32_t *counts)
+{
+    const int lane = threadIdx.x % 32;
+    const SelRow rr = sel_row_of(rule, (int)(row % rule.per_bh)); // the same for the warp
+    uint32_t v[ITEMS];
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) {
+        const int i = lane * ITEMS + j;
+        v[j] = i < rr.n ? key(i) : 0u;
+        if (i < rr.n && (i == rr.diag || (rule.keep_sink && i == 0)))
+            v[j] = SEL_KEY_FORCED;
+    }
+    int32_t *out = indices + row * rule.k;
+    if (rr.k > 0) // a causal row that sees no key keeps nothing (uniform over the warp)
+        sel_warp_topk<ITEMS>(v, rr.n, rr.k, out);
+    for (int j = rr.k + lane; j < rule.k; j += 32)
+        out[j] = -1; // causal: the slots past the row's count
+    if (counts && lane == 0)
+        counts[row] = rr.k;
+}
+
 // The NVFP4 scorer (sel_nvfp4_score.cu): block-score rows of the nvfp4 selectors from the
 // dequantized BF16 index vectors qd (batch, qh, len_q, dim) and kd (batch, kh, len_kv, dim) and
 // the two tensor scales ts (device). Scored head h pairs with key head h * kh / qh and feeds list

@@ -98,6 +98,20 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t code)
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
 
+// x / b from y = RN(1 / b): q0 = RN(x y) is within an ulp of the quotient, the residual
+// x - b q0 is exact in one FMA, and RN(q0 + r y) is the correctly rounded quotient (Markstein's
+// theorem) while nothing underflows. Checked on the host against x / b for every finite BF16 x
+// and 2e6 denominators b in [kMarksteinMin, 2 kMarksteinMax): equal wherever 2^-4 <= |x / b| <= 64
+// (1.3e11 pairs); below 2^-4 a residual may underflow, but every such quotient rounds to E2M1's 0
+// either way, and above 64 none arises (|x / denom| stays below 12: see the scale's rounding).
+constexpr float kMarksteinMin = 0x1p-90f;
+constexpr float kMarksteinMax = 0x1p100f;
+__device__ __forceinline__ float markstein_div(float x, float b, float y)
+{
+    const float q0 = __fmul_rn(x, y);
+    return __fmaf_rn(__fmaf_rn(-b, q0, x), y, q0);
+}
+
 constexpr int kQuantThreads = 256;
 
 // Up to two tensors per launch (the scorer quantizes Q and K together: one launch fewer each
@@ -134,6 +148,36 @@ __device__ __forceinline__ void amax_fold(const uint4 v, float &m, int &nf)
     }
 }
 
+// Over the CTA (kQuantThreads threads, every one of which must call it): each m[i] becomes the
+// CTA's maximum of it and nf the OR of the flags, in every thread (shuffles within each warp,
+// then the warps' results through shared memory).
+template <int N> __device__ __forceinline__ void cta_max_or(float (&m)[N], int &nf)
+{
+    constexpr int kWarps = kQuantThreads / 32;
+    __shared__ float wm[N][kWarps];
+    __shared__ int wnf[kWarps];
+    for (int o = 16; o; o >>= 1) {
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+        nf |= __shfl_xor_sync(0xffffffffu, nf, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            wm[i][threadIdx.x / 32] = m[i];
+        wnf[threadIdx.x / 32] = nf;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; w++) {
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            m[i] = fmaxf(m[i], wm[i][w]);
+        nf |= wnf[w];
+    }
+}
+
 __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
 {
     // Launched as a dependent too: wait for the kernel ahead (it may have written x), then
@@ -164,23 +208,10 @@ __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
     }
     for (; i < n8; i += stride)
         amax_fold(__ldg(x8 + i), m, nf);
-    __shared__ float wm[kQuantThreads / 32];
-    __shared__ int wnf[kQuantThreads / 32];
-    for (int o = 16; o; o >>= 1) {
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        nf |= __shfl_xor_sync(0xffffffffu, nf, o);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        wm[threadIdx.x / 32] = m;
-        wnf[threadIdx.x / 32] = nf;
-    }
-    __syncthreads();
+    float mm[1] = {m};
+    cta_max_or(mm, nf);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < kQuantThreads / 32; w++) {
-            m = fmaxf(m, wm[w]);
-            nf |= wnf[w];
-        }
-        j.part[blockIdx.x] = m;
+        j.part[blockIdx.x] = mm[0];
         j.part_bad[blockIdx.x] = nf;
     }
 }
@@ -189,38 +220,20 @@ __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
 // CTA 0, the flag stored. After sa_pdl_wait(); every thread of the CTA must call it.
 __device__ __forceinline__ float2 reduce_parts(const QuantJob &j)
 {
-    __shared__ float wm[2][kQuantThreads / 32];
-    __shared__ int wnf[kQuantThreads / 32];
-    float m0 = 0.0f, m1 = 0.0f;
+    float m[2] = {0.0f, 0.0f};
     int nf = 0;
     for (int i = threadIdx.x; i < j.grid0 + j.grid1; i += kQuantThreads) {
         const float v = j.part[i];
         if (i < j.grid0)
-            m0 = fmaxf(m0, v);
+            m[0] = fmaxf(m[0], v);
         else
-            m1 = fmaxf(m1, v);
+            m[1] = fmaxf(m[1], v);
         nf |= j.part_bad[i];
     }
-    for (int o = 16; o; o >>= 1) {
-        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-        nf |= __shfl_xor_sync(0xffffffffu, nf, o);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        wm[0][threadIdx.x / 32] = m0;
-        wm[1][threadIdx.x / 32] = m1;
-        wnf[threadIdx.x / 32] = nf;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < kQuantThreads / 32; w++) {
-        m0 = fmaxf(m0, wm[0][w]);
-        m1 = fmaxf(m1, wm[1][w]);
-        nf |= wnf[w];
-    }
+    cta_max_or(m, nf);
     if (blockIdx.x == 0 && threadIdx.x == 0)
         *j.bad = nf;
-    return make_float2(m0, m1);
+    return make_float2(m[0], m[1]);
 }
 
 // One thread per block of 16, over tensor 0's blocks and then tensor 1's. values/scales may be
@@ -265,12 +278,20 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
         j.ts[which] = ts;
     const uint8_t sc = ts > 0.0f ? e4m3_from_f32(__fdiv_rn(__fdiv_rn(bamax, kE2M1Max), ts)) : 0;
     const float d = e4m3_to_f32(sc);
-    // Each element's E2M1 value with its sign (+0 for every element when d is 0), as a float.
+    // Each element's E2M1 value with its sign (+0 for every element when d is 0), as a float:
+    // e2m1_round of the quotient RN(x / denom) the CPU computes. In the denominators' common range
+    // it comes from one reciprocal per block and Markstein's correction (three operations per
+    // element, where __fdiv_rn takes about ten). The quotient's sign is x's (denom > 0).
     const float denom = __fmul_rn(d, ts);
+    if (denom != 0.0f && (denom < kMarksteinMin || denom > kMarksteinMax)) {
 #pragma unroll
-    for (int i = 0; i < kBlock; i++) {
-        const float x = __fdiv_rn(f[i], denom);
-        f[i] = d == 0.0f ? 0.0f : copysignf(e2m1_round(fabsf(x)), x);
+        for (int i = 0; i < kBlock; i++)
+            f[i] = copysignf(e2m1_round(fabsf(__fdiv_rn(f[i], denom))), f[i]);
+    } else {
+        const float y = __frcp_rn(denom);
+#pragma unroll
+        for (int i = 0; i < kBlock; i++)
+            f[i] = d == 0.0f ? 0.0f : copysignf(e2m1_round(fabsf(markstein_div(f[i], denom, y))), f[i]);
     }
     if (values) { // the codes, only for the quantizer API (the scorer needs deq alone)
         uint32_t packed[2] = {0, 0};

@@ -358,47 +358,28 @@ __global__ void __launch_bounds__(kScoreThreads, 2)
         __syncthreads();
     }
     if constexpr (ITEMS > 0) {
-        uint32_t v[ITEMS > 0 ? ITEMS : 1];
         if (gridDim.y == 1) {
-            // The whole row is ours: rank it from shared memory.
-            if (warp != 0)
-                return;
-#pragma unroll
-            for (int j = 0; j < ITEMS; j++) {
-                const int i = lane * ITEMS + j;
-                v[j] = i < rr.n ? sel_score_key(best[i]) : 0u; // rr.n <= kv_blocks <= kNB
-                if (i < rr.n && (i == rr.diag || (a.rule.keep_sink && i == 0)))
-                    v[j] = SEL_KEY_FORCED;
-            }
-        } else {
-            // The CTA that scores the row's last chunk ranks the row.
-            if (tid < kNB && blk0 + tid < a.kv_blocks) {
-                keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
-                __threadfence(); // published before this chunk counts as done
-            }
-            __syncthreads();
-            if (tid == 0)
-                last = atomicAdd(&a.row_done[row], 1u) == gridDim.y - 1;
-            __syncthreads();
-            if (!last || warp != 0)
-                return;
-            __threadfence(); // the other chunks' keys, published before their count
-            const uint32_t *src = keys + (size_t)row * a.kv_blocks;
-#pragma unroll
-            for (int j = 0; j < ITEMS; j++) {
-                const int i = lane * ITEMS + j;
-                v[j] = i < rr.n ? __ldcg(&src[i]) : 0u;
-                if (i < rr.n && (i == rr.diag || (a.rule.keep_sink && i == 0)))
-                    v[j] = SEL_KEY_FORCED;
-            }
+            // The whole row is ours: rank it from shared memory (rr.n <= kv_blocks <= kNB).
+            if (warp == 0)
+                sel_warp_rank<ITEMS>([&](int i) { return sel_score_key(best[i]); }, a.rule, row,
+                                     a.indices, a.counts);
+            return;
         }
-        int32_t *out = a.indices + (size_t)row * a.rule.k;
-        if (rr.k > 0) // a causal row that sees no key keeps nothing (uniform over the warp)
-            sel_warp_topk<ITEMS>(v, rr.n, rr.k, out);
-        for (int j = rr.k + lane; j < a.rule.k; j += 32)
-            out[j] = -1; // causal: the slots past the row's count
-        if (a.counts && lane == 0)
-            a.counts[row] = rr.k;
+        // The CTA that scores the row's last chunk ranks the row.
+        if (tid < kNB && blk0 + tid < a.kv_blocks) {
+            keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
+            __threadfence(); // published before this chunk counts as done
+        }
+        __syncthreads();
+        if (tid == 0)
+            last = atomicAdd(&a.row_done[row], 1u) == gridDim.y - 1;
+        __syncthreads();
+        if (!last || warp != 0)
+            return;
+        __threadfence(); // the other chunks' keys, published before their count
+        const uint32_t *src = keys + (size_t)row * a.kv_blocks;
+        sel_warp_rank<ITEMS>([&](int i) { return __ldcg(&src[i]); }, a.rule, row, a.indices,
+                             a.counts);
     } else if (tid < kNB && blk0 + tid < a.kv_blocks) {
         keys[(size_t)row * a.kv_blocks + blk0 + tid] = sel_score_key(best[tid]);
     }

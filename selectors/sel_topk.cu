@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(kThreads)
 {
     extern __shared__ uint32_t sk[];
     __shared__ int red[kWarps];
-    sa_pdl_wait(); // the keys come from the previous launch
+    sa_pdl_trigger(); // see topk_warp_rows
+    sa_pdl_wait();    // the keys come from the previous launch
     fold_flag(bad, verdict);
     const size_t row = blockIdx.x;
     const uint32_t *src = keys + row * rule.n;
@@ -135,29 +136,17 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
                    int32_t *__restrict__ indices, int32_t *__restrict__ counts, const int *bad,
                    int *verdict)
 {
+    // A dependent launch behind the lists (stage 17's, which waits for this kernel to finish
+    // before any access) may take the SMs this small grid leaves idle, so its launch and
+    // prologue overlap the selection.
+    sa_pdl_trigger();
     sa_pdl_wait(); // the keys come from the previous launch
     fold_flag(bad, verdict);
     const size_t row = (size_t)blockIdx.x * kWarpRowsPerCta + threadIdx.x / 32;
     if (row >= (size_t)rows) // whole warps leave together
         return;
-    const int lane = threadIdx.x % 32;
     const uint32_t *src = keys + row * rule.n;
-    const SelRow rr = sel_row_of(rule, (int)(row % rule.per_bh)); // the same for the warp
-    int32_t *out = indices + row * rule.k;
-    uint32_t v[ITEMS];
-#pragma unroll
-    for (int j = 0; j < ITEMS; j++) {
-        const int i = lane * ITEMS + j;
-        v[j] = i < rr.n ? src[i] : 0u;
-        if (i < rr.n && (i == rr.diag || (rule.keep_sink && i == 0)))
-            v[j] = SEL_KEY_FORCED;
-    }
-    if (rr.k > 0) // uniform over the warp
-        sel_warp_topk<ITEMS>(v, rr.n, rr.k, out);
-    for (int j = rr.k + lane; j < rule.k; j += 32)
-        out[j] = -1; // causal: the slots past the row's count
-    if (counts && lane == 0)
-        counts[row] = rr.k;
+    sel_warp_rank<ITEMS>([&](int i) { return src[i]; }, rule, row, indices, counts);
 }
 
 } // namespace

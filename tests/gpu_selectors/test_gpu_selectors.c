@@ -385,6 +385,9 @@ static const sel_case cases[] = {
     {{2, 8, 2, 300, 1000, 64}, 4, 0, 0, 64, -1, 0, 0, 2},
     {{1, 8, 4, 256, 900, 64}, 3, 0, 1, 128, -1, 0, 0, 2},
     {{1, 8, 2, 200, 700, 64}, 3, 0, 0, 48, -1, 0, 0, 4},
+    /* 1025 blocks: past the warp-per-row top-k's reach (kSelWarpTopkMax), so the nvfp4 tile
+     * lists take the top-k kernel with one CTA per row */
+    {{1, 1, 1, 256, 131200, 64}, 20, 0, 0, 0, -1, 0, 0, 0},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -582,6 +585,18 @@ START_TEST(test_quantizer_bits)
         }
     }
     quant_same(x, n);
+    /* The same blocks scaled by 2^-96 and 2^+112 (exact in BF16 but for values pushed into its
+     * subnormals): block denominators below and above the range of the kernel's reciprocal
+     * division, so the exact division's branch runs on both sides of it. */
+    uint16_t *y = malloc(n * 2);
+    ck_assert(y);
+    const int shifts[2] = {-96, 112};
+    for (int t = 0; t < 2; t++) {
+        for (size_t i = 0; i < n; i++)
+            y[i] = sa_bf16_from_f32(ldexpf(sa_bf16_to_f32(x[i]), shifts[t]));
+        quant_same(y, n);
+    }
+    free(y);
     /* One outlier: every other block's scale lands deep in E4M3's subnormals or at 0. */
     x[n / 2] = sa_bf16_from_f32(60000.0f);
     quant_same(x, n);

@@ -227,6 +227,47 @@ START_TEST(test_quantize_errors)
 }
 END_TEST
 
+/* The GPU quantizer (selectors/sel_nvfp4.cu, markstein_div) divides by a block's denominator
+ * with one reciprocal y = RN(1 / b) and three operations per element: q0 = RN(x y), then
+ * RN(q0 + RN(x - b q0) y) with both steps fused multiply-adds. It relies on this equalling the
+ * correctly rounded x / b for every finite BF16 x whenever b lies in [2^-90, 2^101) and
+ * 2^-4 <= |x / b| <= 64 (smaller quotients all round to E2M1's 0 either way). The same sequence
+ * in host FP32 (IEEE, so the device's results) on fresh random denominators. */
+START_TEST(test_markstein_division)
+{
+    const int n_den = 512; /* 3.4e7 pairs, each run new ones */
+    sa_rng r;
+    const uint64_t seed = sa_test_seed() ^ 0x4d4b53;
+    sa_rng_seed(&r, seed);
+    long checked = 0;
+    for (int t = 0; t < n_den; t++) {
+        /* exponents 2^-90 .. 2^100, a third of them near 1 (the common case), some with short
+         * mantissas (like a scale times an E4M3 value) */
+        const int e = t % 3 == 0 ? (int)sa_rng_below(&r, 20) - 7 : (int)sa_rng_below(&r, 191) - 90;
+        uint32_t m = (uint32_t)sa_rng_below(&r, 1u << 23);
+        if (t % 4 == 0)
+            m &= 0x7F0000u;
+        const float b = ldexpf(1.0f + (float)m * 0x1p-23f, e);
+        const float y = 1.0f / b;
+        for (uint32_t h = 0; h < 65536; h++) {
+            const float x = sa_bf16_to_f32((uint16_t)h);
+            if (!isfinite(x))
+                continue;
+            const float q = x / b;
+            if (!(fabsf(q) >= 0x1p-4f && fabsf(q) <= 64.0f))
+                continue;
+            const float q0 = x * y;
+            const float qm = fmaf(fmaf(-b, q0, x), y, q0);
+            if (memcmp(&q, &qm, sizeof q) != 0)
+                ck_abort_msg("x %a / b %a: %a, Markstein %a (seed %llu)", x, b, q, qm,
+                             (unsigned long long)seed);
+            checked++;
+        }
+    }
+    ck_assert_int_gt(checked, (long)n_den * 1000); /* the range above is not empty */
+}
+END_TEST
+
 TCase *tc_nvfp4(void)
 {
     TCase *tc = tcase_create("nvfp4");
@@ -236,5 +277,6 @@ TCase *tc_nvfp4(void)
     tcase_add_test(tc, test_quantize_cases);
     tcase_add_test(tc, test_quantize_random);
     tcase_add_test(tc, test_quantize_errors);
+    tcase_add_test(tc, test_markstein_division);
     return tc;
 }
