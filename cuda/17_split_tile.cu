@@ -208,7 +208,12 @@
 #define SA_STAGE17_Q_BUFFERS 1
 #endif
 // 1: step 5's PV wait stands in each arm of the rescale branch (pv_wait); 0: one wait after the
-// softmax, which ptxas hoists above it (the first version of this stage). A/B variant.
+// softmax, which ptxas hoists above it (the first version of this stage); 2: in each arm of a
+// branch on a value every thread holds and ptxas cannot see. A/B variant. Version 2's arms (1)
+// break wgmma.wait_group's .aligned rule whenever the warps of a warpgroup disagree on the
+// rescale (its condition is only warp-uniform): compute-sanitizer's synccheck reports
+// "Mismatching warpgroup instruction pc between warps" and stops the kernel. 2 keeps every
+// warp at one wait (synccheck clean) but measured 3-4% slower (docs/stage17.md, "Known issues").
 #ifndef SA_STAGE17_ARM_WAIT
 #define SA_STAGE17_ARM_WAIT 1
 #endif
@@ -923,7 +928,15 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 warp_arrive(&sm.q_free[qb], lane);
             const bool moved = softmax_in_place<ROWS>(sc, row_max, row_sum, factor, rows);
             // ---- step 5: the wait for the PV stands in each arm of the branch (pv_wait)
-            if (!SA_STAGE17_ARM_WAIT) {
+            if (SA_STAGE17_ARM_WAIT == 2) {
+                int arm = 1; // 1 in every thread; opaque, so both arms stay
+                asm volatile("" : "+r"(arm));
+                if (arm)
+                    pv_wait<1>();
+                else
+                    pv_wait<2>();
+                rescale_and_pack(moved, factor, o, sc, pa);
+            } else if (!SA_STAGE17_ARM_WAIT) {
                 sa_wgmma_wait<0>();
                 rescale_and_pack(moved, factor, o, sc, pa);
             } else if (moved) {
