@@ -47,22 +47,38 @@ static const sa_attn_opts causal_on = {.allow_empty_rows = 1, .validate = 1, .ca
 static const sa_attn_opts causal_future = {
     .allow_empty_rows = 1, .validate = 1, .causal = 1, .allow_future_blocks = 1};
 
-/* The public geometry helpers agree with the definition. */
-START_TEST(test_geometry)
+/* The public geometry helpers agree with the definition (naive.h: query i sees key j iff
+ * j <= i + len_kv - len_q; a tile sees the blocks its last valid query sees), indices just
+ * outside the valid range included. */
+static void check_geometry(const sa_shape *s)
 {
-    const sa_shape *s = &shapes[_i];
     for (int i = -1; i <= s->len_q; i++) {
         long long want = i < 0 || i >= s->len_q ? -1 : nv_last_key(s, i);
         if (want < 0)
             want = -1;
         int got = sa_causal_last_key(s, i);
-        ck_assert_msg((got < 0 ? -1 : got) == want, "last key of query %d: %d", i, got);
+        ck_assert_msg((got < 0 ? -1 : got) == want,
+                      "len_q %d len_kv %d: last key of query %d: %d (seed %" PRIu64 ")", s->len_q,
+                      s->len_kv, i, got, sa_test_seed());
         int vb = i < 0 || i >= s->len_q ? 0 : nv_visible_blocks(nv_last_key(s, i));
-        ck_assert_int_eq(sa_causal_query_blocks(s, i), vb);
+        got = sa_causal_query_blocks(s, i);
+        ck_assert_msg(got == vb,
+                      "len_q %d len_kv %d: query %d sees %d blocks, want %d (seed %" PRIu64 ")",
+                      s->len_q, s->len_kv, i, got, vb, sa_test_seed());
     }
-    for (int t = -1; t <= sa_q_tiles(s); t++)
-        ck_assert_int_eq(sa_causal_tile_blocks(s, t),
-                         t < 0 || t >= sa_q_tiles(s) ? 0 : nv_tile_visible(s, t));
+    for (int t = -1; t <= sa_q_tiles(s); t++) {
+        const int want = t < 0 || t >= sa_q_tiles(s) ? 0 : nv_tile_visible(s, t);
+        const int got = sa_causal_tile_blocks(s, t);
+        ck_assert_msg(got == want,
+                      "len_q %d len_kv %d: tile %d sees %d blocks, want %d (seed %" PRIu64 ")",
+                      s->len_q, s->len_kv, t, got, want, sa_test_seed());
+    }
+}
+
+START_TEST(test_geometry)
+{
+    const sa_shape *s = &shapes[_i];
+    check_geometry(s);
     sa_shape bad = *s;
     bad.heads_q = 3 * s->heads_kv + (s->heads_kv > 1);
     bad.len_kv = 0;
@@ -72,39 +88,9 @@ START_TEST(test_geometry)
 }
 END_TEST
 
-/* sa_causal_query_blocks / sa_causal_tile_blocks against a recomputation from the definition
- * (query i sees key j iff j <= i + len_kv - len_q; a tile sees the blocks holding any key its
- * last valid query sees), on fixed shapes with len_kv - len_q = 1 and 127 (mod 128) and several
- * full tiles (the last row of a full tile is then the only one to reach the next block), and
- * on shapes drawn from the seed, half of them with such an offset. */
-static void check_geometry(const sa_shape *s)
-{
-    const int nb = sa_kv_blocks(s), tiles = sa_q_tiles(s);
-    for (int i = 0; i < s->len_q; i++) {
-        int want = 0; /* blocks holding a key that query i sees */
-        for (int b = 0; b < nb; b++)
-            want += (long long)b * 128 <= (long long)i + s->len_kv - s->len_q;
-        int got = sa_causal_query_blocks(s, i);
-        ck_assert_msg(got == want,
-                      "len_q %d len_kv %d: query %d sees %d blocks, want %d (seed %" PRIu64 ")",
-                      s->len_q, s->len_kv, i, got, want, sa_test_seed());
-    }
-    for (int t = 0; t < tiles; t++) {
-        int last = t * 128 + 127 < s->len_q ? t * 128 + 127 : s->len_q - 1;
-        int want = 0;
-        for (int b = 0; b < nb; b++) { /* any key of block b seen by any query of tile t */
-            int seen = 0;
-            for (int i = t * 128; i <= last && !seen; i++)
-                seen = (long long)b * 128 <= (long long)i + s->len_kv - s->len_q;
-            want += seen;
-        }
-        int got = sa_causal_tile_blocks(s, t);
-        ck_assert_msg(got == want,
-                      "len_q %d len_kv %d: tile %d sees %d blocks, want %d (seed %" PRIu64 ")",
-                      s->len_q, s->len_kv, t, got, want, sa_test_seed());
-    }
-}
-
+/* The same on fixed shapes with len_kv - len_q = 1 and 127 (mod 128) and several full tiles (the
+ * last row of a full tile is then the only one to reach the next block), and on shapes drawn
+ * from the seed, half of them with such an offset. */
 START_TEST(test_geometry_offsets)
 {
     static const int fixed[][2] = {
