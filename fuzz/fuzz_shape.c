@@ -16,7 +16,7 @@ static int index_shape_code(const sa_shape *s, int list_heads)
     return fuzz_expected_shape_code(&st);
 }
 
-/* The index's int32 limits on that shape (kvcentric/kv_index_ref.c, kv_index_limits), its
+/* The index's int32 limits on that shape (kvcentric/kv_limits.c, kv_index_limits), its
  * group being 1 (128 queries a task): entries, tasks and their sum, buckets, an int per
  * (bucket, stand-in Q tile), and max_blocks below SA_KV_MAX_BLOCKS. */
 static int index_limits_ok(const sa_shape *s, int list_heads, int max_blocks)
