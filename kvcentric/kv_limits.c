@@ -27,10 +27,11 @@ int kv_index_limits(const sa_shape *s, const sa_query_lists *l)
     if (s->head_dim != KV_D || tq == 0)
         return SA_ERR_UNSUPPORTED;
     const size_t entries = sa_kv_max_entries(s, l), tasks = sa_kv_max_tasks(s, l, tq);
-    const int64_t per_tile = sa_sz_mul((int64_t)sa_kv_buckets(s), sa_q_tiles(s));
+    const size_t buckets = sa_kv_buckets(s);
+    const int64_t per_tile = sa_sz_mul((int64_t)buckets, sa_q_tiles(s));
     if (entries >= INT32_MAX || tasks >= INT32_MAX ||
         !sa_sz_within(sa_sz_add((int64_t)entries, (int64_t)tasks), INT32_MAX - 1) ||
-        sa_kv_buckets(s) >= INT32_MAX - 1 || l->max_blocks >= SA_KV_MAX_BLOCKS ||
+        buckets >= INT32_MAX - 1 || l->max_blocks >= SA_KV_MAX_BLOCKS ||
         !sa_sz_within(per_tile, INT32_MAX - 1))
         return SA_ERR_UNSUPPORTED;
     return SA_OK;
