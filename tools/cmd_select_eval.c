@@ -39,6 +39,7 @@ typedef struct eval_cfg {
     index_choice choice[MAX_CHOICES];
     int choices;     /* 0: no --index (the table as before) */
     int index_heads; /* of the qk / proj choices; 0 until parsed: heads_kv */
+    int name_width;  /* the selector column: cli_selector_width, set once the flags are parsed */
 } eval_cfg;
 
 static void usage(FILE *f)
@@ -276,7 +277,7 @@ static void print_row(const eval_cfg *c, const char *wl, double strength, const 
             snprintf(e, sizeof e, "%.4f", oerr);
         else
             snprintf(e, sizeof e, "n/a");
-        printf("%-10s %-*s", wl, cli_selector_width(12), sel);
+        printf("%-10s %-*s", wl, c->name_width, sel);
         if (c->choices)
             printf(" %-9s", ix ? ix->label : "-");
         printf(" %11.4f %9.4f %11s %8.3f %10.2f", rmean, rp5, e, overlap, ms);
@@ -303,6 +304,7 @@ int cmd_select_eval(int argc, char **argv)
     eval_cfg c = {.s = {1, 4, 1, 4096, 4096, 128}, .topk = 8, .seed = 1, .strength = -1,
                   .device = "cpu"};
     parse(argc, argv, &c);
+    c.name_width = cli_selector_width(12);
     const int cuda = !strcmp(c.device, "cuda");
 #ifndef SA_HAVE_CUDA
     if (cuda) {
@@ -398,7 +400,7 @@ int cmd_select_eval(int argc, char **argv)
                (unsigned long long)c.seed, c.keep_sink ? ", keep_sink" : "",
                c.keep_diagonal ? ", keep_diagonal" : "", c.keep_local ? ", keep_local" : "",
                extra, c.causal ? ", causal (rows hold up to topk visible blocks)" : "");
-        printf("%-10s %-*s%s %11s %9s %11s %8s %10s%s\n", "workload", cli_selector_width(12),
+        printf("%-10s %-*s%s %11s %9s %11s %8s %10s%s\n", "workload", c.name_width,
                "selector",
                c.choices ? " index    " : "", "recall_mean", "recall_p5", "out_rel_err",
                "overlap", "select_ms", cuda ? "  dev cpu_match" : "");
