@@ -33,18 +33,6 @@ typedef struct bench_flags {
     uint64_t seed;
 } bench_flags;
 
-static inline double bench_double_arg(int argc, char **argv, int *i, double min, double max)
-{
-    const char *flag = argv[*i];
-    const char *s = cli_str_arg(argc, argv, i);
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= min && v <= max))
-        cli_usage_error("%s: '%s' is not a number in [%g, %g]", flag, s, min, max);
-    return v;
-}
-
 /* Parses the flags both benchmarks take; `sparse` enables --no-validate. Exits on --help. */
 static inline void bench_parse(int argc, char **argv, const char *name, int sparse,
                                void (*usage)(FILE *), bench_flags *f)
@@ -68,7 +56,7 @@ static inline void bench_parse(int argc, char **argv, const char *name, int spar
         else if (!strcmp(a, "--warmup"))
             f->warmup = (int)cli_int_arg(argc, argv, &i, 0, 100000);
         else if (!strcmp(a, "--gemm-tflops"))
-            f->gemm_tflops = bench_double_arg(argc, argv, &i, 1.0, 1e5);
+            f->gemm_tflops = cli_double_arg(argc, argv, &i, 1.0, 1e5);
         else if (!strcmp(a, "--seed"))
             f->seed = cli_u64_arg(argc, argv, &i);
         else if (!strcmp(a, "--json"))

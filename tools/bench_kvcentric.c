@@ -46,7 +46,7 @@ static void parse(int argc, char **argv, bench_flags *f)
         else if (!strcmp(a, "--warmup"))
             f->warmup = (int)cli_int_arg(argc, argv, &i, 0, 100000);
         else if (!strcmp(a, "--gemm-tflops"))
-            f->gemm_tflops = bench_double_arg(argc, argv, &i, 1.0, 1e5);
+            f->gemm_tflops = cli_double_arg(argc, argv, &i, 1.0, 1e5);
         else if (!strcmp(a, "--seed"))
             f->seed = cli_u64_arg(argc, argv, &i);
         else if (!strcmp(a, "--json"))

@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -61,6 +62,20 @@ uint64_t cli_u64_arg(int argc, char **argv, int *i)
     if (errno || end == s || *end)
         cli_usage_error("%s: '%s' is not an unsigned integer", flag, s);
     return (uint64_t)v;
+}
+
+double cli_double_arg(int argc, char **argv, int *i, double min, double max)
+{
+    const char *flag = argv[*i];
+    const char *s = value_of(argc, argv, i);
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        cli_usage_error("%s: '%s' is not a finite number", flag, s);
+    if (v < min || v > max)
+        cli_usage_error("%s: %g is outside [%g, %g]", flag, v, min, max);
+    return v;
 }
 
 const char *cli_str_arg(int argc, char **argv, int *i) { return value_of(argc, argv, i); }

@@ -17,6 +17,8 @@ void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), 
 /* Parse argv[*i + 1] as the value of flag argv[*i]; advances *i. Errors exit with code 2. */
 long cli_int_arg(int argc, char **argv, int *i, long min, long max);
 uint64_t cli_u64_arg(int argc, char **argv, int *i);
+/* A finite number in [min, max] (max may be INFINITY), else a usage error naming the flag. */
+double cli_double_arg(int argc, char **argv, int *i, double min, double max);
 const char *cli_str_arg(int argc, char **argv, int *i);
 
 /* The entries of a comma-separated list, the value of flag `flag` ("16384,32768"): each, in

@@ -87,16 +87,6 @@ static void run_usage(FILE *f)
     fputc('\n', f);
 }
 
-static double double_arg(int argc, char **argv, int *i)
-{
-    const char *flag = argv[*i], *v = cli_str_arg(argc, argv, i);
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x) || x < 0)
-        cli_usage_error("run: %s: '%s' is not a number >= 0", flag, v);
-    return x;
-}
-
 /* --device auto: the GPU when one is present and can read the selector's lists. */
 static void resolve_device(run_cfg *c)
 {
@@ -150,7 +140,7 @@ static void parse(int argc, char **argv, run_cfg *c)
         else if (!strcmp(a, "--workload"))
             c->workload = cli_str_arg(argc, argv, &i);
         else if (!strcmp(a, "--strength"))
-            c->strength = double_arg(argc, argv, &i);
+            c->strength = cli_double_arg(argc, argv, &i, 0.0, INFINITY);
         else if (!strcmp(a, "--stage"))
             c->stage = (int)cli_int_arg(argc, argv, &i, CLI_STAGE_ID_MIN, CLI_STAGE_ID_MAX);
         else if (!strcmp(a, "--device"))

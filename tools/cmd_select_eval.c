@@ -86,16 +86,6 @@ static void usage(FILE *f)
     fprintf(f, "\n");
 }
 
-static double double_arg(int argc, char **argv, int *i)
-{
-    const char *flag = argv[*i], *v = cli_str_arg(argc, argv, i);
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x) || x < 0)
-        cli_usage_error("select-eval: %s: '%s' is not a number >= 0", flag, v);
-    return x;
-}
-
 /* One entry of --index, split by cli_list: own, qk or proj:D ("all" stands alone). */
 static void one_choice(const char *flag, const char *t, void *ctx)
 {
@@ -146,7 +136,7 @@ static void parse(int argc, char **argv, eval_cfg *c)
         else if (!strcmp(a, "--seed"))
             c->seed = cli_u64_arg(argc, argv, &i);
         else if (!strcmp(a, "--strength"))
-            c->strength = double_arg(argc, argv, &i);
+            c->strength = cli_double_arg(argc, argv, &i, 0.0, INFINITY);
         else if (!strcmp(a, "--workload"))
             c->workload = cli_str_arg(argc, argv, &i);
         else if (!strcmp(a, "--selector"))

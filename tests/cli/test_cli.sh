@@ -52,6 +52,10 @@ expect 2 "unknown workload" "$cli" run --workload nope
 expect 2 "bad device" "$cli" run --device tpu
 expect 2 "negative strength" "$cli" run --strength -1
 expect 2 "non-numeric strength" "$cli" run --strength strong
+expect 2 "infinite strength" "$cli" run --strength inf
+expect 2 "select-eval NaN strength" "$cli" select-eval --strength nan
+expect 2 "bench GEMM rate below its range" "$cli" bench sparse --gemm-tflops 0.5
+expect 2 "bench kvcentric GEMM rate not a number" "$cli" bench kvcentric --gemm-tflops fast
 expect 2 "unknown benchmark" "$cli" bench nope
 expect 2 "bench reference bad flag" "$cli" bench reference --nope
 expect 2 "bench longctx bad flag" "$cli" bench longctx --nope
