@@ -69,7 +69,7 @@ static const abi_field table[] = {
     S(sa_selector),
     F(sa_selector, name), F(sa_selector, description), F(sa_selector, per_query),
     F(sa_selector, cpu), F(sa_selector, cuda), F(sa_selector, head_lists),
-    F(sa_selector, cuda_head_lists),
+    F(sa_selector, cuda_head_lists), F(sa_selector, ignores_index),
 
     S(sa_nvfp4),
     F(sa_nvfp4, values), F(sa_nvfp4, scales), F(sa_nvfp4, tensor_scale), F(sa_nvfp4, n),

@@ -108,6 +108,10 @@ typedef struct sa_selector {
                         * whose .cuda is set (NULL in a build without CUDA) */
     unsigned head_lists;      /* SA_HEAD_LISTS_BIT(mode) for each head_lists mode .cpu takes */
     unsigned cuda_head_lists; /* the same for .cuda (0 where .cuda is NULL) */
+    int ignores_index; /* 1: never scores sa_select_params' index vectors (it still validates
+                        * them): the oracle scores the attention's Q/K, random reads nothing.
+                        * 0, the default of a new entry: scores q_index/k_index when given.
+                        * select-eval --index runs its index choices only where this is 0. */
 } sa_selector;
 
 SA_API int sa_selector_count(void);

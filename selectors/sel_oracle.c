@@ -73,4 +73,5 @@ const sa_selector sa_selector_oracle = {
     .cpu = oracle_cpu,
     .cuda = NULL,
     .head_lists = SEL_MODES_MASS,
+    .ignores_index = 1,
 };

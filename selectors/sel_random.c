@@ -49,4 +49,5 @@ const sa_selector sa_selector_random = {
     .cpu = random_cpu,
     .cuda = NULL,
     .head_lists = SEL_MODES_HEADS,
+    .ignores_index = 1,
 };

@@ -278,12 +278,8 @@ static void print_row(const eval_cfg *c, const char *wl, double strength, const 
     fflush(stdout);
 }
 
-/* Whether a selector reads the index vectors in sa_select_params: every one but the oracle
- * (always the attention's Q/K) and random (reads nothing); docs/selectors.md, the table. */
-static int reads_index(const sa_selector *sel)
-{
-    return strcmp(sel->name, "oracle") && strcmp(sel->name, "random");
-}
+/* Whether a selector scores the index vectors in sa_select_params (the registry says). */
+static int reads_index(const sa_selector *sel) { return !sel->ignores_index; }
 
 int cmd_select_eval(int argc, char **argv)
 {

@@ -121,7 +121,7 @@ SELECT_FN = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(SaShape), c_void_p, c_void_p,
 class SaSelector(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("description", c_char_p), ("per_query", c_int),
                 ("cpu", SELECT_FN), ("cuda", SELECT_FN), ("head_lists", c_uint),
-                ("cuda_head_lists", c_uint)]
+                ("cuda_head_lists", c_uint), ("ignores_index", c_int)]
 
 
 class SaWorkload(ctypes.Structure):

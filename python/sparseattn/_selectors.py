@@ -15,11 +15,13 @@ from ._tensors import (attn_shape, check_layout, check_shape, common_kind, cuda_
                        host_bf16, host_ints_result, kv_blocks, ptr, torch_mod)
 
 Selector = collections.namedtuple(
-    "Selector", "name description per_query has_cuda head_lists cuda_head_lists")
+    "Selector",
+    "name description per_query has_cuda head_lists cuda_head_lists ignores_index")
 Selector.__doc__ = """A registered selector. per_query: writes per-query lists (B, Hkv, Sq, k)
 instead of tile lists (B, Hkv, q_tiles, k); has_cuda: has a GPU function; head_lists: the
 select(head_lists=...) modes its CPU function takes, a tuple of names from HEAD_LISTS;
-cuda_head_lists: those its GPU function takes (() without one)."""
+cuda_head_lists: those its GPU function takes (() without one); ignores_index: True when it
+never scores q_index/k_index (the oracle scores q/k, random reads nothing)."""
 
 # select(head_lists=...): the names of SA_HEAD_LISTS_GROUP, _PER_HEAD, _POOLED, by mode value.
 HEAD_LISTS = ("group", "per_head", "pooled")
@@ -50,7 +52,7 @@ def selectors():
             c = p.contents
             out.append(Selector(c.name.decode(), c.description.decode(), bool(c.per_query),
                                 bool(c.cuda), _mode_names(c.head_lists),
-                                _mode_names(c.cuda_head_lists)))
+                                _mode_names(c.cuda_head_lists), bool(c.ignores_index)))
     return out
 
 

@@ -17,6 +17,7 @@ def test_registry_lists():
     assert len(names) == len(set(names)) and {"r1", "random", "oracle"} <= set(names)
     for s in sa.selectors():
         assert s.description and isinstance(s.per_query, bool) and isinstance(s.has_cuda, bool)
+        assert isinstance(s.ignores_index, bool)
     wl = {w.name: w for w in sa.workloads()}
     assert {"gaussian", "local"} <= set(wl)
 
@@ -179,6 +180,20 @@ def test_errors(local):
     with pytest.raises(sa.SparseAttnError) as e:  # len_q != len_kv
         sa.select("r1", q, k, 2, keep_diagonal=True)
     assert e.value.code == -11 and e.value.function == "sa_select_cpu('r1')"
+
+
+def test_ignores_index(local, rng):
+    """Selector.ignores_index as the C registry has it: index vectors unrelated to q/k leave the
+    lists of a selector that ignores them and change those of one that scores them."""
+    q, k, _ = local
+    qi = sa.bf16_round(rng.standard_normal(q.shape[:3] + (32,)).astype(np.float32))
+    ki = sa.bf16_round(rng.standard_normal(k.shape[:3] + (32,)).astype(np.float32))
+    assert any(s.ignores_index for s in sa.selectors())
+    assert not all(s.ignores_index for s in sa.selectors())
+    for sel in sa.selectors():
+        a, _ = sa.select(sel.name, q, k, 2, seed=5)
+        b, _ = sa.select(sel.name, q, k, 2, seed=5, q_index=qi, k_index=ki)
+        assert np.array_equal(a, b) == sel.ignores_index, sel.name
 
 
 @pytest.mark.parametrize("sq,skv", [(256, 1024), (512, 512)], ids=str)

@@ -12,11 +12,8 @@
 
 #define SEED (unsigned long long)sa_test_seed()
 
-/* The selectors that score index vectors (the oracle scores Q/K, random reads nothing). */
-static int reads_index(const sa_selector *sel)
-{
-    return strcmp(sel->name, "oracle") && strcmp(sel->name, "random");
-}
+/* The selectors that score index vectors, as the registry says (test_ignores_index checks it). */
+static int reads_index(const sa_selector *sel) { return !sel->ignores_index; }
 
 static size_t rows_of(const sa_selector *sel, const sa_shape *s)
 {
@@ -383,6 +380,40 @@ START_TEST(test_own_qk_reproduces)
 }
 END_TEST
 
+/* The registry's ignores_index is true to each selector: given index vectors unrelated to Q/K
+ * (fresh random values), a selector that ignores them returns the lists it returns without
+ * them, and one that scores them returns other lists (16 blocks, k 4, 8 tiles or 512 queries:
+ * equal lists by chance are out of reach). */
+START_TEST(test_ignores_index)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() + 9);
+    const sa_shape s = {1, 4, 2, 512, 2048, 64};
+    uint16_t *q = bf_random_bf16(&r, sa_q_elems(&s), 1.0f);
+    uint16_t *k = bf_random_bf16(&r, sa_kv_elems(&s), 1.0f);
+    const int dim = 32;
+    uint16_t *qi = bf_random_bf16(&r, (size_t)s.batch * s.heads_q * s.len_q * dim, 1.0f);
+    uint16_t *ki = bf_random_bf16(&r, (size_t)s.batch * s.heads_kv * s.len_kv * dim, 1.0f);
+    for (int i = 0; i < sa_selector_count(); i++) {
+        const sa_selector *sel = sa_selector_at(i);
+        sa_select_params p;
+        sa_select_params_default(&p);
+        p.k = 4;
+        p.seed = sa_rng_u64(&r);
+        int32_t *c0, *c1;
+        int32_t *a = run(sel, &s, q, k, &p, &c0);
+        p.q_index = qi, p.k_index = ki, p.index_dim = dim;
+        int32_t *b = run(sel, &s, q, k, &p, &c1);
+        const int same = !memcmp(a, b, rows_of(sel, &s) * p.k * sizeof *a);
+        ck_assert_msg(same == sel->ignores_index,
+                      "%s: ignores_index %d, but index vectors %s its lists (seed %llu)",
+                      sel->name, sel->ignores_index, same ? "left" : "changed", SEED);
+        free(a), free(b), free(c0), free(c1);
+    }
+    free(q), free(k), free(qi), free(ki);
+}
+END_TEST
+
 /* The layout against the attention's: with Hi dividing Hkv, index heads given as (B, Hi, ...)
  * give exactly the lists of the attention's layout with each index head's vectors copied to the
  * query heads and KV heads that map to it (the group's max over equal copies is the copy). */
@@ -710,6 +741,7 @@ int main(void)
     tcase_add_test(tc, test_generate_errors);
     tcase_add_test(tc, test_generate_values);
     tcase_add_test(tc, test_own_qk_reproduces);
+    tcase_add_test(tc, test_ignores_index);
     tcase_add_test(tc, test_layout_vs_copies);
     tcase_add_test(tc, test_layout_brute_force);
     tcase_add_test(tc, test_proj_recall);
