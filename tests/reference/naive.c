@@ -4,6 +4,13 @@
 
 #include "naive.h"
 
+sa_rng nv_rng_for(uint64_t salt, int test, int i)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ ((uint64_t)(test * 64 + i + 1) * salt));
+    return r;
+}
+
 void *nv_malloc(size_t bytes)
 {
     void *p = malloc(bytes ? bytes : 1);

@@ -3,6 +3,8 @@
 #ifndef SA_NAIVE_H
 #define SA_NAIVE_H
 
+#include <inttypes.h>
+
 #include "sa_test.h"
 
 /* Inputs of one case: BF16 tensors and exact double copies. */
@@ -63,6 +65,19 @@ const char *nv_check(const nv_case *c, const nv_result *r, const float *of, cons
  * when every slot passes, else the first failure's message; *bad_slot is its slot. */
 const char *nv_check_partials(const nv_case *c, const int32_t *idx, const int32_t *counts, int k,
                               int causal, const float *po, const float *pl, int *bad_slot);
+
+/* A random stream of its own for test `test` and shape `i`, derived from the run's seed (each
+ * test file passes its own salt, so two files' streams differ). */
+sa_rng nv_rng_for(uint64_t salt, int test, int i);
+
+/* nv_check on a reference call's outputs inside a loop over shapes (loop index _i), naming the
+ * call, the head dim, the shape and the seed on failure. */
+#define NV_CHECK_OUT(c, res, out, what)                                                          \
+    do {                                                                                         \
+        const char *m_ = nv_check(c, res, (out)->of, (out)->o, (out)->lse);                      \
+        ck_assert_msg(!m_, "%s, D %d, shape #%d, seed %" PRIu64 ": %s", what, (c)->s.head_dim,  \
+                      _i, sa_test_seed(), m_);                                                   \
+    } while (0)
 
 /* Random helpers. */
 void nv_shuffle_rows(sa_rng *r, int32_t *indices, size_t rows, int max_blocks);

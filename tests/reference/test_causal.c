@@ -22,18 +22,7 @@ static const sa_shape shapes[] = {
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
-static sa_rng rng_for(int test, int i)
-{
-    sa_rng r;
-    sa_rng_seed(&r, sa_test_seed() ^ ((uint64_t)(test * 64 + i + 1) * 0xd1b54a32d192ed03ull));
-    return r;
-}
-
-#define CHECK_OUT(c, res, out, what)                                                             \
-    do {                                                                                         \
-        const char *m_ = nv_check(c, res, (out)->of, (out)->o, (out)->lse);                      \
-        ck_assert_msg(!m_, "%s, shape #%d, seed %" PRIu64 ": %s", what, _i, sa_test_seed(), m_); \
-    } while (0)
+#define RNG_SALT 0xd1b54a32d192ed03ull /* this file's streams (nv_rng_for) */
 
 #define EXPECT_CODE(call, code)                                                                  \
     do {                                                                                         \
@@ -103,7 +92,7 @@ START_TEST(test_geometry_offsets)
         s.len_kv = fixed[f][1];
         check_geometry(&s);
     }
-    sa_rng r = rng_for(7, 0);
+    sa_rng r = nv_rng_for(RNG_SALT, 7, 0);
     for (int n = 0; n < 40; n++) {
         s.len_q = 1 + (int)sa_rng_below(&r, 1200);
         s.len_kv = 1 + (int)sa_rng_below(&r, 1500);
@@ -119,7 +108,7 @@ END_TEST
 
 START_TEST(test_causal_dense)
 {
-    sa_rng r = rng_for(1, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 1, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     nv_out out;
@@ -127,7 +116,7 @@ START_TEST(test_causal_dense)
     ck_assert_int_eq(sa_ref_dense_opts(&c.s, c.q, c.k, c.v, &causal_on, &out.out), SA_OK);
     nv_result res;
     nv_attention(&c, &(nv_rows){.kind = NV_DENSE, .causal = 1}, &res);
-    CHECK_OUT(&c, &res, &out, "causal dense");
+    NV_CHECK_OUT(&c, &res, &out, "causal dense");
     nv_result_free(&res);
 
     /* causal = 0 through the options is sa_ref_dense, bit for bit. */
@@ -152,7 +141,7 @@ END_TEST
  * allow_future_blocks (or validate = 0) the same attention as without them. */
 START_TEST(test_causal_tile)
 {
-    sa_rng r = rng_for(2, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 2, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -182,13 +171,13 @@ START_TEST(test_causal_tile)
                 unchecked.validate = 0;
                 EXPECT_CODE(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &unchecked, &out.out),
                             SA_OK);
-                CHECK_OUT(&c, &res, &out, "causal tile lists with future blocks, validate = 0");
+                NV_CHECK_OUT(&c, &res, &out, "causal tile lists with future blocks, validate = 0");
             }
             nv_out_poison(&out, s);
             EXPECT_CODE(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l,
                                            future ? &causal_future : &causal_on, &out.out),
                         SA_OK);
-            CHECK_OUT(&c, &res, &out,
+            NV_CHECK_OUT(&c, &res, &out,
                       future ? "causal tile lists, future blocks allowed" : "causal tile lists");
             nv_result_free(&res);
             free(idx);
@@ -201,7 +190,7 @@ END_TEST
 
 START_TEST(test_causal_query)
 {
-    sa_rng r = rng_for(3, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 3, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -229,7 +218,7 @@ START_TEST(test_causal_query)
         EXPECT_CODE(sa_ref_query_sparse(s, c.q, c.k, c.v, &l,
                                         future ? &causal_future : &causal_on, &out.out),
                     SA_OK);
-        CHECK_OUT(&c, &res, &out,
+        NV_CHECK_OUT(&c, &res, &out,
                   future ? "causal query lists, future blocks allowed" : "causal query lists");
         nv_result_free(&res);
         free(idx);
@@ -245,7 +234,7 @@ END_TEST
  * slots are wholly invisible (O = 0, LSE = -inf). */
 START_TEST(test_causal_partials_combine)
 {
-    sa_rng r = rng_for(4, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 4, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -276,10 +265,10 @@ START_TEST(test_causal_partials_combine)
     ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
     nv_result res;
     nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 1}, &res);
-    CHECK_OUT(&c, &res, &out, "combined causal partials");
+    NV_CHECK_OUT(&c, &res, &out, "combined causal partials");
     ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, &causal_future, &direct.out),
                      SA_OK);
-    CHECK_OUT(&c, &res, &direct, "direct causal per-query attention");
+    NV_CHECK_OUT(&c, &res, &direct, "direct causal per-query attention");
     nv_result_free(&res);
     nv_out_free(&out);
     nv_out_free(&direct);
@@ -296,7 +285,7 @@ END_TEST
  * skipped whole); per-query lists of all blocks match within tolerance. */
 START_TEST(test_causal_all_blocks_is_dense)
 {
-    sa_rng r = rng_for(5, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 5, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -341,7 +330,7 @@ START_TEST(test_causal_all_blocks_is_dense)
     sa_query_lists ql = {idx, NULL, nb};
     nv_out_poison(&out, s);
     ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, &causal_future, &out.out), SA_OK);
-    CHECK_OUT(&c, &res, &out, "causal, all blocks, per-query lists");
+    NV_CHECK_OUT(&c, &res, &out, "causal, all blocks, per-query lists");
     free(idx);
     nv_result_free(&res);
     nv_out_free(&out);
@@ -444,7 +433,7 @@ END_TEST
  * before, and len_q > len_kv. Then the error codes of the new entry points. */
 START_TEST(test_causal_empty_rows)
 {
-    sa_rng r = rng_for(6, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 6, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -463,7 +452,7 @@ START_TEST(test_causal_empty_rows)
     ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &causal_on, &out.out), SA_OK);
     nv_result res;
     nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, s->heads_kv, 1, 1}, &res);
-    CHECK_OUT(&c, &res, &out, "causal diagonal-only tile lists");
+    NV_CHECK_OUT(&c, &res, &out, "causal diagonal-only tile lists");
     nv_result_free(&res);
     free(idx);
     free(counts);

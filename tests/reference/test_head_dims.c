@@ -18,19 +18,7 @@ static const sa_shape shapes[] = {
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
-static sa_rng rng_for(int test, int i)
-{
-    sa_rng r;
-    sa_rng_seed(&r, sa_test_seed() ^ ((uint64_t)(test * 64 + i + 1) * 0xa0761d6478bd642full));
-    return r;
-}
-
-#define CHECK_OUT(c, res, out, what)                                                             \
-    do {                                                                                         \
-        const char *m_ = nv_check(c, res, (out)->of, (out)->o, (out)->lse);                      \
-        ck_assert_msg(!m_, "%s, D %d, shape #%d, seed %" PRIu64 ": %s", what, (c)->s.head_dim,  \
-                      _i, sa_test_seed(), m_);                                                   \
-    } while (0)
+#define RNG_SALT 0xa0761d6478bd642full /* this file's streams (nv_rng_for) */
 
 /* The blocks [0, n) a row sees under causal (tile rows: the tile's last valid row), written from
  * the definition. */
@@ -69,7 +57,7 @@ static void fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *count
 
 START_TEST(test_dense)
 {
-    sa_rng r = rng_for(1, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 1, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     nv_out out;
@@ -82,7 +70,7 @@ START_TEST(test_dense)
         ck_assert_int_eq(sa_ref_dense_opts(&c.s, c.q, c.k, c.v, &o, &out.out), SA_OK);
         nv_result res;
         nv_attention(&c, &(nv_rows){.kind = NV_DENSE, .causal = causal}, &res);
-        CHECK_OUT(&c, &res, &out, causal ? "causal dense" : "dense");
+        NV_CHECK_OUT(&c, &res, &out, causal ? "causal dense" : "dense");
         nv_result_free(&res);
     }
     nv_out_free(&out);
@@ -94,7 +82,7 @@ END_TEST
  * included), plain and causal. */
 START_TEST(test_lists)
 {
-    sa_rng r = rng_for(2, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 2, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -116,7 +104,7 @@ START_TEST(test_lists)
             ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &o, &out.out), SA_OK);
             nv_result res;
             nv_attention(&c, &(nv_rows){NV_TILE, idx, cnt, heads, k, causal}, &res);
-            CHECK_OUT(&c, &res, &out, causal ? "causal tile lists" : "tile lists");
+            NV_CHECK_OUT(&c, &res, &out, causal ? "causal tile lists" : "tile lists");
             nv_result_free(&res);
             free(idx);
             free(cnt);
@@ -130,7 +118,7 @@ START_TEST(test_lists)
         ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &l, &o, &out.out), SA_OK);
         nv_result res;
         nv_attention(&c, &(nv_rows){NV_QUERY, idx, cnt, 0, k, causal}, &res);
-        CHECK_OUT(&c, &res, &out, causal ? "causal per-query lists" : "per-query lists");
+        NV_CHECK_OUT(&c, &res, &out, causal ? "causal per-query lists" : "per-query lists");
         nv_result_free(&res);
         free(idx);
         free(cnt);
@@ -143,7 +131,7 @@ END_TEST
 /* Partials (plain and causal), merged by sa_ref_combine: the per-row combine buffers hold D. */
 START_TEST(test_partials_combine)
 {
-    sa_rng r = rng_for(3, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 3, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -167,7 +155,7 @@ START_TEST(test_partials_combine)
         ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
         nv_result res;
         nv_attention(&c, &(nv_rows){NV_QUERY, idx, cnt, 0, k, causal}, &res);
-        CHECK_OUT(&c, &res, &out, causal ? "causal partials, combined" : "partials, combined");
+        NV_CHECK_OUT(&c, &res, &out, causal ? "causal partials, combined" : "partials, combined");
         nv_result_free(&res);
         free(po);
         free(pl);

@@ -45,12 +45,7 @@ static const sa_shape fd_shapes[] = {
 };
 #define NFD (int)(sizeof fd_shapes / sizeof fd_shapes[0])
 
-static sa_rng rng_for(int test, int i)
-{
-    sa_rng r;
-    sa_rng_seed(&r, sa_test_seed() ^ ((uint64_t)(test * 64 + i + 1) * 0x94d049bb133111ebull));
-    return r;
-}
+#define RNG_SALT 0x94d049bb133111ebull /* this file's streams (nv_rng_for) */
 
 /* ---------------------------------------------------------------- the double-precision loop */
 
@@ -324,7 +319,7 @@ static const sa_attn_opts causal_future = {
  * gives the same bits (no summation order depends on the threads). */
 START_TEST(test_dense)
 {
-    sa_rng r = rng_for(1, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 1, _i);
     for (int big = 0; big < 2; big++) {
         bw_case k;
         bw_init(&k, shapes[_i], &r, big ? 3.0f : 1.0f);
@@ -361,7 +356,7 @@ END_TEST
  * written); validate = 0 with a duplicated block, which counts twice as in the forward. */
 START_TEST(test_tile)
 {
-    sa_rng r = rng_for(2, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 2, _i);
     bw_case k;
     bw_init(&k, shapes[_i], &r, 1.0f);
     const sa_shape *s = &k.c.s;
@@ -409,7 +404,7 @@ END_TEST
 /* Per-query lists: as test_tile, one row per (batch, KV head, query). */
 START_TEST(test_query)
 {
-    sa_rng r = rng_for(3, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 3, _i);
     bw_case k;
     bw_init(&k, shapes[_i], &r, 1.0f);
     const sa_shape *s = &k.c.s;
@@ -458,7 +453,7 @@ END_TEST
  * block in shuffled order match the double loop. */
 START_TEST(test_all_blocks_is_dense)
 {
-    sa_rng r = rng_for(4, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 4, _i);
     bw_case k;
     bw_init(&k, shapes[_i], &r, 1.0f);
     const sa_shape *s = &k.c.s;
@@ -594,7 +589,7 @@ static const char *fd_check(const char *name, nv_case *c, const nv_rows *rows, c
  * of the partial final block (dK, dV) and a query of an empty row (dQ = 0 exactly). */
 START_TEST(test_finite_differences)
 {
-    sa_rng r = rng_for(5, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 5, _i);
     bw_case k;
     bw_init(&k, fd_shapes[_i], &r, 1.0f);
     nv_case *c = &k.c;
@@ -1040,7 +1035,7 @@ END_TEST
 
 START_TEST(test_checks_can_fail)
 {
-    sa_rng r = rng_for(6, 0);
+    sa_rng r = nv_rng_for(RNG_SALT, 6, 0);
     bw_case k;
     bw_init(&k, shapes[1], &r, 1.0f);
     const sa_shape *s = &k.c.s;

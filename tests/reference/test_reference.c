@@ -20,19 +20,7 @@ static const sa_shape shapes[] = {
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
-/* A stream of its own for each test and shape, all derived from the run's seed. */
-static sa_rng rng_for(int test, int i)
-{
-    sa_rng r;
-    sa_rng_seed(&r, sa_test_seed() ^ ((uint64_t)(test * 64 + i + 1) * 0x9e3779b97f4a7c15ull));
-    return r;
-}
-
-#define CHECK_OUT(c, res, out, what)                                                             \
-    do {                                                                                         \
-        const char *m_ = nv_check(c, res, (out)->of, (out)->o, (out)->lse);                      \
-        ck_assert_msg(!m_, "%s, shape #%d, seed %" PRIu64 ": %s", what, _i, sa_test_seed(), m_); \
-    } while (0)
+#define RNG_SALT 0x9e3779b97f4a7c15ull /* this file's streams (nv_rng_for) */
 
 static int32_t *tile_lists(sa_rng *r, const sa_shape *s, int list_heads, int k, int32_t **counts)
 {
@@ -63,7 +51,7 @@ static int32_t *query_lists(sa_rng *r, const sa_shape *s, int k, int32_t **count
 
 START_TEST(test_dense)
 {
-    sa_rng r = rng_for(1, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 1, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     nv_out out;
@@ -71,7 +59,7 @@ START_TEST(test_dense)
     ck_assert_int_eq(sa_ref_dense(&c.s, c.q, c.k, c.v, &out.out), SA_OK);
     nv_result res;
     nv_attention(&c, &(nv_rows){.kind = NV_DENSE}, &res);
-    CHECK_OUT(&c, &res, &out, "dense");
+    NV_CHECK_OUT(&c, &res, &out, "dense");
 
     /* The optional outputs change nothing: O alone gives the same bits. */
     uint16_t *o2 = nv_malloc(sa_q_elems(&c.s) * sizeof *o2);
@@ -89,7 +77,7 @@ END_TEST
 /* Tile lists with list_heads = heads_kv and = heads_q, counts NULL and variable (empty rows). */
 START_TEST(test_tile_sparse)
 {
-    sa_rng r = rng_for(2, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 2, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     nv_out out;
@@ -107,7 +95,7 @@ START_TEST(test_tile_sparse)
             ck_assert_int_eq(sa_ref_tile_sparse(&c.s, c.q, c.k, c.v, &l, NULL, &out.out), SA_OK);
             nv_result res;
             nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, heads[h], k, 0}, &res);
-            CHECK_OUT(&c, &res, &out, with_counts ? "tile lists, variable counts" : "tile lists");
+            NV_CHECK_OUT(&c, &res, &out, with_counts ? "tile lists, variable counts" : "tile lists");
             nv_result_free(&res);
             free(idx);
             free(counts);
@@ -119,7 +107,7 @@ END_TEST
 
 START_TEST(test_query_sparse)
 {
-    sa_rng r = rng_for(3, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 3, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     nv_out out;
@@ -134,7 +122,7 @@ START_TEST(test_query_sparse)
         ck_assert_int_eq(sa_ref_query_sparse(&c.s, c.q, c.k, c.v, &l, NULL, &out.out), SA_OK);
         nv_result res;
         nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
-        CHECK_OUT(&c, &res, &out, with_counts ? "query lists, variable counts" : "query lists");
+        NV_CHECK_OUT(&c, &res, &out, with_counts ? "query lists, variable counts" : "query lists");
         nv_result_free(&res);
         free(idx);
         free(counts);
@@ -148,7 +136,7 @@ END_TEST
  * within tolerance shuffled or through the per-query path. */
 START_TEST(test_all_blocks_is_dense)
 {
-    sa_rng r = rng_for(4, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 4, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -173,7 +161,7 @@ START_TEST(test_all_blocks_is_dense)
     nv_shuffle_rows(&r, idx, rows, nb);
     nv_out_poison(&out, s);
     ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, NULL, &out.out), SA_OK);
-    CHECK_OUT(&c, &res, &out, "all blocks, shuffled");
+    NV_CHECK_OUT(&c, &res, &out, "all blocks, shuffled");
     free(idx);
 
     size_t qrows = sa_query_rows(s);
@@ -184,7 +172,7 @@ START_TEST(test_all_blocks_is_dense)
     nv_out_poison(&out, s);
     sa_query_lists ql = {.indices = idx, .max_blocks = nb};
     ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, NULL, &out.out), SA_OK);
-    CHECK_OUT(&c, &res, &out, "all blocks, per-query lists");
+    NV_CHECK_OUT(&c, &res, &out, "all blocks, per-query lists");
     free(idx);
     nv_result_free(&res);
     nv_out_free(&out);
@@ -198,7 +186,7 @@ END_TEST
  * any overflow or lost max subtraction shows. */
 START_TEST(test_large_logits)
 {
-    sa_rng r = rng_for(5, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 5, _i);
     for (int tie = 0; tie < 2; tie++) {
         nv_case c;
         nv_case_init(&c, shapes[_i], &r, 50.0f);
@@ -221,7 +209,7 @@ START_TEST(test_large_logits)
         ck_assert_int_eq(sa_ref_dense(s, c.q, c.k, c.v, &out.out), SA_OK);
         nv_attention(&c, &(nv_rows){.kind = NV_DENSE}, &res);
         ck_assert_msg(res.logit_max > 5e3, "inputs too small: logit_max %g", res.logit_max);
-        CHECK_OUT(&c, &res, &out, what);
+        NV_CHECK_OUT(&c, &res, &out, what);
         nv_result_free(&res);
 
         int k = 1 + (int)sa_rng_below(&r, (uint32_t)sa_kv_blocks(s));
@@ -230,7 +218,7 @@ START_TEST(test_large_logits)
         nv_out_poison(&out, s);
         ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, NULL, &out.out), SA_OK);
         nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, s->heads_q, k, 0}, &res);
-        CHECK_OUT(&c, &res, &out, what);
+        NV_CHECK_OUT(&c, &res, &out, what);
         nv_result_free(&res);
         free(idx);
         free(counts);
@@ -240,7 +228,7 @@ START_TEST(test_large_logits)
         nv_out_poison(&out, s);
         ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, NULL, &out.out), SA_OK);
         nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
-        CHECK_OUT(&c, &res, &out, what);
+        NV_CHECK_OUT(&c, &res, &out, what);
 
         /* Partials at this scale, merged, are the same attention. */
         size_t np = sa_lse_elems(s) * k;
@@ -250,7 +238,7 @@ START_TEST(test_large_logits)
         ck_assert_int_eq(sa_ref_query_partials(s, c.q, c.k, c.v, &ql, po, pl), SA_OK);
         nv_out_poison(&out, s);
         ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
-        CHECK_OUT(&c, &res, &out, "combined partials, large logits");
+        NV_CHECK_OUT(&c, &res, &out, "combined partials, large logits");
         free(po);
         free(pl);
         nv_result_free(&res);
@@ -266,7 +254,7 @@ END_TEST
  * and against sa_ref_query_sparse. */
 START_TEST(test_partials_combine)
 {
-    sa_rng r = rng_for(6, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 6, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -290,9 +278,9 @@ START_TEST(test_partials_combine)
     ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
     nv_result res;
     nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
-    CHECK_OUT(&c, &res, &out, "combined partials");
+    NV_CHECK_OUT(&c, &res, &out, "combined partials");
     ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, NULL, &direct.out), SA_OK);
-    CHECK_OUT(&c, &res, &direct, "direct per-query attention");
+    NV_CHECK_OUT(&c, &res, &direct, "direct per-query attention");
     nv_result_free(&res);
     nv_out_free(&out);
     nv_out_free(&direct);
@@ -309,7 +297,7 @@ END_TEST
 START_TEST(test_combine_tile_splits)
 {
     enum { PARTS = 3 };
-    sa_rng r = rng_for(7, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 7, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -345,7 +333,7 @@ START_TEST(test_combine_tile_splits)
     ck_assert_int_eq(sa_ref_combine(s, PARTS, po, pl, &out.out), SA_OK);
     nv_result res;
     nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, lh, k, 0}, &res);
-    CHECK_OUT(&c, &res, &out, "combined tile-list splits");
+    NV_CHECK_OUT(&c, &res, &out, "combined tile-list splits");
     nv_result_free(&res);
     nv_out_free(&out);
     free(po);
@@ -364,7 +352,7 @@ END_TEST
  * allow_empty_rows = 0. */
 START_TEST(test_validate_off)
 {
-    sa_rng r = rng_for(8, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 8, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -388,7 +376,7 @@ START_TEST(test_validate_off)
     ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &off, &out.out), SA_OK);
     nv_result res;
     nv_attention(&c, &(nv_rows){NV_TILE, idx, counts, s->heads_q, k, 0}, &res);
-    CHECK_OUT(&c, &res, &out, "tile lists with duplicates, validate = 0");
+    NV_CHECK_OUT(&c, &res, &out, "tile lists with duplicates, validate = 0");
     nv_result_free(&res);
     free(idx);
     free(counts);
@@ -406,7 +394,7 @@ START_TEST(test_validate_off)
     nv_out_poison(&out, s);
     ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, &off, &out.out), SA_OK);
     nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
-    CHECK_OUT(&c, &res, &out, "query lists with duplicates, validate = 0");
+    NV_CHECK_OUT(&c, &res, &out, "query lists with duplicates, validate = 0");
     nv_result_free(&res);
     free(idx);
     free(counts);
@@ -419,7 +407,7 @@ END_TEST
  * and an LSE off by 1e-3. */
 START_TEST(test_tolerance_can_fail)
 {
-    sa_rng r = rng_for(9, _i);
+    sa_rng r = nv_rng_for(RNG_SALT, 9, _i);
     nv_case c;
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
@@ -470,7 +458,7 @@ START_TEST(test_blas_threads_restored)
      * reference's own 1, so a missed restore shows. */
     openblas_set_num_threads(2);
     const int before = openblas_get_num_threads();
-    sa_rng r = rng_for(10, 0);
+    sa_rng r = nv_rng_for(RNG_SALT, 10, 0);
     nv_case c;
     nv_case_init(&c, shapes[0], &r, 1.0f);
     nv_out out[2];
