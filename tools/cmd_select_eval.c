@@ -278,9 +278,6 @@ static void print_row(const eval_cfg *c, const char *wl, double strength, const 
     fflush(stdout);
 }
 
-/* Whether a selector scores the index vectors in sa_select_params (the registry says). */
-static int reads_index(const sa_selector *sel) { return !sel->ignores_index; }
-
 int cmd_select_eval(int argc, char **argv)
 {
     /* --activations FILE: a real model's captured layers instead (cmd_select_eval_act.c). */
@@ -315,7 +312,7 @@ int cmd_select_eval(int argc, char **argv)
     uint16_t *qi[MAX_CHOICES] = {0}, *ki[MAX_CHOICES] = {0};
     int need_index = 0;
     for (int i = 0; i < sa_selector_count(); i++)
-        need_index |= reads_index(sa_selector_at(i)) &&
+        need_index |= !sa_selector_at(i)->ignores_index &&
                       (!c.selector || !strcmp(c.selector, sa_selector_at(i)->name));
     for (int j = 0; j < c.choices; j++) {
         if (!c.choice[j].method)
@@ -455,9 +452,11 @@ int cmd_select_eval(int argc, char **argv)
             const sa_selector *sel = sa_selector_at(i);
             if (c.selector && strcmp(c.selector, sel->name))
                 continue;
-            const int passes = c.choices && reads_index(sel) ? c.choices : 1;
+            const int passes = c.choices && !sel->ignores_index ? c.choices : 1;
             for (int j = 0; j < passes; j++) {
-                const index_choice *ix = !c.choices ? &own : reads_index(sel) ? &c.choice[j] : NULL;
+                const index_choice *ix = !c.choices           ? &own
+                                         : !sel->ignores_index ? &c.choice[j]
+                                                               : NULL;
                 sa_select_params ps = p;
                 if (ix && ix->method) {
                     ps.q_index = qi[j];

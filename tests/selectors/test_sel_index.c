@@ -12,9 +12,6 @@
 
 #define SEED (unsigned long long)sa_test_seed()
 
-/* The selectors that score index vectors, as the registry says (test_ignores_index checks it). */
-static int reads_index(const sa_selector *sel) { return !sel->ignores_index; }
-
 static size_t rows_of(const sa_selector *sel, const sa_shape *s)
 {
     return (size_t)s->batch * s->heads_kv * (sel->per_query ? s->len_q : sa_q_tiles(s));
@@ -349,7 +346,7 @@ START_TEST(test_own_qk_reproduces)
         const int n = sa_kv_blocks(&s);
         for (int i = 0; i < sa_selector_count(); i++) {
             const sa_selector *sel = sa_selector_at(i);
-            if (!reads_index(sel))
+            if (sel->ignores_index) /* test_ignores_index checks the flag */
                 continue;
             for (int rep = 0; rep < 3; rep++) {
                 sa_select_params p;
@@ -444,7 +441,7 @@ START_TEST(test_layout_vs_copies)
         }
         for (int i = 0; i < sa_selector_count(); i++) {
             const sa_selector *sel = sa_selector_at(i);
-            if (!reads_index(sel))
+            if (sel->ignores_index)
                 continue;
             sa_select_params p;
             sa_select_params_default(&p);
@@ -492,7 +489,7 @@ START_TEST(test_layout_brute_force)
             const sa_shape si_shape = {s.batch, hi, hi, s.len_q, s.len_kv, 64};
             for (int i = 0; i < sa_selector_count(); i++) {
                 const sa_selector *sel = sa_selector_at(i);
-                if (!reads_index(sel))
+                if (sel->ignores_index)
                     continue;
                 const int per = sel->per_query ? s.len_q : sa_q_tiles(&s);
                 /* (B, Hi, per, n): the rows of the index heads alone. */
