@@ -40,6 +40,13 @@ def test_causal_refuses_an_unknown_peer():
     assert "--peers: unknown fa5" in r.stderr
 
 
+def test_backward_refuses_an_unknown_peer():
+    # A typo used to run no peer at all, silently (the names were only tested for membership).
+    r = run_bench(os.path.join(BENCH, "backward.py"), "--lib", "unused.so", "--peers", "fa4,fa5")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--peers: unknown fa5" in r.stderr
+
+
 def test_peers_refuses_a_stage_that_is_not_a_number():
     r = run_bench(os.path.join(BENCH, "peers.py"), "--self-test", "--stages", "17,x")
     assert r.returncode == 2, r.stdout + r.stderr
