@@ -69,7 +69,7 @@ SA_API int sa_kv_index_ref(const struct sa_shape *s, const struct sa_query_lists
  * sa_kv_attend, sa_kv_combine, sa_kv_index_get) answers in this order. Steps 1-3 make no CUDA
  * call and read no tensor, so they answer alike on any machine, with or without a GPU:
  *   1. SA_ERR_NULL for the call's own pointers (p, bytes, v; the workspace of the three parts
- *      and of sa_kv_index_get), then the shape (SA_ERR_SHAPE, SA_ERR_GQA), the required
+ *      and of sa_kv_index_get), then the shape (sa_shape_check's codes), the required
  *      pointers (SA_ERR_NULL) and the lists' sizes (SA_ERR_MAX_BLOCKS);
  *   2. SA_ERR_ARG: a flag not 0 or 1, an enum out of range, hybrid_share outside 1..128 with
  *      SA_KV_SCHEDULE_HYBRID (whatever else the call asks for);

@@ -273,7 +273,9 @@ SA_API double sa_rel_l2(const float *x, const float *ref, size_t n);
 
 /* Output error of attention over lists against dense attention, on the CPU reference: runs
  * sa_ref_tile_sparse / sa_ref_query_sparse over the lists (max_blocks entries per row) under opts
- * (validated: its list codes; causal lists must hold no future block) and writes to *err the
+ * (NULL: the defaults). With opts->validate (the default) the lists are checked first under opts,
+ * with the list validators' codes (SA_ERR_EMPTY_ROW unless allow_empty_rows, SA_ERR_FUTURE_BLOCK
+ * for a causal list's future block unless allow_future_blocks); it then writes to *err the
  * sa_rel_l2 of its FP32 output against dense_f32, the FP32 output (B, Hq, Sq, D) of
  * sa_ref_dense_opts under the same opts. dense_f32 NULL computes it here, at a dense
  * attention's cost per call: pass it when scoring several lists on one input. */
@@ -285,9 +287,10 @@ SA_API int sa_lists_output_error(const struct sa_shape *s, const uint16_t *q, co
 
 /* The recall and the output error of tile lists of any layout: l->list_heads Hkv or Hq
  * (per-head and pooled lists, sa_select_layout), l->max_blocks the row width, l->counts NULL or
- * the rows' counts. Query head h reads list head h / (Hq / list_heads). The list is checked
- * first, with sa_tile_lists_check's codes (empty rows allowed); recall (B, Hq, Sq) as
- * sa_lists_recall_counts writes it, the error as sa_lists_output_error computes it. */
+ * the rows' counts. Query head h reads list head h / (Hq / list_heads). The recall checks the
+ * list first, with sa_tile_lists_check's codes (empty rows allowed), and writes recall
+ * (B, Hq, Sq) as sa_lists_recall_counts does; the error is sa_lists_output_error's, checked
+ * under opts as there. */
 SA_API int sa_tile_lists_recall(const struct sa_shape *s, const float *mass,
                                 const sa_tile_lists *l, float *recall);
 SA_API int sa_tile_lists_output_error(const struct sa_shape *s, const uint16_t *q,

@@ -69,7 +69,7 @@ typedef struct sa_shape {
     int head_dim; /* 64, 128 or 256 in the reference; GPU stages say what they support */
 } sa_shape;
 
-/* Size limits, held by every entry point (docs/api.md, "Limits and error codes"):
+/* Size limits, held by every entry point (docs/api.md, "Limits" and "Error codes"):
  *   - every field of a shape is a positive int;
  *   - rows: batch * heads_q * (len_q rounded up to a multiple of SA_TILE) <= SA_MAX_ROWS, and
  *     the same for batch, heads_kv, len_kv. So every count of rows, tiles, blocks or (batch,

@@ -29,7 +29,8 @@
  * Timing: the harness's (bench_harness.h) CUDA events around each call, warm-up, median, input
  * sets rotated to stay out of L2; each thing timed is a harness callback whose context is one
  * input set and what it runs (sel_call). The stage runs with validate = 0 (the lists come from a
- * selector in the same run); --validate turns the GPU list check on in both columns. */
+ * selector in the same run); --validate turns the GPU list check on in both columns of the tile
+ * pipelines (the per-query pipeline, bench_selectors_query.c, always runs unvalidated). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,9 +79,9 @@ static void usage(FILE *f)
             "  --stage ID        the sparse stage of the tile pipelines (default: the registry's\n"
             "                    default tile-list stage where it takes the shape, else the\n"
             "                    first sparse stage that does)\n"
-            "  --validate        turn the GPU list check on in the pipeline and attention\n"
-            "                    columns (default off: the lists come from a selector in the\n"
-            "                    same run)\n"
+            "  --validate        turn the GPU list check on in the tile pipelines and the\n"
+            "                    attention column (default off: the lists come from a selector\n"
+            "                    in the same run; the per-query pipeline always runs without)\n"
             "  --reps N          timed calls per row, median reported (default 30)\n"
             "  --warmup N        untimed calls first (default 5, at least one per input set)\n"
             "  --gemm-tflops X   bf16 GEMM rate for the FLOP floor (default %.0f: 8192^3\n"
