@@ -1,7 +1,10 @@
-/* The device side of sa_gpu_verdict (cuda/sa_verdict.cu, introduced with stage 17), for the
- * stages. A verdict is one int of device memory holding the most negative code recorded since
- * its last read; kernels record with atomicMin, so every bad row of every call lands and the
- * result does not depend on the order in which CTAs find them. */
+/* The device side of sa_gpu_verdict (cuda/sa_verdict.cu), for the stages. It is part of the
+ * public API's plumbing, not of any stage's schedule: it came with stage 17, and stages 15 and 16
+ * record their synchronous verdict through it too, so that every validating stage takes a
+ * caller's verdict alike (the exception to "earlier stages never use later helpers"). A verdict
+ * is one int of device memory holding the most negative code recorded since its last read;
+ * kernels record with atomicMin, so every bad row of every call lands and the result does not
+ * depend on the order in which CTAs find them. */
 #ifndef SA_VERDICT_H
 #define SA_VERDICT_H
 #include "sparseattn.h"
