@@ -84,34 +84,37 @@ static int list_size_ok(int64_t rows, int max_blocks)
     return sa_sz_within(sa_sz_mul(rows, max_blocks), SA_MAX_ELEMS);
 }
 
+/* The arguments of either list format (s and the lists non-NULL), so that the same fault gives
+ * the same error in both. Query lists have a list head per KV head, which always passes. `rows`
+ * (sa_tile_rows, sa_query_rows) is 0 for a shape or list heads that fail, and is read only after
+ * both have passed. */
+static int lists_args_check(const sa_shape *s, const int32_t *indices, int list_heads,
+                            size_t rows, int max_blocks)
+{
+    int err = sa_shape_check(s);
+    if (err)
+        return err;
+    if (!indices)
+        return SA_ERR_NULL;
+    if (!list_heads_ok(s, list_heads))
+        return SA_ERR_LIST_HEADS;
+    if (max_blocks <= 0 || !list_size_ok((int64_t)rows, max_blocks))
+        return SA_ERR_MAX_BLOCKS;
+    return SA_OK;
+}
+
 int sa_tile_lists_check_args(const sa_shape *s, const sa_tile_lists *l)
 {
     if (!s || !l)
         return SA_ERR_NULL;
-    int err = sa_shape_check(s);
-    if (err)
-        return err;
-    if (!l->indices)
-        return SA_ERR_NULL;
-    if (!list_heads_ok(s, l->list_heads))
-        return SA_ERR_LIST_HEADS;
-    if (l->max_blocks <= 0 || !list_size_ok((int64_t)sa_tile_rows(s, l), l->max_blocks))
-        return SA_ERR_MAX_BLOCKS;
-    return SA_OK;
+    return lists_args_check(s, l->indices, l->list_heads, sa_tile_rows(s, l), l->max_blocks);
 }
 
 int sa_query_lists_check_args(const sa_shape *s, const sa_query_lists *l)
 {
     if (!s || !l)
         return SA_ERR_NULL;
-    int err = sa_shape_check(s);
-    if (err)
-        return err;
-    if (!l->indices)
-        return SA_ERR_NULL;
-    if (l->max_blocks <= 0 || !list_size_ok((int64_t)sa_query_rows(s), l->max_blocks))
-        return SA_ERR_MAX_BLOCKS;
-    return SA_OK;
+    return lists_args_check(s, l->indices, s->heads_kv, sa_query_rows(s), l->max_blocks);
 }
 
 int sa_tile_lists_check(const sa_shape *s, const sa_tile_lists *l, int allow_empty)

@@ -33,6 +33,27 @@ typedef struct bench_flags {
     uint64_t seed;
 } bench_flags;
 
+/* If argv[*i] is one of the timing flags (--reps --warmup --gemm-tflops --seed --json), parse its
+ * value into *f, advance *i and return 1; else return 0. bench_parse and bench kvcentric take
+ * them alike; bench longctx, without --gemm-tflops, keeps its own. */
+static inline int bench_timing_flag(int argc, char **argv, int *i, bench_flags *f)
+{
+    const char *a = argv[*i];
+    if (!strcmp(a, "--reps"))
+        f->reps = (int)cli_int_arg(argc, argv, i, 1, 100000);
+    else if (!strcmp(a, "--warmup"))
+        f->warmup = (int)cli_int_arg(argc, argv, i, 0, 100000);
+    else if (!strcmp(a, "--gemm-tflops"))
+        f->gemm_tflops = cli_double_arg(argc, argv, i, 1.0, 1e5);
+    else if (!strcmp(a, "--seed"))
+        f->seed = cli_u64_arg(argc, argv, i);
+    else if (!strcmp(a, "--json"))
+        f->json = 1;
+    else
+        return 0;
+    return 1;
+}
+
 /* Parses the flags both benchmarks take; `sparse` enables --no-validate. Exits on --help. */
 static inline void bench_parse(int argc, char **argv, const char *name, int sparse,
                                void (*usage)(FILE *), bench_flags *f)
@@ -51,16 +72,8 @@ static inline void bench_parse(int argc, char **argv, const char *name, int spar
             exit(0);
         } else if (!strcmp(a, "--stage"))
             f->stage_id = (int)cli_int_arg(argc, argv, &i, CLI_STAGE_ID_MIN, CLI_STAGE_ID_MAX);
-        else if (!strcmp(a, "--reps"))
-            f->reps = (int)cli_int_arg(argc, argv, &i, 1, 100000);
-        else if (!strcmp(a, "--warmup"))
-            f->warmup = (int)cli_int_arg(argc, argv, &i, 0, 100000);
-        else if (!strcmp(a, "--gemm-tflops"))
-            f->gemm_tflops = cli_double_arg(argc, argv, &i, 1.0, 1e5);
-        else if (!strcmp(a, "--seed"))
-            f->seed = cli_u64_arg(argc, argv, &i);
-        else if (!strcmp(a, "--json"))
-            f->json = 1;
+        else if (bench_timing_flag(argc, argv, &i, f))
+            continue;
         else if (sparse && !strcmp(a, "--no-validate"))
             f->no_validate = 1;
         else

@@ -41,17 +41,7 @@ static void parse(int argc, char **argv, bench_flags *f)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             exit(0);
-        } else if (!strcmp(a, "--reps"))
-            f->reps = (int)cli_int_arg(argc, argv, &i, 1, 100000);
-        else if (!strcmp(a, "--warmup"))
-            f->warmup = (int)cli_int_arg(argc, argv, &i, 0, 100000);
-        else if (!strcmp(a, "--gemm-tflops"))
-            f->gemm_tflops = cli_double_arg(argc, argv, &i, 1.0, 1e5);
-        else if (!strcmp(a, "--seed"))
-            f->seed = cli_u64_arg(argc, argv, &i);
-        else if (!strcmp(a, "--json"))
-            f->json = 1;
-        else
+        } else if (!bench_timing_flag(argc, argv, &i, f))
             cli_usage_error("bench kvcentric: unknown flag '%s' (sparseattn bench kvcentric "
                             "--help)",
                             a);

@@ -126,6 +126,16 @@ int cli_shape_flag(int argc, char **argv, int *i, sa_shape *s)
     return 0;
 }
 
+void cli_shape_topk_check(const char *cmd, const sa_shape *s, int topk)
+{
+    int err = sa_shape_check(s);
+    if (err)
+        cli_usage_error("%s: %s", cmd, sa_strerror(err));
+    if (topk > sa_kv_blocks(s))
+        cli_usage_error("%s: --topk %d is larger than the %d KV blocks of len-kv %d", cmd, topk,
+                        sa_kv_blocks(s), s->len_kv);
+}
+
 double cli_now(void)
 {
     struct timespec ts;

@@ -35,6 +35,10 @@ int cli_list(const char *flag, const char *list, cli_list_fn one, void *ctx);
  * --head-dim), parse its value into *s, advance *i and return 1; else return 0. Whether the
  * shape as a whole is valid is left to sa_shape_check. */
 int cli_shape_flag(int argc, char **argv, int *i, sa_shape *s);
+/* The shape passes sa_shape_check and `topk` blocks fit its KV blocks, else a usage error that
+ * starts with `cmd` ("run: ..."). The commands that take the shape flags with --topk judge them
+ * here, so that they refuse a job in the same words. */
+void cli_shape_topk_check(const char *cmd, const sa_shape *s, int topk);
 #define CLI_SHAPE_FLAGS_HELP \
     "  --batch N --heads-q N --heads-kv N --len-q N --len-kv N\n" \
     "  --head-dim 64|128|256 (the GPU stages: 128 only)\n"
@@ -135,6 +139,18 @@ static inline int cli_selector_width(int min)
         w = n > w ? n : w;
     }
     return w;
+}
+
+/* Prints "selectors: NAME..." and, on the next line, "workloads: NAME..." (no newline after):
+ * the registries a job's --selector and --workload pick from, as the help texts list them. */
+static inline void cli_print_registries(FILE *f)
+{
+    fputs("selectors:", f);
+    for (int i = 0; i < sa_selector_count(); i++)
+        fprintf(f, " %s", sa_selector_at(i)->name);
+    fputs("\nworkloads:", f);
+    for (int i = 0; i < sa_workload_count(); i++)
+        fprintf(f, " %s", sa_workload_at(i)->name);
 }
 
 /* Prints " ID (name)" for every registered stage that has all of `with` and none of `without`,

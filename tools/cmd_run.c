@@ -74,14 +74,9 @@ static void run_usage(FILE *f)
             "                    and every attention row (on the GPU: the tile stage in use,\n"
             "                    --stage else the default, and for the dense row that stage\n"
             "                    over every visible block)\n"
-            "  --json            one machine-readable line instead of the table\n"
-            "selectors:",
+            "  --json            one machine-readable line instead of the table\n",
             RUN_TOPK, RUN_SELECTOR, RUN_WORKLOAD, RUN_STRENGTH, RUN_WORKLOAD);
-    for (int i = 0; i < sa_selector_count(); i++)
-        fprintf(f, " %s", sa_selector_at(i)->name);
-    fprintf(f, "\nworkloads:");
-    for (int i = 0; i < sa_workload_count(); i++)
-        fprintf(f, " %s", sa_workload_at(i)->name);
+    cli_print_registries(f);
     fprintf(f, "\nsparse stages:");
     cli_print_stages(f, SA_ROLE_SPARSE, 0);
     fputc('\n', f);
@@ -175,12 +170,7 @@ static void parse(int argc, char **argv, run_cfg *c)
                           : sa_workload_by_name(c->workload)->default_strength;
     resolve_device(c);
     fill_shape(c);
-    int err = sa_shape_check(&c->s);
-    if (err)
-        cli_usage_error("run: %s", sa_strerror(err));
-    if (c->topk > sa_kv_blocks(&c->s))
-        cli_usage_error("run: --topk %d is larger than the %d KV blocks of len-kv %d", c->topk,
-                        sa_kv_blocks(&c->s), c->s.len_kv);
+    cli_shape_topk_check("run", &c->s, c->topk);
 }
 
 /* The keys of block b that query i attends: its valid keys, causally only those up to the

@@ -77,13 +77,8 @@ static void usage(FILE *f)
             "  --json            one JSON object per line instead of the table\n"
             "  --activations FILE  a real model's Q/K/V instead of workloads (docs/activations.md;\n"
             "                    its flags: select-eval --activations FILE --help)\n");
-    fprintf(f, "selectors:");
-    for (int i = 0; i < sa_selector_count(); i++)
-        fprintf(f, " %s", sa_selector_at(i)->name);
-    fprintf(f, "\nworkloads:");
-    for (int i = 0; i < sa_workload_count(); i++)
-        fprintf(f, " %s", sa_workload_at(i)->name);
-    fprintf(f, "\n");
+    cli_print_registries(f);
+    fputc('\n', f);
 }
 
 /* One entry of --index, split by cli_list: own, qk or proj:D ("all" stands alone). */
@@ -160,12 +155,7 @@ static void parse(int argc, char **argv, eval_cfg *c)
         else
             cli_usage_error("select-eval: unknown flag '%s' (sparseattn select-eval --help)", a);
     }
-    int err = sa_shape_check(&c->s);
-    if (err)
-        cli_usage_error("select-eval: %s", sa_strerror(err));
-    if (c->topk > sa_kv_blocks(&c->s))
-        cli_usage_error("select-eval: --topk %d is larger than the %d KV blocks of len-kv %d",
-                        c->topk, sa_kv_blocks(&c->s), c->s.len_kv);
+    cli_shape_topk_check("select-eval", &c->s, c->topk);
     if (c->keep_diagonal && c->s.len_q != c->s.len_kv)
         cli_usage_error("select-eval: --keep-diagonal needs len-q == len-kv");
     if (c->keep_diagonal && c->keep_sink && c->topk < 2)

@@ -151,18 +151,21 @@ START_TEST(test_windows)
 }
 END_TEST
 
-/* A hand-checked case: 1 head, 3 queries, 2 blocks, tq = 1. */
+/* A hand-checked case: 1 head, 3 queries, 2 blocks. test_wide_tasks and
+ * test_nomem_writes_nothing index the same lists, whose answer test_small_exact spells out. */
+static const sa_shape small_s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 3,
+                                 .len_kv = 200, .head_dim = 128};
+static const int32_t small_idx[] = {1, 0, /* q0: blocks 1, 0 */ 1, 9, /* q1: block 1 (count 1) */
+                                    0, 1};
+static const int32_t small_cnt[] = {2, 1, 2};
+static const sa_query_lists small_l = {small_idx, small_cnt, 2};
+
 START_TEST(test_small_exact)
 {
-    sa_shape s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 3, .len_kv = 200,
-                  .head_dim = 128};
-    int32_t idx[] = {1, 0, /* q0: blocks 1, 0 */ 1, 9, /* q1: block 1 (count 1) */ 0, 1};
-    int32_t cnt[] = {2, 1, 2};
-    sa_query_lists l = {idx, cnt, 2};
     int32_t off[3], ent[6];
     sa_kv_task tasks[8];
     int ne, nt;
-    ck_assert_int_eq(sa_kv_index_ref(&s, &l, 2, off, ent, tasks, &ne, &nt), SA_OK);
+    ck_assert_int_eq(sa_kv_index_ref(&small_s, &small_l, 2, off, ent, tasks, &ne, &nt), SA_OK);
     /* block 0: q0 slot 1 (entry 1), q2 slot 0 (entry 4); block 1: q0 s0 (0), q1 s0 (2), q2 s1 (5) */
     ck_assert_int_eq(ne, 5);
     ck_assert_int_eq(off[0], 0);
@@ -184,15 +187,11 @@ END_TEST
  * piece count had overflowed int and written through a NULL task array). */
 START_TEST(test_wide_tasks)
 {
-    sa_shape s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 3, .len_kv = 200,
-                  .head_dim = 128};
-    int32_t idx[] = {1, 0, 1, 9, 0, 1};
-    int32_t cnt[] = {2, 1, 2};
-    sa_query_lists l = {idx, cnt, 2};
     int32_t off[3], ent[6];
     sa_kv_task tasks[8];
     int ne, nt;
-    ck_assert_int_eq(sa_kv_index_ref(&s, &l, INT_MAX, off, ent, tasks, &ne, &nt), SA_OK);
+    ck_assert_int_eq(sa_kv_index_ref(&small_s, &small_l, INT_MAX, off, ent, tasks, &ne, &nt),
+                     SA_OK);
     ck_assert_int_eq(ne, 5);
     ck_assert_int_eq(nt, 2);
     ck_assert(tasks[0].bucket == 0 && tasks[0].count == 2 && tasks[0].begin == 0);
@@ -205,17 +204,12 @@ END_TEST
 START_TEST(test_nomem_writes_nothing)
 {
 #ifdef SA_TEST_MALLOC
-    sa_shape s = {.batch = 1, .heads_q = 1, .heads_kv = 1, .len_q = 3, .len_kv = 200,
-                  .head_dim = 128};
-    int32_t idx[] = {1, 0, 1, 9, 0, 1};
-    int32_t cnt[] = {2, 1, 2};
-    sa_query_lists l = {idx, cnt, 2};
     for (int at = 1;; at++) {
         int32_t off[3] = {-7, -7, -7}, ent[6] = {-7, -7, -7, -7, -7, -7};
         sa_kv_task tasks[8];
         int ne = -7, nt = -7;
         sa_fail_at = at;
-        const int rc = sa_kv_index_ref(&s, &l, 2, off, ent, tasks, &ne, &nt);
+        const int rc = sa_kv_index_ref(&small_s, &small_l, 2, off, ent, tasks, &ne, &nt);
         const int reached = sa_fail_at == 0; /* the at-th allocation happened, and failed */
         sa_fail_at = 0;
         if (!reached) {
