@@ -280,6 +280,34 @@ const char *nv_check_partials(const nv_case *c, const int32_t *idx, const int32_
     return msg;
 }
 
+void nv_check_partials_combine(const nv_case *c, const sa_query_lists *ql,
+                               const sa_attn_opts *opts, const float *po, const float *pl, int _i)
+{
+    const sa_shape *s = &c->s;
+    const int causal = opts && opts->causal, k = ql->max_blocks;
+    const char *how = causal ? "causal " : "";
+    int j;
+    const char *m = nv_check_partials(c, ql->indices, ql->counts, k, causal, po, pl, &j);
+    ck_assert_msg(!m, "%spartial slot %d, shape #%d, seed %" PRIu64 ": %s", how, j, _i,
+                  sa_test_seed(), m);
+
+    nv_out out, direct;
+    nv_out_alloc(&out, s);
+    nv_out_alloc(&direct, s);
+    ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
+    nv_result res;
+    nv_attention(c, &(nv_rows){NV_QUERY, ql->indices, ql->counts, 0, k, causal}, &res);
+    char what[64];
+    snprintf(what, sizeof what, "combined %spartials", how);
+    NV_CHECK_OUT(c, &res, &out, what);
+    ck_assert_int_eq(sa_ref_query_sparse(s, c->q, c->k, c->v, ql, opts, &direct.out), SA_OK);
+    snprintf(what, sizeof what, "direct %sper-query attention", how);
+    NV_CHECK_OUT(c, &res, &direct, what);
+    nv_result_free(&res);
+    nv_out_free(&out);
+    nv_out_free(&direct);
+}
+
 long long nv_last_key(const sa_shape *s, int i) { return (long long)i + s->len_kv - s->len_q; }
 
 int nv_visible_blocks(long long last) { return last < 0 ? 0 : (int)(last / 128) + 1; }

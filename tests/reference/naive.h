@@ -66,6 +66,13 @@ const char *nv_check(const nv_case *c, const nv_result *r, const float *of, cons
 const char *nv_check_partials(const nv_case *c, const int32_t *idx, const int32_t *counts, int k,
                               int causal, const float *po, const float *pl, int *bad_slot);
 
+/* The partials po, pl of per-query lists ql under opts (NULL: not causal), then their merge: slot
+ * by slot with nv_check_partials, then sa_ref_combine of them and sa_ref_query_sparse on ql
+ * under opts, each against the exact attention over the whole rows. Failures name the check,
+ * the shape (#_i, the loop index of the calling test) and the seed. */
+void nv_check_partials_combine(const nv_case *c, const sa_query_lists *ql,
+                               const sa_attn_opts *opts, const float *po, const float *pl, int _i);
+
 /* A random stream of its own for test `test` and shape `i`, derived from the run's seed (each
  * test file passes its own salt, so two files' streams differ). */
 sa_rng nv_rng_for(uint64_t salt, int test, int i);

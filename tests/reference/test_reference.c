@@ -266,24 +266,7 @@ START_TEST(test_partials_combine)
     sa_poison_f32(po, np * d);
     sa_poison_f32(pl, np);
     ck_assert_int_eq(sa_ref_query_partials(s, c.q, c.k, c.v, &ql, po, pl), SA_OK);
-
-    int j;
-    const char *m = nv_check_partials(&c, idx, counts, k, 0, po, pl, &j);
-    ck_assert_msg(!m, "partial slot %d, shape #%d, seed %" PRIu64 ": %s", j, _i, sa_test_seed(),
-                  m);
-
-    nv_out out, direct;
-    nv_out_alloc(&out, s);
-    nv_out_alloc(&direct, s);
-    ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
-    nv_result res;
-    nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
-    NV_CHECK_OUT(&c, &res, &out, "combined partials");
-    ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, NULL, &direct.out), SA_OK);
-    NV_CHECK_OUT(&c, &res, &direct, "direct per-query attention");
-    nv_result_free(&res);
-    nv_out_free(&out);
-    nv_out_free(&direct);
+    nv_check_partials_combine(&c, &ql, NULL, po, pl, _i);
     free(po);
     free(pl);
     free(idx);
