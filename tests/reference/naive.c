@@ -368,3 +368,20 @@ int nv_has_future(const sa_shape *s, const int32_t *idx, const int32_t *counts, 
     }
     return 0;
 }
+
+void nv_full_lists(sa_rng *r, const sa_shape *s, int k, int32_t **tidx, int32_t **tcnt,
+                   size_t *trows, int32_t **qidx, int32_t **qcnt, size_t *qrows)
+{
+    *trows = nv_tile_rows(s, s->heads_kv);
+    *qrows = sa_query_rows(s);
+    *tidx = nv_malloc(*trows * k * sizeof **tidx);
+    *tcnt = nv_malloc(*trows * sizeof **tcnt);
+    *qidx = nv_malloc(*qrows * k * sizeof **qidx);
+    *qcnt = nv_malloc(*qrows * sizeof **qcnt);
+    ck_assert_int_eq(sa_random_tile_lists(s, s->heads_kv, k, 0, sa_rng_u64(r), *tidx), 0);
+    ck_assert_int_eq(sa_random_query_lists(s, k, sa_rng_u64(r), *qidx), 0);
+    for (size_t i = 0; i < *trows; i++)
+        (*tcnt)[i] = k;
+    for (size_t i = 0; i < *qrows; i++)
+        (*qcnt)[i] = k;
+}

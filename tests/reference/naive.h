@@ -112,4 +112,10 @@ void nv_fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *counts, s
 int nv_has_future(const sa_shape *s, const int32_t *idx, const int32_t *counts, size_t rows,
                   int per, int tiles, int k);
 
+/* Valid lists for the error tests, which break one entry at a time: tile lists with list_heads =
+ * Hkv (*tidx of *trows rows) and per-query lists (*qidx of *qrows rows), k distinct blocks a row
+ * drawn from r, every count (*tcnt, *qcnt) k. */
+void nv_full_lists(sa_rng *r, const sa_shape *s, int k, int32_t **tidx, int32_t **tcnt,
+                   size_t *trows, int32_t **qidx, int32_t **qcnt, size_t *qrows);
+
 #endif

@@ -682,18 +682,7 @@ static void setup(void)
         ek.o[i] = (float)sa_rng_normal(&r);
     for (size_t i = 0; i < sa_lse_elems(&good); i++)
         ek.lse[i] = 3.0f + (float)sa_rng_uniform(&r);
-    trows = nv_tile_rows(&good, good.heads_kv);
-    qrows = sa_query_rows(&good);
-    tidx = nv_malloc(trows * K * sizeof *tidx);
-    tcnt = nv_malloc(trows * sizeof *tcnt);
-    qidx = nv_malloc(qrows * K * sizeof *qidx);
-    qcnt = nv_malloc(qrows * sizeof *qcnt);
-    ck_assert_int_eq(sa_random_tile_lists(&good, good.heads_kv, K, 0, sa_rng_u64(&r), tidx), 0);
-    ck_assert_int_eq(sa_random_query_lists(&good, K, sa_rng_u64(&r), qidx), 0);
-    for (size_t i = 0; i < trows; i++)
-        tcnt[i] = K;
-    for (size_t i = 0; i < qrows; i++)
-        qcnt[i] = K;
+    nv_full_lists(&r, &good, K, &tidx, &tcnt, &trows, &qidx, &qcnt, &qrows);
 }
 
 static void teardown(void)

@@ -37,18 +37,7 @@ static void setup(void)
     sa_rng_seed(&r, sa_test_seed());
     nv_case_init(&c, good, &r, 1.0f);
     nv_out_alloc(&out, &good);
-    trows = (size_t)good.batch * good.heads_kv * sa_q_tiles(&good);
-    qrows = sa_query_rows(&good);
-    tidx = nv_malloc(trows * K * sizeof *tidx);
-    tcnt = nv_malloc(trows * sizeof *tcnt);
-    qidx = nv_malloc(qrows * K * sizeof *qidx);
-    qcnt = nv_malloc(qrows * sizeof *qcnt);
-    ck_assert_int_eq(sa_random_tile_lists(&good, good.heads_kv, K, 0, sa_rng_u64(&r), tidx), 0);
-    ck_assert_int_eq(sa_random_query_lists(&good, K, sa_rng_u64(&r), qidx), 0);
-    for (size_t i = 0; i < trows; i++)
-        tcnt[i] = K;
-    for (size_t i = 0; i < qrows; i++)
-        qcnt[i] = K;
+    nv_full_lists(&r, &good, K, &tidx, &tcnt, &trows, &qidx, &qcnt, &qrows);
     np = sa_lse_elems(&good) * K;
     po = nv_malloc(np * good.head_dim * sizeof *po);
     pl = nv_malloc(np * sizeof *pl);
