@@ -46,9 +46,8 @@ void nv_case_free(nv_case *c)
     free(c->vd);
 }
 
-/* The blocks query (b, hq, i) reads: *count of them, from the returned list (NULL: 0, 1, 2...). */
-static const int32_t *row_of(const sa_shape *s, const nv_rows *rows, int b, int hq, int i,
-                             int *count)
+const int32_t *nv_blocks_of(const sa_shape *s, const nv_rows *rows, int b, int hq, int i,
+                            int *count)
 {
     size_t row;
     if (rows->kind == NV_DENSE) {
@@ -90,7 +89,7 @@ void nv_attention(const nv_case *c, const nv_rows *rows, nv_result *r)
                 size_t kvh = ((size_t)b * s->heads_kv + hq / group) * s->len_kv;
                 const double *qv = c->qd + qrow * d;
                 int count;
-                const int32_t *list = row_of(s, rows, b, hq, i, &count);
+                const int32_t *list = nv_blocks_of(s, rows, b, hq, i, &count);
                 /* Causal: key t is visible when t <= i + (len_kv - len_q). */
                 const long long last = rows->causal ? (long long)i + s->len_kv - s->len_q
                                                     : (long long)s->len_kv;

@@ -28,6 +28,11 @@ typedef struct nv_rows {
     int causal;
 } nv_rows;
 
+/* The blocks query (b, hq, i) reads under `rows` (as docs/reference.md states them): *count of
+ * them, listed in the returned row (NULL: blocks 0, 1, ...). */
+const int32_t *nv_blocks_of(const sa_shape *s, const nv_rows *rows, int b, int hq, int i,
+                            int *count);
+
 /* The exact answer, in double: o (B, Hq, Sq, D), lse (B, Hq, Sq; -inf for an empty row), the
  * largest |logit| seen, the largest |o| and the largest |v|. */
 typedef struct nv_result {

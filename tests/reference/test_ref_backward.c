@@ -66,26 +66,6 @@ static void bw_exact_free(bw_exact *g)
     free(g->av);
 }
 
-/* The blocks query (b, hq, i) reads under `rows` (as docs/reference.md states them): *count of
- * them, listed in the returned row (NULL: blocks 0, 1, ...). */
-static const int32_t *blocks_of(const sa_shape *s, const nv_rows *rows, int b, int hq, int i,
-                                int *count)
-{
-    const int tiles = (s->len_q + 127) / 128;
-    if (rows->kind == NV_DENSE) {
-        *count = (s->len_kv + 127) / 128;
-        return NULL;
-    }
-    size_t row;
-    if (rows->kind == NV_TILE)
-        row = ((size_t)b * rows->list_heads + hq / (s->heads_q / rows->list_heads)) * tiles +
-              i / 128;
-    else
-        row = ((size_t)b * s->heads_kv + hq / (s->heads_q / s->heads_kv)) * s->len_q + i;
-    *count = rows->counts ? rows->counts[row] : rows->max_blocks;
-    return rows->indices + row * rows->max_blocks;
-}
-
 /* The gradients of L = sum(dO * O) from the formulas, for every query over every key it sees
  * (a duplicated block counts twice, as in the forward), using the forward's O and LSE as given:
  *   D = sum_e dO_e O_e, P = exp(s - LSE), dP = dO . v, dS = P (dP - D),
@@ -125,7 +105,7 @@ static void bw_naive(const nv_case *c, const nv_rows *rows, const double *dod, c
                 const long long last =
                     rows->causal ? (long long)i + s->len_kv - s->len_q : (long long)s->len_kv;
                 int count;
-                const int32_t *list = blocks_of(s, rows, b, hq, i, &count);
+                const int32_t *list = nv_blocks_of(s, rows, b, hq, i, &count);
                 for (int j = 0; j < count; j++) {
                     const int blk = list ? list[j] : j;
                     for (int t = blk * 128; t < blk * 128 + 128 && t < s->len_kv && t <= last;
