@@ -953,10 +953,6 @@ START_TEST(test_query_errors)
 }
 END_TEST
 
-/* The comparison is not vacuous: the right gradients pass, and each of these wrong ones fails
- * (causal dense, 200 x 200): a stray term on dK of the last key, which only the last query sees
- * (1e-2 of its largest element, what a mask that lets one extra query through would add), and the
- * largest dQ and dV elements off by 1e-3 relative. */
 /* 65536 heads, one query and one key each: the heads' products with the list heads pass 2^31
  * (they had overflowed int and read far out of bounds). With one key, P = 1 and dV = dO exactly
  * (as FP32), on the dense and the tile-list path. */
@@ -1002,6 +998,10 @@ START_TEST(test_many_heads)
 }
 END_TEST
 
+/* The comparison is not vacuous: the right gradients pass, and each of these wrong ones fails
+ * (causal dense, 200 x 200): a stray term on dK of the last key, which only the last query sees
+ * (1e-2 of its largest element, what a mask that lets one extra query through would add), and the
+ * largest dQ and dV elements off by 1e-3 relative. */
 START_TEST(test_checks_can_fail)
 {
     sa_rng r = nv_rng_for(RNG_SALT, 6, 0);
