@@ -384,3 +384,15 @@ void nv_full_lists(sa_rng *r, const sa_shape *s, int k, int32_t **tidx, int32_t 
     for (size_t i = 0; i < *qrows; i++)
         (*qcnt)[i] = k;
 }
+
+const nv_bad_shape nv_bad_shapes[] = {
+    {{0, 4, 2, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 0, 2, 130, 300, 64}, SA_ERR_SHAPE},
+    {{1, 4, 0, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 4, 2, -1, 300, 64}, SA_ERR_SHAPE},
+    {{1, 4, 2, 130, 0, 64}, SA_ERR_SHAPE},     {{1, 4, 2, 130, 300, 0}, SA_ERR_SHAPE},
+    {{1, 3, 2, 130, 300, 64}, SA_ERR_GQA},     {{1, 4, 2, 130, 300, 96}, SA_ERR_HEAD_DIM},
+    {{1, 4, 2, 130, 300, 512}, SA_ERR_HEAD_DIM},
+    {{1 << 30, 1 << 30, 1 << 30, 16, 16, 64}, SA_ERR_SHAPE},
+    {{1, 1, 1, INT32_MAX, 128, 64}, SA_ERR_SHAPE},
+    {{1, 1, 1, 128, 16777215 * 128 + 1, 64}, SA_ERR_SHAPE},
+};
+const int nv_nbad = (int)(sizeof nv_bad_shapes / sizeof nv_bad_shapes[0]);

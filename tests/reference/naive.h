@@ -117,6 +117,16 @@ void nv_fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *counts, s
 int nv_has_future(const sa_shape *s, const int32_t *idx, const int32_t *counts, size_t rows,
                   int per, int tiles, int k);
 
+/* Shapes every entry point must reject, with the code: fields of a valid shape (1 x 4 / 2 heads
+ * x 130 x 300 x 64) broken one at a time, and shapes whose element counts wrap 64 bits or pass
+ * the size limits (sparseattn.h). */
+typedef struct nv_bad_shape {
+    sa_shape s;
+    int code;
+} nv_bad_shape;
+extern const nv_bad_shape nv_bad_shapes[];
+extern const int nv_nbad;
+
 /* Valid lists for the error tests, which break one entry at a time: tile lists with list_heads =
  * Hkv (*tidx of *trows rows) and per-query lists (*qidx of *qrows rows), k distinct blocks a row
  * drawn from r, every count (*tcnt, *qcnt) k. */

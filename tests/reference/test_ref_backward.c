@@ -634,20 +634,6 @@ END_TEST
 static const sa_shape good = {
     .batch = 1, .heads_q = 4, .heads_kv = 2, .len_q = 130, .len_kv = 300, .head_dim = 64};
 enum { K = 2 };
-static const struct {
-    sa_shape s;
-    int code;
-} bad_shapes[] = {
-    {{0, 4, 2, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 0, 2, 130, 300, 64}, SA_ERR_SHAPE},
-    {{1, 4, 0, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 4, 2, -1, 300, 64}, SA_ERR_SHAPE},
-    {{1, 4, 2, 130, 0, 64}, SA_ERR_SHAPE},     {{1, 4, 2, 130, 300, 0}, SA_ERR_SHAPE},
-    {{1, 3, 2, 130, 300, 64}, SA_ERR_GQA},     {{1, 4, 2, 130, 300, 96}, SA_ERR_HEAD_DIM},
-    {{1, 4, 2, 130, 300, 512}, SA_ERR_HEAD_DIM},
-    {{1 << 30, 1 << 30, 1 << 30, 16, 16, 64}, SA_ERR_SHAPE},
-    {{1, 1, 1, INT32_MAX, 128, 64}, SA_ERR_SHAPE},
-    {{1, 1, 1, 128, 16777215 * 128 + 1, 64}, SA_ERR_SHAPE},
-};
-#define NBAD (int)(sizeof bad_shapes / sizeof bad_shapes[0])
 
 static bw_case ek; /* the fixture: valid inputs of `good`, forward outputs, valid lists */
 static int32_t *tidx, *tcnt, *qidx, *qcnt;
@@ -709,9 +695,9 @@ START_TEST(test_dense_errors)
     EXPECT(sa_ref_dense_backward(g, Q, KK, V, NULL, O, LSE, DO, NULL, DK, DV), SA_ERR_NULL);
     EXPECT(sa_ref_dense_backward(g, Q, KK, V, NULL, O, LSE, DO, DQ, NULL, DV), SA_ERR_NULL);
     EXPECT(sa_ref_dense_backward(g, Q, KK, V, NULL, O, LSE, DO, DQ, DK, NULL), SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++)
-        EXPECT(sa_ref_dense_backward(&bad_shapes[i].s, Q, KK, V, NULL, O, LSE, DO, DQ, DK, DV),
-               bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++)
+        EXPECT(sa_ref_dense_backward(&nv_bad_shapes[i].s, Q, KK, V, NULL, O, LSE, DO, DQ, DK, DV),
+               nv_bad_shapes[i].code);
     const sa_attn_opts bad[] = {{.allow_empty_rows = 2, .validate = 1},
                                 {.allow_empty_rows = 1, .validate = -1},
                                 {.allow_empty_rows = 1, .validate = 1, .causal = 2},
@@ -753,8 +739,8 @@ START_TEST(test_tile_errors)
            SA_ERR_NULL);
     EXPECT(sa_ref_tile_sparse_backward(g, Q, KK, V, &l, NULL, O, LSE, DO, DQ, DK, NULL),
            SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++)
-        EXPECT(TB(&bad_shapes[i].s, &l, NULL), bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++)
+        EXPECT(TB(&nv_bad_shapes[i].s, &l, NULL), nv_bad_shapes[i].code);
     sa_attn_opts bad1 = {.allow_empty_rows = 2, .validate = 1};
     sa_attn_opts bad2 = {.allow_empty_rows = 1, .validate = -1};
     sa_attn_opts bad3 = {.allow_empty_rows = 1, .validate = 1, .causal = 5};
@@ -892,8 +878,8 @@ START_TEST(test_query_errors)
            SA_ERR_NULL);
     EXPECT(sa_ref_query_sparse_backward(g, Q, KK, V, &l, NULL, O, LSE, DO, DQ, DK, NULL),
            SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++)
-        EXPECT(QB(&bad_shapes[i].s, &l, NULL), bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++)
+        EXPECT(QB(&nv_bad_shapes[i].s, &l, NULL), nv_bad_shapes[i].code);
     sa_attn_opts bad1 = {.allow_empty_rows = -1, .validate = 1};
     sa_attn_opts bad2 = {.allow_empty_rows = 1, .validate = 5};
     sa_attn_opts bad3 = {.allow_empty_rows = 1, .validate = 1, .allow_future_blocks = 2};
