@@ -68,6 +68,15 @@ int ref_resolve_opts(const sa_attn_opts *opts, sa_attn_opts *res)
     return SA_OK;
 }
 
+int ref_check_call(const sa_shape *s, const sa_outputs *out, const sa_attn_opts *opts,
+                   sa_attn_opts *res)
+{
+    int err = ref_check_outputs(out);
+    if (!err)
+        err = sa_shape_check(s);
+    return err ? err : ref_resolve_opts(opts, res);
+}
+
 int ref_scan_rows(const sa_shape *s, const int32_t *indices, const int32_t *counts, size_t rows,
                   int max_blocks, size_t *max_keys)
 {
@@ -290,13 +299,9 @@ int sa_ref_dense_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k, c
 {
     if (!s || !q || !k || !v)
         return SA_ERR_NULL;
-    int err = ref_check_outputs(out);
-    if (err)
-        return err;
-    if ((err = sa_shape_check(s)))
-        return err;
     sa_attn_opts o;
-    if ((err = ref_resolve_opts(opts, &o)))
+    int err = ref_check_call(s, out, opts, &o);
+    if (err)
         return err;
     tile_job job = {.s = s, .q = q, .k = k, .v = v, .list_heads = s->heads_kv,
                     .causal = o.causal, .max_keys = (size_t)s->len_kv, .out = out};
@@ -327,24 +332,14 @@ int sa_ref_tile_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, 
 {
     if (!s || !q || !k || !v || !l || !l->indices)
         return SA_ERR_NULL;
-    int err = ref_check_outputs(out);
-    if (err)
-        return err;
-    if ((err = sa_shape_check(s)))
-        return err;
     sa_attn_opts o;
-    if ((err = ref_resolve_opts(opts, &o)))
-        return err;
-    /* list_heads, max_blocks and the list array's size, with or without validation. */
-    if ((err = sa_tile_lists_check_args(s, l)))
-        return err;
-    if (o.validate && (err = sa_tile_lists_check_opts(s, l, &o)))
+    int err = ref_check_call(s, out, opts, &o);
+    if (err)
         return err;
     tile_job job = {.s = s, .q = q, .k = k, .v = v, .indices = l->indices, .counts = l->counts,
                     .list_heads = l->list_heads, .max_blocks = l->max_blocks,
                     .causal = o.causal, .out = out};
-    if ((err = ref_scan_rows(s, l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks,
-                             &job.max_keys)))
+    if ((err = ref_tile_lists_ready(s, l, &o, &job.max_keys)))
         return err;
     return run_tiles(&job);
 }

@@ -461,7 +461,6 @@ done:
     return err;
 }
 
-/* Pointer checks shared by the three entry points, after their own (s, q, k, v, lists). */
 /* The checks every backward entry point starts with, in the forward's order: the pointers
  * (SA_ERR_NULL), the shape, the options (resolved into *op). */
 static int check_common(const sa_shape *s, const uint16_t *q, const uint16_t *k,
@@ -515,15 +514,10 @@ int sa_ref_tile_sparse_backward(const sa_shape *s, const uint16_t *q, const uint
     int err = check_common(s, q, k, v, opts, o, lse, d_o, dq, dk, dv, &op);
     if (err)
         return err;
-    if ((err = sa_tile_lists_check_args(s, l)))
-        return err;
-    if (op.validate && (err = sa_tile_lists_check_opts(s, l, &op)))
-        return err;
     bwd_job job = {.s = s, .q = q, .d_o = d_o, .lse = lse, .dq = dq, .dk = dk, .dv = dv,
                    .kind = BWD_TILE, .indices = l->indices, .counts = l->counts,
                    .list_heads = l->list_heads, .max_blocks = l->max_blocks, .causal = op.causal};
-    if ((err = ref_scan_rows(s, l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks,
-                             &job.max_keys)))
+    if ((err = ref_tile_lists_ready(s, l, &op, &job.max_keys)))
         return err;
     return run_backward(&job, k, v, o, 1);
 }
@@ -541,15 +535,10 @@ int sa_ref_query_sparse_backward(const sa_shape *s, const uint16_t *q, const uin
     int err = check_common(s, q, k, v, opts, o, lse, d_o, dq, dk, dv, &op);
     if (err)
         return err;
-    if ((err = sa_query_lists_check_args(s, l)))
-        return err;
-    if (op.validate && (err = sa_query_lists_check_opts(s, l, &op)))
-        return err;
     bwd_job job = {.s = s, .q = q, .d_o = d_o, .lse = lse, .dq = dq, .dk = dk, .dv = dv,
                    .kind = BWD_QUERY, .indices = l->indices, .counts = l->counts,
                    .max_blocks = l->max_blocks, .causal = op.causal};
-    if ((err = ref_scan_rows(s, l->indices, l->counts, sa_query_rows(s), l->max_blocks,
-                             &job.max_keys)))
+    if ((err = ref_query_lists_ready(s, l, &op, &job.max_keys)))
         return err;
     return run_backward(&job, k, v, o, 1);
 }

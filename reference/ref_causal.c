@@ -70,3 +70,27 @@ int sa_query_lists_check_opts(const sa_shape *s, const sa_query_lists *l,
     return sa_list_rows_check(s, l->indices, l->counts, sa_query_rows(s), l->max_blocks,
                               o.allow_empty_rows, 1, s->len_q, 0, o.allow_future_blocks);
 }
+
+/* The list checks of a sparse entry point, forward and backward alike, after its pointers, shape
+ * and options (*o resolved): the list's own arguments (list_heads, max_blocks, the array's size)
+ * and, when o->validate, its rows under *o; then the bounds of every count and index, which the
+ * reference reads through even unvalidated, with the most keys a row gathers (*max_keys, which
+ * sizes the scratch). Shapes as sa_tile_lists_check_opts. */
+int ref_tile_lists_ready(const sa_shape *s, const sa_tile_lists *l, const sa_attn_opts *o,
+                         size_t *max_keys)
+{
+    int err = sa_tile_lists_check_args(s, l);
+    if (err || (o->validate && (err = sa_tile_lists_check_opts(s, l, o))))
+        return err;
+    return ref_scan_rows(s, l->indices, l->counts, sa_tile_rows(s, l), l->max_blocks, max_keys);
+}
+
+/* As ref_tile_lists_ready for per-query lists; shapes as sa_query_lists_check_opts. */
+int ref_query_lists_ready(const sa_shape *s, const sa_query_lists *l, const sa_attn_opts *o,
+                          size_t *max_keys)
+{
+    int err = sa_query_lists_check_args(s, l);
+    if (err || (o->validate && (err = sa_query_lists_check_opts(s, l, o))))
+        return err;
+    return ref_scan_rows(s, l->indices, l->counts, sa_query_rows(s), l->max_blocks, max_keys);
+}

@@ -1,4 +1,5 @@
-/* Pieces shared by the CPU reference files (ref_attention.c, ref_query.c); not public API. */
+/* Pieces shared by the CPU reference files (ref_attention.c, ref_query.c, ref_backward.c,
+ * ref_causal.c); not public API. */
 #ifndef SA_REF_INTERNAL_H
 #define SA_REF_INTERNAL_H
 
@@ -142,6 +143,17 @@ static inline int ref_causal_block_len(int blk, int len, int last)
 int ref_check_outputs(const sa_outputs *out);
 /* opts NULL -> defaults; fields other than 0/1 -> SA_ERR_ARG. */
 int ref_resolve_opts(const sa_attn_opts *opts, sa_attn_opts *res);
+/* What a forward entry point checks after its own input pointers, in one order for all of them
+ * (a call with several faults gets the same code from each): out, the shape, then opts resolved
+ * into *res. */
+int ref_check_call(const sa_shape *s, const sa_outputs *out, const sa_attn_opts *opts,
+                   sa_attn_opts *res);
+/* A sparse call's list checks under resolved options, forward and backward alike, ending with
+ * ref_scan_rows (ref_causal.c). */
+int ref_tile_lists_ready(const sa_shape *s, const sa_tile_lists *l, const sa_attn_opts *o,
+                         size_t *max_keys);
+int ref_query_lists_ready(const sa_shape *s, const sa_query_lists *l, const sa_attn_opts *o,
+                          size_t *max_keys);
 /* Bounds of every count and index (always checked: the reference reads through them even when
  * opts->validate = 0) and the most keys any row gathers, which sizes the scratch buffers. */
 int ref_scan_rows(const sa_shape *s, const int32_t *indices, const int32_t *counts, size_t rows,

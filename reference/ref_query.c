@@ -245,20 +245,12 @@ static int check_query_call(const sa_shape *s, const uint16_t *q, const uint16_t
 int sa_ref_query_sparse(const sa_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                         const sa_query_lists *l, const sa_attn_opts *opts, const sa_outputs *out)
 {
-    int err = check_query_call(s, q, k, v, l);
-    if (err || (err = ref_check_outputs(out)) || (err = sa_shape_check(s)))
-        return err;
     sa_attn_opts o;
-    if ((err = ref_resolve_opts(opts, &o)))
-        return err;
-    /* max_blocks and the list array's size, with or without validation. */
-    if ((err = sa_query_lists_check_args(s, l)))
-        return err;
-    if (o.validate && (err = sa_query_lists_check_opts(s, l, &o)))
+    int err = check_query_call(s, q, k, v, l);
+    if (err || (err = ref_check_call(s, out, opts, &o)))
         return err;
     size_t max_keys;
-    if ((err = ref_scan_rows(s, l->indices, l->counts, sa_query_rows(s), l->max_blocks,
-                             &max_keys)))
+    if ((err = ref_query_lists_ready(s, l, &o, &max_keys)))
         return err;
     query_job job = {.s = s, .q = q, .k = k, .v = v,
                      .indices = l->indices, .counts = l->counts, .max_blocks = l->max_blocks,

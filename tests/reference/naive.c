@@ -46,9 +46,8 @@ void nv_case_free(nv_case *c)
     free(c->vd);
 }
 
-/* The blocks query (b, hq, i) reads: *count of them, from the returned list (NULL: 0, 1, 2...). */
-static const int32_t *row_of(const sa_shape *s, const nv_rows *rows, int b, int hq, int i,
-                             int *count)
+const int32_t *nv_blocks_of(const sa_shape *s, const nv_rows *rows, int b, int hq, int i,
+                            int *count)
 {
     size_t row;
     if (rows->kind == NV_DENSE) {
@@ -90,7 +89,7 @@ void nv_attention(const nv_case *c, const nv_rows *rows, nv_result *r)
                 size_t kvh = ((size_t)b * s->heads_kv + hq / group) * s->len_kv;
                 const double *qv = c->qd + qrow * d;
                 int count;
-                const int32_t *list = row_of(s, rows, b, hq, i, &count);
+                const int32_t *list = nv_blocks_of(s, rows, b, hq, i, &count);
                 /* Causal: key t is visible when t <= i + (len_kv - len_q). */
                 const long long last = rows->causal ? (long long)i + s->len_kv - s->len_q
                                                     : (long long)s->len_kv;
@@ -280,6 +279,34 @@ const char *nv_check_partials(const nv_case *c, const int32_t *idx, const int32_
     return msg;
 }
 
+void nv_check_partials_combine(const nv_case *c, const sa_query_lists *ql,
+                               const sa_attn_opts *opts, const float *po, const float *pl, int _i)
+{
+    const sa_shape *s = &c->s;
+    const int causal = opts && opts->causal, k = ql->max_blocks;
+    const char *how = causal ? "causal " : "";
+    int j;
+    const char *m = nv_check_partials(c, ql->indices, ql->counts, k, causal, po, pl, &j);
+    ck_assert_msg(!m, "%spartial slot %d, shape #%d, seed %" PRIu64 ": %s", how, j, _i,
+                  sa_test_seed(), m);
+
+    nv_out out, direct;
+    nv_out_alloc(&out, s);
+    nv_out_alloc(&direct, s);
+    ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
+    nv_result res;
+    nv_attention(c, &(nv_rows){NV_QUERY, ql->indices, ql->counts, 0, k, causal}, &res);
+    char what[64];
+    snprintf(what, sizeof what, "combined %spartials", how);
+    NV_CHECK_OUT(c, &res, &out, what);
+    ck_assert_int_eq(sa_ref_query_sparse(s, c->q, c->k, c->v, ql, opts, &direct.out), SA_OK);
+    snprintf(what, sizeof what, "direct %sper-query attention", how);
+    NV_CHECK_OUT(c, &res, &direct, what);
+    nv_result_free(&res);
+    nv_out_free(&out);
+    nv_out_free(&direct);
+}
+
 long long nv_last_key(const sa_shape *s, int i) { return (long long)i + s->len_kv - s->len_q; }
 
 int nv_visible_blocks(long long last) { return last < 0 ? 0 : (int)(last / 128) + 1; }
@@ -340,3 +367,32 @@ int nv_has_future(const sa_shape *s, const int32_t *idx, const int32_t *counts, 
     }
     return 0;
 }
+
+void nv_full_lists(sa_rng *r, const sa_shape *s, int k, int32_t **tidx, int32_t **tcnt,
+                   size_t *trows, int32_t **qidx, int32_t **qcnt, size_t *qrows)
+{
+    *trows = nv_tile_rows(s, s->heads_kv);
+    *qrows = sa_query_rows(s);
+    *tidx = nv_malloc(*trows * k * sizeof **tidx);
+    *tcnt = nv_malloc(*trows * sizeof **tcnt);
+    *qidx = nv_malloc(*qrows * k * sizeof **qidx);
+    *qcnt = nv_malloc(*qrows * sizeof **qcnt);
+    ck_assert_int_eq(sa_random_tile_lists(s, s->heads_kv, k, 0, sa_rng_u64(r), *tidx), 0);
+    ck_assert_int_eq(sa_random_query_lists(s, k, sa_rng_u64(r), *qidx), 0);
+    for (size_t i = 0; i < *trows; i++)
+        (*tcnt)[i] = k;
+    for (size_t i = 0; i < *qrows; i++)
+        (*qcnt)[i] = k;
+}
+
+const nv_bad_shape nv_bad_shapes[] = {
+    {{0, 4, 2, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 0, 2, 130, 300, 64}, SA_ERR_SHAPE},
+    {{1, 4, 0, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 4, 2, -1, 300, 64}, SA_ERR_SHAPE},
+    {{1, 4, 2, 130, 0, 64}, SA_ERR_SHAPE},     {{1, 4, 2, 130, 300, 0}, SA_ERR_SHAPE},
+    {{1, 3, 2, 130, 300, 64}, SA_ERR_GQA},     {{1, 4, 2, 130, 300, 96}, SA_ERR_HEAD_DIM},
+    {{1, 4, 2, 130, 300, 512}, SA_ERR_HEAD_DIM},
+    {{1 << 30, 1 << 30, 1 << 30, 16, 16, 64}, SA_ERR_SHAPE},
+    {{1, 1, 1, INT32_MAX, 128, 64}, SA_ERR_SHAPE},
+    {{1, 1, 1, 128, 16777215 * 128 + 1, 64}, SA_ERR_SHAPE},
+};
+const int nv_nbad = (int)(sizeof nv_bad_shapes / sizeof nv_bad_shapes[0]);

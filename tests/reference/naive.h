@@ -28,6 +28,11 @@ typedef struct nv_rows {
     int causal;
 } nv_rows;
 
+/* The blocks query (b, hq, i) reads under `rows` (as docs/reference.md states them): *count of
+ * them, listed in the returned row (NULL: blocks 0, 1, ...). */
+const int32_t *nv_blocks_of(const sa_shape *s, const nv_rows *rows, int b, int hq, int i,
+                            int *count);
+
 /* The exact answer, in double: o (B, Hq, Sq, D), lse (B, Hq, Sq; -inf for an empty row), the
  * largest |logit| seen, the largest |o| and the largest |v|. */
 typedef struct nv_result {
@@ -65,6 +70,13 @@ const char *nv_check(const nv_case *c, const nv_result *r, const float *of, cons
  * when every slot passes, else the first failure's message; *bad_slot is its slot. */
 const char *nv_check_partials(const nv_case *c, const int32_t *idx, const int32_t *counts, int k,
                               int causal, const float *po, const float *pl, int *bad_slot);
+
+/* The partials po, pl of per-query lists ql under opts (NULL: not causal), then their merge: slot
+ * by slot with nv_check_partials, then sa_ref_combine of them and sa_ref_query_sparse on ql
+ * under opts, each against the exact attention over the whole rows. Failures name the check,
+ * the shape (#_i, the loop index of the calling test) and the seed. */
+void nv_check_partials_combine(const nv_case *c, const sa_query_lists *ql,
+                               const sa_attn_opts *opts, const float *po, const float *pl, int _i);
 
 /* A random stream of its own for test `test` and shape `i`, derived from the run's seed (each
  * test file passes its own salt, so two files' streams differ). */
@@ -104,5 +116,21 @@ void nv_fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *counts, s
 /* 1 when some row of such lists names a block past its visible prefix (causally). */
 int nv_has_future(const sa_shape *s, const int32_t *idx, const int32_t *counts, size_t rows,
                   int per, int tiles, int k);
+
+/* Shapes every entry point must reject, with the code: fields of a valid shape (1 x 4 / 2 heads
+ * x 130 x 300 x 64) broken one at a time, and shapes whose element counts wrap 64 bits or pass
+ * the size limits (sparseattn.h). */
+typedef struct nv_bad_shape {
+    sa_shape s;
+    int code;
+} nv_bad_shape;
+extern const nv_bad_shape nv_bad_shapes[];
+extern const int nv_nbad;
+
+/* Valid lists for the error tests, which break one entry at a time: tile lists with list_heads =
+ * Hkv (*tidx of *trows rows) and per-query lists (*qidx of *qrows rows), k distinct blocks a row
+ * drawn from r, every count (*tcnt, *qcnt) k. */
+void nv_full_lists(sa_rng *r, const sa_shape *s, int k, int32_t **tidx, int32_t **tcnt,
+                   size_t *trows, int32_t **qidx, int32_t **qcnt, size_t *qrows);
 
 #endif

@@ -253,25 +253,7 @@ START_TEST(test_causal_partials_combine)
             ck_assert_msg(isnan(pl[i]), "partials written before failing");
     }
     EXPECT_CODE(sa_ref_query_partials_opts(s, c.q, c.k, c.v, &ql, &causal_future, po, pl), SA_OK);
-
-    int j;
-    const char *m = nv_check_partials(&c, idx, counts, k, 1, po, pl, &j);
-    ck_assert_msg(!m, "causal partial slot %d, shape #%d, seed %" PRIu64 ": %s", j, _i, sa_test_seed(),
-                  m);
-
-    nv_out out, direct;
-    nv_out_alloc(&out, s);
-    nv_out_alloc(&direct, s);
-    ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
-    nv_result res;
-    nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 1}, &res);
-    NV_CHECK_OUT(&c, &res, &out, "combined causal partials");
-    ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, &causal_future, &direct.out),
-                     SA_OK);
-    NV_CHECK_OUT(&c, &res, &direct, "direct causal per-query attention");
-    nv_result_free(&res);
-    nv_out_free(&out);
-    nv_out_free(&direct);
+    nv_check_partials_combine(&c, &ql, &causal_future, po, pl, _i);
     free(po);
     free(pl);
     free(idx);

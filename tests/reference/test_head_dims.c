@@ -20,41 +20,6 @@ static const sa_shape shapes[] = {
 
 #define RNG_SALT 0xa0761d6478bd642full /* this file's streams (nv_rng_for) */
 
-/* The blocks [0, n) a row sees under causal (tile rows: the tile's last valid row), written from
- * the definition. */
-static int visible_of(const sa_shape *s, int per_query, int x)
-{
-    int row = per_query ? x : (x * 128 + 127 < s->len_q ? x * 128 + 127 : s->len_q - 1);
-    long long last = (long long)row + s->len_kv - s->len_q;
-    return last < 0 ? 0 : (int)(last / 128) + 1;
-}
-
-/* rows of k slots, row r covering x = r % per: a count in [0, min(k, limit)] and distinct blocks
- * of [0, limit) in random order, limit the visible blocks (causal) or all of them. */
-static void fill_rows(sa_rng *r, const sa_shape *s, int32_t *idx, int32_t *counts, size_t rows,
-                      int per, int per_query, int k, int causal)
-{
-    const int nb = sa_kv_blocks(s);
-    int32_t *perm = nv_malloc((size_t)nb * sizeof *perm);
-    for (size_t row = 0; row < rows; row++) {
-        const int lim = causal ? visible_of(s, per_query, (int)(row % (size_t)per)) : nb;
-        const int most = k < lim ? k : lim;
-        const int c = most ? (int)sa_rng_below(r, (uint32_t)most + 1) : 0;
-        for (int b = 0; b < lim; b++)
-            perm[b] = b;
-        for (int j = 0; j < c; j++) {
-            int m = j + (int)sa_rng_below(r, (uint32_t)(lim - j));
-            int32_t t = perm[j];
-            perm[j] = perm[m];
-            perm[m] = t;
-        }
-        for (int j = 0; j < k; j++)
-            idx[row * k + j] = j < c ? perm[j] : -1;
-        counts[row] = c;
-    }
-    free(perm);
-}
-
 START_TEST(test_dense)
 {
     sa_rng r = nv_rng_for(RNG_SALT, 1, _i);
@@ -98,7 +63,7 @@ START_TEST(test_lists)
             const size_t rows = (size_t)s->batch * heads * sa_q_tiles(s);
             int32_t *idx = nv_malloc(rows * k * sizeof *idx);
             int32_t *cnt = nv_malloc(rows * sizeof *cnt);
-            fill_rows(&r, s, idx, cnt, rows, sa_q_tiles(s), 0, k, causal);
+            nv_fill_rows(&r, s, idx, cnt, rows, sa_q_tiles(s), 1, k, causal, 0, 0);
             sa_tile_lists l = {idx, cnt, heads, k};
             nv_out_poison(&out, s);
             ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, &o, &out.out), SA_OK);
@@ -112,7 +77,7 @@ START_TEST(test_lists)
         const int k = 1 + (int)sa_rng_below(&r, nb);
         const size_t rows = sa_query_rows(s);
         int32_t *idx = nv_malloc(rows * k * sizeof *idx), *cnt = nv_malloc(rows * sizeof *cnt);
-        fill_rows(&r, s, idx, cnt, rows, s->len_q, 1, k, causal);
+        nv_fill_rows(&r, s, idx, cnt, rows, s->len_q, 0, k, causal, 0, 0);
         sa_query_lists l = {idx, cnt, k};
         nv_out_poison(&out, s);
         ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &l, &o, &out.out), SA_OK);
@@ -128,7 +93,8 @@ START_TEST(test_lists)
 }
 END_TEST
 
-/* Partials (plain and causal), merged by sa_ref_combine: the per-row combine buffers hold D. */
+/* Partials (plain and causal) slot by slot, then merged by sa_ref_combine (its per-row buffers
+ * hold D) and beside sa_ref_query_sparse (nv_check_partials_combine). */
 START_TEST(test_partials_combine)
 {
     sa_rng r = nv_rng_for(RNG_SALT, 3, _i);
@@ -136,8 +102,6 @@ START_TEST(test_partials_combine)
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
     const int d = s->head_dim, nb = sa_kv_blocks(s);
-    nv_out out;
-    nv_out_alloc(&out, s);
     for (int causal = 0; causal < 2; causal++) {
         sa_attn_opts o;
         sa_attn_opts_default(&o);
@@ -145,24 +109,18 @@ START_TEST(test_partials_combine)
         const int k = 1 + (int)sa_rng_below(&r, nb);
         const size_t rows = sa_query_rows(s), np = sa_lse_elems(s) * k;
         int32_t *idx = nv_malloc(rows * k * sizeof *idx), *cnt = nv_malloc(rows * sizeof *cnt);
-        fill_rows(&r, s, idx, cnt, rows, s->len_q, 1, k, causal);
+        nv_fill_rows(&r, s, idx, cnt, rows, s->len_q, 0, k, causal, 0, 0);
         sa_query_lists l = {idx, cnt, k};
         float *po = nv_malloc(np * d * sizeof *po), *pl = nv_malloc(np * sizeof *pl);
         sa_poison_f32(po, np * d);
         sa_poison_f32(pl, np);
         ck_assert_int_eq(sa_ref_query_partials_opts(s, c.q, c.k, c.v, &l, &o, po, pl), SA_OK);
-        nv_out_poison(&out, s);
-        ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
-        nv_result res;
-        nv_attention(&c, &(nv_rows){NV_QUERY, idx, cnt, 0, k, causal}, &res);
-        NV_CHECK_OUT(&c, &res, &out, causal ? "causal partials, combined" : "partials, combined");
-        nv_result_free(&res);
+        nv_check_partials_combine(&c, &l, &o, po, pl, _i);
         free(po);
         free(pl);
         free(idx);
         free(cnt);
     }
-    nv_out_free(&out);
     nv_case_free(&c);
 }
 END_TEST

@@ -66,26 +66,6 @@ static void bw_exact_free(bw_exact *g)
     free(g->av);
 }
 
-/* The blocks query (b, hq, i) reads under `rows` (as docs/reference.md states them): *count of
- * them, listed in the returned row (NULL: blocks 0, 1, ...). */
-static const int32_t *blocks_of(const sa_shape *s, const nv_rows *rows, int b, int hq, int i,
-                                int *count)
-{
-    const int tiles = (s->len_q + 127) / 128;
-    if (rows->kind == NV_DENSE) {
-        *count = (s->len_kv + 127) / 128;
-        return NULL;
-    }
-    size_t row;
-    if (rows->kind == NV_TILE)
-        row = ((size_t)b * rows->list_heads + hq / (s->heads_q / rows->list_heads)) * tiles +
-              i / 128;
-    else
-        row = ((size_t)b * s->heads_kv + hq / (s->heads_q / s->heads_kv)) * s->len_q + i;
-    *count = rows->counts ? rows->counts[row] : rows->max_blocks;
-    return rows->indices + row * rows->max_blocks;
-}
-
 /* The gradients of L = sum(dO * O) from the formulas, for every query over every key it sees
  * (a duplicated block counts twice, as in the forward), using the forward's O and LSE as given:
  *   D = sum_e dO_e O_e, P = exp(s - LSE), dP = dO . v, dS = P (dP - D),
@@ -125,7 +105,7 @@ static void bw_naive(const nv_case *c, const nv_rows *rows, const double *dod, c
                 const long long last =
                     rows->causal ? (long long)i + s->len_kv - s->len_q : (long long)s->len_kv;
                 int count;
-                const int32_t *list = blocks_of(s, rows, b, hq, i, &count);
+                const int32_t *list = nv_blocks_of(s, rows, b, hq, i, &count);
                 for (int j = 0; j < count; j++) {
                     const int blk = list ? list[j] : j;
                     for (int t = blk * 128; t < blk * 128 + 128 && t < s->len_kv && t <= last;
@@ -654,20 +634,6 @@ END_TEST
 static const sa_shape good = {
     .batch = 1, .heads_q = 4, .heads_kv = 2, .len_q = 130, .len_kv = 300, .head_dim = 64};
 enum { K = 2 };
-static const struct {
-    sa_shape s;
-    int code;
-} bad_shapes[] = {
-    {{0, 4, 2, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 0, 2, 130, 300, 64}, SA_ERR_SHAPE},
-    {{1, 4, 0, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 4, 2, -1, 300, 64}, SA_ERR_SHAPE},
-    {{1, 4, 2, 130, 0, 64}, SA_ERR_SHAPE},     {{1, 4, 2, 130, 300, 0}, SA_ERR_SHAPE},
-    {{1, 3, 2, 130, 300, 64}, SA_ERR_GQA},     {{1, 4, 2, 130, 300, 96}, SA_ERR_HEAD_DIM},
-    {{1, 4, 2, 130, 300, 512}, SA_ERR_HEAD_DIM},
-    {{1 << 30, 1 << 30, 1 << 30, 16, 16, 64}, SA_ERR_SHAPE},
-    {{1, 1, 1, INT32_MAX, 128, 64}, SA_ERR_SHAPE},
-    {{1, 1, 1, 128, 16777215 * 128 + 1, 64}, SA_ERR_SHAPE},
-};
-#define NBAD (int)(sizeof bad_shapes / sizeof bad_shapes[0])
 
 static bw_case ek; /* the fixture: valid inputs of `good`, forward outputs, valid lists */
 static int32_t *tidx, *tcnt, *qidx, *qcnt;
@@ -682,18 +648,7 @@ static void setup(void)
         ek.o[i] = (float)sa_rng_normal(&r);
     for (size_t i = 0; i < sa_lse_elems(&good); i++)
         ek.lse[i] = 3.0f + (float)sa_rng_uniform(&r);
-    trows = nv_tile_rows(&good, good.heads_kv);
-    qrows = sa_query_rows(&good);
-    tidx = nv_malloc(trows * K * sizeof *tidx);
-    tcnt = nv_malloc(trows * sizeof *tcnt);
-    qidx = nv_malloc(qrows * K * sizeof *qidx);
-    qcnt = nv_malloc(qrows * sizeof *qcnt);
-    ck_assert_int_eq(sa_random_tile_lists(&good, good.heads_kv, K, 0, sa_rng_u64(&r), tidx), 0);
-    ck_assert_int_eq(sa_random_query_lists(&good, K, sa_rng_u64(&r), qidx), 0);
-    for (size_t i = 0; i < trows; i++)
-        tcnt[i] = K;
-    for (size_t i = 0; i < qrows; i++)
-        qcnt[i] = K;
+    nv_full_lists(&r, &good, K, &tidx, &tcnt, &trows, &qidx, &qcnt, &qrows);
 }
 
 static void teardown(void)
@@ -740,9 +695,9 @@ START_TEST(test_dense_errors)
     EXPECT(sa_ref_dense_backward(g, Q, KK, V, NULL, O, LSE, DO, NULL, DK, DV), SA_ERR_NULL);
     EXPECT(sa_ref_dense_backward(g, Q, KK, V, NULL, O, LSE, DO, DQ, NULL, DV), SA_ERR_NULL);
     EXPECT(sa_ref_dense_backward(g, Q, KK, V, NULL, O, LSE, DO, DQ, DK, NULL), SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++)
-        EXPECT(sa_ref_dense_backward(&bad_shapes[i].s, Q, KK, V, NULL, O, LSE, DO, DQ, DK, DV),
-               bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++)
+        EXPECT(sa_ref_dense_backward(&nv_bad_shapes[i].s, Q, KK, V, NULL, O, LSE, DO, DQ, DK, DV),
+               nv_bad_shapes[i].code);
     const sa_attn_opts bad[] = {{.allow_empty_rows = 2, .validate = 1},
                                 {.allow_empty_rows = 1, .validate = -1},
                                 {.allow_empty_rows = 1, .validate = 1, .causal = 2},
@@ -784,8 +739,8 @@ START_TEST(test_tile_errors)
            SA_ERR_NULL);
     EXPECT(sa_ref_tile_sparse_backward(g, Q, KK, V, &l, NULL, O, LSE, DO, DQ, DK, NULL),
            SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++)
-        EXPECT(TB(&bad_shapes[i].s, &l, NULL), bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++)
+        EXPECT(TB(&nv_bad_shapes[i].s, &l, NULL), nv_bad_shapes[i].code);
     sa_attn_opts bad1 = {.allow_empty_rows = 2, .validate = 1};
     sa_attn_opts bad2 = {.allow_empty_rows = 1, .validate = -1};
     sa_attn_opts bad3 = {.allow_empty_rows = 1, .validate = 1, .causal = 5};
@@ -923,8 +878,8 @@ START_TEST(test_query_errors)
            SA_ERR_NULL);
     EXPECT(sa_ref_query_sparse_backward(g, Q, KK, V, &l, NULL, O, LSE, DO, DQ, DK, NULL),
            SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++)
-        EXPECT(QB(&bad_shapes[i].s, &l, NULL), bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++)
+        EXPECT(QB(&nv_bad_shapes[i].s, &l, NULL), nv_bad_shapes[i].code);
     sa_attn_opts bad1 = {.allow_empty_rows = -1, .validate = 1};
     sa_attn_opts bad2 = {.allow_empty_rows = 1, .validate = 5};
     sa_attn_opts bad3 = {.allow_empty_rows = 1, .validate = 1, .allow_future_blocks = 2};
@@ -984,10 +939,6 @@ START_TEST(test_query_errors)
 }
 END_TEST
 
-/* The comparison is not vacuous: the right gradients pass, and each of these wrong ones fails
- * (causal dense, 200 x 200): a stray term on dK of the last key, which only the last query sees
- * (1e-2 of its largest element, what a mask that lets one extra query through would add), and the
- * largest dQ and dV elements off by 1e-3 relative. */
 /* 65536 heads, one query and one key each: the heads' products with the list heads pass 2^31
  * (they had overflowed int and read far out of bounds). With one key, P = 1 and dV = dO exactly
  * (as FP32), on the dense and the tile-list path. */
@@ -1033,6 +984,10 @@ START_TEST(test_many_heads)
 }
 END_TEST
 
+/* The comparison is not vacuous: the right gradients pass, and each of these wrong ones fails
+ * (causal dense, 200 x 200): a stray term on dK of the last key, which only the last query sees
+ * (1e-2 of its largest element, what a mask that lets one extra query through would add), and the
+ * largest dQ and dV elements off by 1e-3 relative. */
 START_TEST(test_checks_can_fail)
 {
     sa_rng r = nv_rng_for(RNG_SALT, 6, 0);

@@ -11,19 +11,6 @@ static const sa_shape good = {
     .batch = 1, .heads_q = 4, .heads_kv = 2, .len_q = 130, .len_kv = 300, .head_dim = 64};
 enum { K = 2 }; /* max_blocks of the valid lists */
 
-/* Shapes each entry must reject, with the code. */
-static const struct {
-    sa_shape s;
-    int code;
-} bad_shapes[] = {
-    {{0, 4, 2, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 0, 2, 130, 300, 64}, SA_ERR_SHAPE},
-    {{1, 4, 0, 130, 300, 64}, SA_ERR_SHAPE},   {{1, 4, 2, -1, 300, 64}, SA_ERR_SHAPE},
-    {{1, 4, 2, 130, 0, 64}, SA_ERR_SHAPE},     {{1, 4, 2, 130, 300, 0}, SA_ERR_SHAPE},
-    {{1, 3, 2, 130, 300, 64}, SA_ERR_GQA},     {{1, 4, 2, 130, 300, 96}, SA_ERR_HEAD_DIM},
-    {{1, 4, 2, 130, 300, 512}, SA_ERR_HEAD_DIM},
-};
-#define NBAD (int)(sizeof bad_shapes / sizeof bad_shapes[0])
-
 static nv_case c;
 static nv_out out;
 static int32_t *tidx, *tcnt, *qidx, *qcnt; /* valid tile lists (list_heads = Hkv) and query lists */
@@ -37,18 +24,7 @@ static void setup(void)
     sa_rng_seed(&r, sa_test_seed());
     nv_case_init(&c, good, &r, 1.0f);
     nv_out_alloc(&out, &good);
-    trows = (size_t)good.batch * good.heads_kv * sa_q_tiles(&good);
-    qrows = sa_query_rows(&good);
-    tidx = nv_malloc(trows * K * sizeof *tidx);
-    tcnt = nv_malloc(trows * sizeof *tcnt);
-    qidx = nv_malloc(qrows * K * sizeof *qidx);
-    qcnt = nv_malloc(qrows * sizeof *qcnt);
-    ck_assert_int_eq(sa_random_tile_lists(&good, good.heads_kv, K, 0, sa_rng_u64(&r), tidx), 0);
-    ck_assert_int_eq(sa_random_query_lists(&good, K, sa_rng_u64(&r), qidx), 0);
-    for (size_t i = 0; i < trows; i++)
-        tcnt[i] = K;
-    for (size_t i = 0; i < qrows; i++)
-        qcnt[i] = K;
+    nv_full_lists(&r, &good, K, &tidx, &tcnt, &trows, &qidx, &qcnt, &qrows);
     np = sa_lse_elems(&good) * K;
     po = nv_malloc(np * good.head_dim * sizeof *po);
     pl = nv_malloc(np * sizeof *pl);
@@ -100,8 +76,8 @@ START_TEST(test_dense_errors)
     EXPECT(sa_ref_dense(&good, c.q, c.k, NULL, &out.out), SA_ERR_NULL);
     EXPECT(sa_ref_dense(&good, c.q, c.k, c.v, NULL), SA_ERR_NULL);
     EXPECT(sa_ref_dense(&good, c.q, c.k, c.v, &no_o), SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++)
-        EXPECT(sa_ref_dense(&bad_shapes[i].s, c.q, c.k, c.v, &out.out), bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++)
+        EXPECT(sa_ref_dense(&nv_bad_shapes[i].s, c.q, c.k, c.v, &out.out), nv_bad_shapes[i].code);
     EXPECT(sa_ref_dense(&good, c.q, c.k, c.v, &out.out), SA_OK);
 }
 END_TEST
@@ -123,8 +99,8 @@ START_TEST(test_tile_errors)
     EXPECT(TILE(&good, &l, NULL, &no_o), SA_ERR_NULL);
     m = l, m.indices = NULL;
     EXPECT(TILE(&good, &m, NULL, &out.out), SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++)
-        EXPECT(TILE(&bad_shapes[i].s, &l, NULL, &out.out), bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++)
+        EXPECT(TILE(&nv_bad_shapes[i].s, &l, NULL, &out.out), nv_bad_shapes[i].code);
     sa_attn_opts bad1 = {.allow_empty_rows = 2, .validate = 1};
     sa_attn_opts bad2 = {.allow_empty_rows = 1, .validate = -1};
     EXPECT(TILE(&good, &l, &bad1, &out.out), SA_ERR_ARG);
@@ -195,9 +171,9 @@ START_TEST(test_query_errors)
     m = l, m.indices = NULL;
     EXPECT(QS(&good, &m, NULL, &out.out), SA_ERR_NULL);
     EXPECT(QP(&good, &m, po, pl), SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++) {
-        EXPECT(QS(&bad_shapes[i].s, &l, NULL, &out.out), bad_shapes[i].code);
-        EXPECT(QP(&bad_shapes[i].s, &l, po, pl), bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++) {
+        EXPECT(QS(&nv_bad_shapes[i].s, &l, NULL, &out.out), nv_bad_shapes[i].code);
+        EXPECT(QP(&nv_bad_shapes[i].s, &l, po, pl), nv_bad_shapes[i].code);
     }
     sa_attn_opts bad1 = {.allow_empty_rows = -1, .validate = 1};
     sa_attn_opts bad2 = {.allow_empty_rows = 1, .validate = 5};
@@ -249,8 +225,8 @@ START_TEST(test_combine_errors)
     EXPECT(sa_ref_combine(&good, K, po, NULL, &out.out), SA_ERR_NULL);
     EXPECT(sa_ref_combine(&good, K, po, pl, NULL), SA_ERR_NULL);
     EXPECT(sa_ref_combine(&good, K, po, pl, &no_o), SA_ERR_NULL);
-    for (int i = 0; i < NBAD; i++)
-        EXPECT(sa_ref_combine(&bad_shapes[i].s, K, po, pl, &out.out), bad_shapes[i].code);
+    for (int i = 0; i < nv_nbad; i++)
+        EXPECT(sa_ref_combine(&nv_bad_shapes[i].s, K, po, pl, &out.out), nv_bad_shapes[i].code);
     EXPECT(sa_ref_combine(&good, 0, po, pl, &out.out), SA_ERR_ARG);
     EXPECT(sa_ref_combine(&good, -3, po, pl, &out.out), SA_ERR_ARG);
     EXPECT(sa_ref_combine(&good, INT32_MIN, po, pl, &out.out), SA_ERR_ARG);

@@ -22,12 +22,17 @@ static const sa_shape shapes[] = {
 
 #define RNG_SALT 0x9e3779b97f4a7c15ull /* this file's streams (nv_rng_for) */
 
-static int32_t *tile_lists(sa_rng *r, const sa_shape *s, int list_heads, int k, int32_t **counts)
+/* Random lists of k distinct blocks a row: tile lists with list_heads heads, or per-query lists
+ * when list_heads is 0; with counts, random counts (empty rows included). */
+static int32_t *random_lists(sa_rng *r, const sa_shape *s, int list_heads, int k,
+                             int32_t **counts)
 {
-    size_t rows = (size_t)s->batch * list_heads * sa_q_tiles(s);
+    size_t rows = list_heads ? nv_tile_rows(s, list_heads) : sa_query_rows(s);
     int32_t *idx = nv_malloc(rows * k * sizeof *idx);
-    ck_assert_int_eq(sa_random_tile_lists(s, list_heads, k, SA_LISTS_INDEPENDENT,
-                                          sa_rng_u64(r), idx), SA_OK);
+    ck_assert_int_eq(list_heads ? sa_random_tile_lists(s, list_heads, k, SA_LISTS_INDEPENDENT,
+                                                       sa_rng_u64(r), idx)
+                                : sa_random_query_lists(s, k, sa_rng_u64(r), idx),
+                     SA_OK);
     nv_shuffle_rows(r, idx, rows, k); /* the reference must not rely on sorted rows */
     if (counts) {
         *counts = nv_malloc(rows * sizeof **counts);
@@ -36,17 +41,16 @@ static int32_t *tile_lists(sa_rng *r, const sa_shape *s, int list_heads, int k, 
     return idx;
 }
 
-static int32_t *query_lists(sa_rng *r, const sa_shape *s, int k, int32_t **counts)
+/* Rows of k blocks drawn with replacement (duplicates likely) and counts in [0, k]: lists only
+ * validate = 0 accepts. */
+static void rows_with_duplicates(sa_rng *r, int32_t *idx, int32_t *counts, size_t rows, int k,
+                                 int nb)
 {
-    size_t rows = sa_query_rows(s);
-    int32_t *idx = nv_malloc(rows * k * sizeof *idx);
-    ck_assert_int_eq(sa_random_query_lists(s, k, sa_rng_u64(r), idx), SA_OK);
-    nv_shuffle_rows(r, idx, rows, k);
-    if (counts) {
-        *counts = nv_malloc(rows * sizeof **counts);
-        nv_random_counts(r, *counts, rows, k);
+    for (size_t row = 0; row < rows; row++) {
+        for (int j = 0; j < k; j++)
+            idx[row * k + j] = (int32_t)sa_rng_below(r, (uint32_t)nb);
+        counts[row] = (int32_t)sa_rng_below(r, (uint32_t)k + 1);
     }
-    return idx;
 }
 
 START_TEST(test_dense)
@@ -88,7 +92,7 @@ START_TEST(test_tile_sparse)
         for (int with_counts = 0; with_counts < 2; with_counts++) {
             int k = 1 + (int)sa_rng_below(&r, (uint32_t)nb);
             int32_t *counts = NULL;
-            int32_t *idx = tile_lists(&r, &c.s, heads[h], k, with_counts ? &counts : NULL);
+            int32_t *idx = random_lists(&r, &c.s, heads[h], k, with_counts ? &counts : NULL);
             sa_tile_lists l = {.indices = idx, .counts = counts, .list_heads = heads[h],
                                .max_blocks = k};
             nv_out_poison(&out, &c.s);
@@ -116,7 +120,7 @@ START_TEST(test_query_sparse)
     for (int with_counts = 0; with_counts < 2; with_counts++) {
         int k = 1 + (int)sa_rng_below(&r, (uint32_t)nb);
         int32_t *counts = NULL;
-        int32_t *idx = query_lists(&r, &c.s, k, with_counts ? &counts : NULL);
+        int32_t *idx = random_lists(&r, &c.s, 0, k, with_counts ? &counts : NULL);
         sa_query_lists l = {.indices = idx, .counts = counts, .max_blocks = k};
         nv_out_poison(&out, &c.s);
         ck_assert_int_eq(sa_ref_query_sparse(&c.s, c.q, c.k, c.v, &l, NULL, &out.out), SA_OK);
@@ -213,7 +217,7 @@ START_TEST(test_large_logits)
         nv_result_free(&res);
 
         int k = 1 + (int)sa_rng_below(&r, (uint32_t)sa_kv_blocks(s));
-        int32_t *counts, *idx = tile_lists(&r, s, s->heads_q, k, &counts);
+        int32_t *counts, *idx = random_lists(&r, s, s->heads_q, k, &counts);
         sa_tile_lists l = {idx, counts, s->heads_q, k};
         nv_out_poison(&out, s);
         ck_assert_int_eq(sa_ref_tile_sparse(s, c.q, c.k, c.v, &l, NULL, &out.out), SA_OK);
@@ -223,7 +227,7 @@ START_TEST(test_large_logits)
         free(idx);
         free(counts);
 
-        idx = query_lists(&r, s, k, &counts);
+        idx = random_lists(&r, s, 0, k, &counts);
         sa_query_lists ql = {idx, counts, k};
         nv_out_poison(&out, s);
         ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, NULL, &out.out), SA_OK);
@@ -259,31 +263,14 @@ START_TEST(test_partials_combine)
     nv_case_init(&c, shapes[_i], &r, 1.0f);
     const sa_shape *s = &c.s;
     const int d = s->head_dim, k = 1 + (int)sa_rng_below(&r, (uint32_t)sa_kv_blocks(s));
-    int32_t *counts, *idx = query_lists(&r, s, k, &counts);
+    int32_t *counts, *idx = random_lists(&r, s, 0, k, &counts);
     sa_query_lists ql = {idx, counts, k};
     size_t np = sa_lse_elems(s) * k;
     float *po = nv_malloc(np * d * sizeof *po), *pl = nv_malloc(np * sizeof *pl);
     sa_poison_f32(po, np * d);
     sa_poison_f32(pl, np);
     ck_assert_int_eq(sa_ref_query_partials(s, c.q, c.k, c.v, &ql, po, pl), SA_OK);
-
-    int j;
-    const char *m = nv_check_partials(&c, idx, counts, k, 0, po, pl, &j);
-    ck_assert_msg(!m, "partial slot %d, shape #%d, seed %" PRIu64 ": %s", j, _i, sa_test_seed(),
-                  m);
-
-    nv_out out, direct;
-    nv_out_alloc(&out, s);
-    nv_out_alloc(&direct, s);
-    ck_assert_int_eq(sa_ref_combine(s, k, po, pl, &out.out), SA_OK);
-    nv_result res;
-    nv_attention(&c, &(nv_rows){NV_QUERY, idx, counts, 0, k, 0}, &res);
-    NV_CHECK_OUT(&c, &res, &out, "combined partials");
-    ck_assert_int_eq(sa_ref_query_sparse(s, c.q, c.k, c.v, &ql, NULL, &direct.out), SA_OK);
-    NV_CHECK_OUT(&c, &res, &direct, "direct per-query attention");
-    nv_result_free(&res);
-    nv_out_free(&out);
-    nv_out_free(&direct);
+    nv_check_partials_combine(&c, &ql, NULL, po, pl, _i);
     free(po);
     free(pl);
     free(idx);
@@ -303,7 +290,7 @@ START_TEST(test_combine_tile_splits)
     const sa_shape *s = &c.s;
     const int d = s->head_dim, lh = _i % 2 ? s->heads_q : s->heads_kv;
     const int k = 1 + (int)sa_rng_below(&r, (uint32_t)sa_kv_blocks(s));
-    int32_t *counts, *idx = tile_lists(&r, s, lh, k, &counts);
+    int32_t *counts, *idx = random_lists(&r, s, lh, k, &counts);
     size_t rows = (size_t)s->batch * lh * sa_q_tiles(s), nq = sa_lse_elems(s);
 
     float *po = nv_malloc(nq * PARTS * d * sizeof *po), *pl = nv_malloc(nq * PARTS * sizeof *pl);
@@ -363,11 +350,7 @@ START_TEST(test_validate_off)
 
     size_t rows = (size_t)s->batch * s->heads_q * sa_q_tiles(s);
     int32_t *idx = nv_malloc(rows * k * sizeof *idx), *counts = nv_malloc(rows * sizeof *counts);
-    for (size_t row = 0; row < rows; row++) {
-        for (int j = 0; j < k; j++)
-            idx[row * k + j] = (int32_t)sa_rng_below(&r, (uint32_t)nb);
-        counts[row] = (int32_t)sa_rng_below(&r, (uint32_t)k + 1);
-    }
+    rows_with_duplicates(&r, idx, counts, rows, k, nb);
     counts[0] = 0;
     idx[rows * k - 1] = idx[rows * k - 2]; /* at least one duplicate */
     counts[rows - 1] = k;
@@ -384,11 +367,7 @@ START_TEST(test_validate_off)
     size_t qrows = sa_query_rows(s);
     idx = nv_malloc(qrows * k * sizeof *idx);
     counts = nv_malloc(qrows * sizeof *counts);
-    for (size_t row = 0; row < qrows; row++) {
-        for (int j = 0; j < k; j++)
-            idx[row * k + j] = (int32_t)sa_rng_below(&r, (uint32_t)nb);
-        counts[row] = (int32_t)sa_rng_below(&r, (uint32_t)k + 1);
-    }
+    rows_with_duplicates(&r, idx, counts, qrows, k, nb);
     counts[0] = 0;
     sa_query_lists ql = {idx, counts, k};
     nv_out_poison(&out, s);
