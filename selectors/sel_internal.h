@@ -79,6 +79,14 @@ static inline int sel_row_visible(const sel_ctx *c, int per_query, int x)
     return per_query ? sa_causal_query_blocks(&c->s, x) : sa_causal_tile_blocks(&c->s, x);
 }
 
+/* The shape, then the options when given (NULL stands for the defaults): the first one's code.
+ * The block mass and the quality functions check their arguments in this order. */
+static inline int sel_shape_opts_check(const sa_shape *s, const sa_attn_opts *opts)
+{
+    const int err = sa_shape_check(s);
+    return err || !opts ? err : sa_attn_opts_check(opts);
+}
+
 /* BF16 -> freshly malloc'ed FP32 array (NULL on failure). */
 float *sel_to_f32(const uint16_t *x, size_t n);
 

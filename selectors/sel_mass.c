@@ -16,10 +16,8 @@ int sa_block_mass_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 {
     if (!s || !q || !k || !mass)
         return SA_ERR_NULL;
-    int err = sa_shape_check(s);
+    int err = sel_shape_opts_check(s, opts);
     if (err)
-        return err;
-    if (opts && (err = sa_attn_opts_check(opts)))
         return err;
     const int causal = opts ? opts->causal : 0;
     const int dim = s->head_dim, n = sa_kv_blocks(s), group = s->heads_q / s->heads_kv;
