@@ -104,16 +104,20 @@ void sel_pick_row(const float *score, int n, int k, int diag, int sink, unsigned
                   int32_t *top, int32_t *out);
 
 /* Per-thread scratch of one row's pick: the n block scores a selector fills, and what
- * sel_pick_row needs beside them. sel_row_init returns nonzero when out of memory (the row is
- * then still safe to free). */
+ * sel_pick_row needs beside them (sel_row_start takes it, sel_row_free gives it back). */
 typedef struct sel_row {
     float *score; /* n */
     unsigned char *mark;
     int32_t *top;
     int n;
 } sel_row;
-int sel_row_init(sel_row *w, int n, int k);
 void sel_row_free(sel_row *w);
+/* The start of a row loop's parallel region, called by every thread of it (it holds a barrier)
+ * once the thread has tried its other scratch (other_failed: some of it is missing): the
+ * thread's row for c (kv_blocks scores, k_sel picks), then sa_omp_any_failed on *oom. Nonzero in
+ * every thread when any thread is short, and then no thread may write a row, so that a call out
+ * of memory writes nothing. The row is safe to free either way. */
+int sel_row_start(sel_row *w, const sel_ctx *c, int *oom, int other_failed);
 /* The pick of row x (a tile, or with per_query a query) over w->score, under every option of c:
  * without causal sel_pick_row (k blocks); with causal only the row's n visible blocks compete,
  * the diagonal block n - 1 is forced, and min(k, n) blocks are written, then -1 up to k.
