@@ -131,6 +131,10 @@ int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *
  * nothing is written (sa_lists_recall_counts, sa_tile_lists_recall). */
 int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int list_heads,
                      const int32_t *indices, const int32_t *counts, int k, float *recall);
+/* Lists as a selector writes them, rows of k entries and counts (NULL: k each): SA_OK, or for
+ * the first bad row SA_ERR_COUNT (a count outside [0, k]) before SA_ERR_INDEX (an entry within
+ * its count outside [0, n)). Entries past a row's count are not read. */
+int sel_rows_check(const int32_t *indices, const int32_t *counts, int k, size_t rows, int n);
 /* The arguments of sa_lists_recall_counts past the shape: k in [1, kv_blocks], per_query a
  * flag. SA_OK or SA_ERR_ARG. */
 int sel_recall_args(const sa_shape *s, int per_query, int k);

@@ -103,22 +103,9 @@ int sa_lists_overlap(const sa_shape *s, int per_query, const int32_t *indices,
     const size_t rows = (size_t)s->batch * s->heads_kv * per;
     const size_t ref_rows = (size_t)s->batch * s->heads_kv * tiles;
     /* Every count and entry that will be read, first: a bad list changes no output. */
-    for (size_t r = 0; r < ref_rows; r++) {
-        const int c = ref_counts ? ref_counts[r] : ref_k;
-        if (c < 0 || c > ref_k)
-            return SA_ERR_COUNT;
-        for (int j = 0; j < c; j++)
-            if (ref[r * ref_k + j] < 0 || ref[r * ref_k + j] >= n)
-                return SA_ERR_INDEX;
-    }
-    for (size_t r = 0; r < rows; r++) {
-        const int c = counts ? counts[r] : k;
-        if (c < 0 || c > k)
-            return SA_ERR_COUNT;
-        for (int j = 0; j < c; j++)
-            if (indices[r * k + j] < 0 || indices[r * k + j] >= n)
-                return SA_ERR_INDEX;
-    }
+    if ((err = sel_rows_check(ref, ref_counts, ref_k, ref_rows, n)) ||
+        (err = sel_rows_check(indices, counts, k, rows, n)))
+        return err;
     unsigned char *mark = calloc((size_t)n, 1);
     if (!mark)
         return SA_ERR_NOMEM;
