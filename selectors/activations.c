@@ -117,12 +117,13 @@ static void js_ws(js *j)
         j->p++;
 }
 
-/* After a member or an element: skips white space and a ',' (1: another one follows), else
- * leaves the closing bracket to the caller (0). */
-static int js_comma(js *j)
+/* Skips white space, then c when it comes next (1), else leaves the text there (0). After a
+ * member or an element, c = ',' says whether another one follows; after an opening bracket, its
+ * closing one whether the container is empty. */
+static int js_eat(js *j, char c)
 {
     js_ws(j);
-    if (j->p < j->end && *j->p == ',') {
+    if (j->p < j->end && *j->p == c) {
         j->p++;
         return 1;
     }
@@ -263,6 +264,20 @@ static int js_string(js *j, char **out)
     return SA_OK;
 }
 
+/* An object member's name (into *key as js_string does; key NULL: skipped) and its ':'. On
+ * failure *key is NULL: nothing stays allocated. */
+static int js_key(js *j, char **key)
+{
+    if (key)
+        *key = NULL;
+    int rc = js_string(j, key);
+    if (!rc && (rc = js_expect(j, ':')) && key) {
+        free(*key);
+        *key = NULL;
+    }
+    return rc;
+}
+
 /* An unsigned integer without sign, fraction or exponent, at most 2^63 - 1. */
 static int js_uint(js *j, uint64_t *out)
 {
@@ -307,19 +322,14 @@ static int js_skip(js *j, int depth)
     if (c == '{' || c == '[') {
         const char close = c == '{' ? '}' : ']';
         j->p++;
-        js_ws(j);
-        if (j->p < j->end && *j->p == close) {
-            j->p++;
+        if (js_eat(j, close))
             return SA_OK;
-        }
         for (;;) {
-            if (c == '{') {
-                if ((rc = js_string(j, NULL)) || (rc = js_expect(j, ':')))
-                    return rc;
-            }
+            if (c == '{' && (rc = js_key(j, NULL)))
+                return rc;
             if ((rc = js_skip(j, depth + 1)))
                 return rc;
-            if (js_comma(j))
+            if (js_eat(j, ','))
                 continue;
             return js_expect(j, close);
         }
@@ -360,10 +370,8 @@ static int parse_tensor(js *j, act_tensor *t)
         return js_bad(j, "empty tensor entry");
     for (;;) {
         char *key = NULL;
-        if ((rc = js_string(j, &key)) || (rc = js_expect(j, ':'))) {
-            free(key);
+        if ((rc = js_key(j, &key)))
             return rc;
-        }
         if (!strcmp(key, "dtype")) {
             char *dt = NULL;
             if ((rc = js_string(j, &dt))) {
@@ -381,10 +389,7 @@ static int parse_tensor(js *j, act_tensor *t)
                 free(key);
                 return rc;
             }
-            js_ws(j);
-            if (j->p < j->end && *j->p == ']')
-                j->p++;
-            else
+            if (!js_eat(j, ']'))
                 for (;;) {
                     if (n == ACT_MAX_RANK) {
                         free(key);
@@ -394,7 +399,7 @@ static int parse_tensor(js *j, act_tensor *t)
                         free(key);
                         return rc;
                     }
-                    if (js_comma(j))
+                    if (js_eat(j, ','))
                         continue;
                     if ((rc = js_expect(j, ']'))) {
                         free(key);
@@ -420,7 +425,7 @@ static int parse_tensor(js *j, act_tensor *t)
             return rc;
         }
         free(key);
-        if (js_comma(j))
+        if (js_eat(j, ','))
             continue;
         if ((rc = js_expect(j, '}')))
             return rc;
@@ -437,17 +442,12 @@ static int parse_metadata(js *j, sa_act_file *f)
     int rc;
     if ((rc = js_expect(j, '{')))
         return rc;
-    js_ws(j);
-    if (j->p < j->end && *j->p == '}') {
-        j->p++;
+    if (js_eat(j, '}'))
         return SA_OK;
-    }
     for (;;) {
         char *key = NULL, *val = NULL;
-        if ((rc = js_string(j, &key)) || (rc = js_expect(j, ':'))) {
-            free(key);
+        if ((rc = js_key(j, &key)))
             return rc;
-        }
         js_ws(j);
         if (j->p >= j->end || *j->p != '"') {
             rc = fail(j->e, SA_ERR_ARG, "metadata '%s' is not a string", key);
@@ -478,7 +478,7 @@ static int parse_metadata(js *j, sa_act_file *f)
         }
         f->meta_key[f->n_meta] = key;
         f->meta_val[f->n_meta++] = val;
-        if (js_comma(j))
+        if (js_eat(j, ','))
             continue;
         return js_expect(j, '}');
     }
@@ -489,16 +489,11 @@ static int parse_header(js *j, sa_act_file *f)
     int rc, have_meta = 0;
     if ((rc = js_expect(j, '{')))
         return rc;
-    js_ws(j);
-    if (j->p < j->end && *j->p == '}')
-        j->p++;
-    else
+    if (!js_eat(j, '}'))
         for (;;) {
             char *key = NULL;
-            if ((rc = js_string(j, &key)) || (rc = js_expect(j, ':'))) {
-                free(key);
+            if ((rc = js_key(j, &key)))
                 return rc;
-            }
             if (!strcmp(key, "__metadata__")) {
                 free(key);
                 if (have_meta)
@@ -525,7 +520,7 @@ static int parse_header(js *j, sa_act_file *f)
                 if ((rc = parse_tensor(j, t)))
                     return rc;
             }
-            if (js_comma(j))
+            if (js_eat(j, ','))
                 continue;
             if ((rc = js_expect(j, '}')))
                 return rc;

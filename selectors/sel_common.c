@@ -194,7 +194,8 @@ void sel_pick_row(const float *score, int n, int k, int diag, int sink, unsigned
             out[j++] = b;
 }
 
-int sel_row_init(sel_row *w, int n, int k)
+/* Nonzero when out of memory (the row is then still safe to free). */
+static int sel_row_init(sel_row *w, int n, int k)
 {
     w->n = n;
     w->score = sa_sz_malloc(n, sizeof *w->score);
@@ -208,6 +209,12 @@ void sel_row_free(sel_row *w)
     free(w->score);
     free(w->mark);
     free(w->top);
+}
+
+int sel_row_start(sel_row *w, const sel_ctx *c, int *oom, int other_failed)
+{
+    const int w_oom = sel_row_init(w, c->kv_blocks, c->k_sel);
+    return sa_omp_any_failed(oom, other_failed || w_oom);
 }
 
 /* The block row x (n visible blocks) always keeps beside the sink, or -1. Causal: the block

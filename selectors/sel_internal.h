@@ -79,6 +79,14 @@ static inline int sel_row_visible(const sel_ctx *c, int per_query, int x)
     return per_query ? sa_causal_query_blocks(&c->s, x) : sa_causal_tile_blocks(&c->s, x);
 }
 
+/* The shape, then the options when given (NULL stands for the defaults): the first one's code.
+ * The block mass and the quality functions check their arguments in this order. */
+static inline int sel_shape_opts_check(const sa_shape *s, const sa_attn_opts *opts)
+{
+    const int err = sa_shape_check(s);
+    return err || !opts ? err : sa_attn_opts_check(opts);
+}
+
 /* BF16 -> freshly malloc'ed FP32 array (NULL on failure). */
 float *sel_to_f32(const uint16_t *x, size_t n);
 
@@ -96,16 +104,20 @@ void sel_pick_row(const float *score, int n, int k, int diag, int sink, unsigned
                   int32_t *top, int32_t *out);
 
 /* Per-thread scratch of one row's pick: the n block scores a selector fills, and what
- * sel_pick_row needs beside them. sel_row_init returns nonzero when out of memory (the row is
- * then still safe to free). */
+ * sel_pick_row needs beside them (sel_row_start takes it, sel_row_free gives it back). */
 typedef struct sel_row {
     float *score; /* n */
     unsigned char *mark;
     int32_t *top;
     int n;
 } sel_row;
-int sel_row_init(sel_row *w, int n, int k);
 void sel_row_free(sel_row *w);
+/* The start of a row loop's parallel region, called by every thread of it (it holds a barrier)
+ * once the thread has tried its other scratch (other_failed: some of it is missing): the
+ * thread's row for c (kv_blocks scores, k_sel picks), then sa_omp_any_failed on *oom. Nonzero in
+ * every thread when any thread is short, and then no thread may write a row, so that a call out
+ * of memory writes nothing. The row is safe to free either way. */
+int sel_row_start(sel_row *w, const sel_ctx *c, int *oom, int other_failed);
 /* The pick of row x (a tile, or with per_query a query) over w->score, under every option of c:
  * without causal sel_pick_row (k blocks); with causal only the row's n visible blocks compete,
  * the diagonal block n - 1 is forced, and min(k, n) blocks are written, then -1 up to k.
@@ -119,6 +131,10 @@ int sel_row_choose(sel_row *w, const sel_ctx *c, int per_query, int x, int32_t *
  * nothing is written (sa_lists_recall_counts, sa_tile_lists_recall). */
 int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int list_heads,
                      const int32_t *indices, const int32_t *counts, int k, float *recall);
+/* Lists as a selector writes them, rows of k entries and counts (NULL: k each): SA_OK, or for
+ * the first bad row SA_ERR_COUNT (a count outside [0, k]) before SA_ERR_INDEX (an entry within
+ * its count outside [0, n)). Entries past a row's count are not read. */
+int sel_rows_check(const int32_t *indices, const int32_t *counts, int k, size_t rows, int n);
 /* The arguments of sa_lists_recall_counts past the shape: k in [1, kv_blocks], per_query a
  * flag. SA_OK or SA_ERR_ARG. */
 int sel_recall_args(const sa_shape *s, int per_query, int k);

@@ -16,10 +16,8 @@ int sa_block_mass_opts(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 {
     if (!s || !q || !k || !mass)
         return SA_ERR_NULL;
-    int err = sa_shape_check(s);
+    int err = sel_shape_opts_check(s, opts);
     if (err)
-        return err;
-    if (opts && (err = sa_attn_opts_check(opts)))
         return err;
     const int causal = opts ? opts->causal : 0;
     const int dim = s->head_dim, n = sa_kv_blocks(s), group = s->heads_q / s->heads_kv;
@@ -90,14 +88,9 @@ int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int li
      * list validators), and a call that fails writes nothing. Each row serves some query, so
      * these are exactly the rows the loop below reads. */
     const size_t rows = (size_t)s->batch * list_heads * (size_t)(per_query ? s->len_q : tiles);
-    for (size_t row = 0; row < rows; row++) {
-        const int c = counts ? counts[row] : k;
-        if (c < 0 || c > k)
-            return SA_ERR_COUNT;
-        for (int j = 0; j < c; j++)
-            if (indices[row * (size_t)k + j] < 0 || indices[row * (size_t)k + j] >= n)
-                return SA_ERR_INDEX;
-    }
+    const int err = sel_rows_check(indices, counts, k, rows, n);
+    if (err)
+        return err;
 #pragma omp parallel for schedule(static)
     for (size_t r = 0; r < queries; r++) {
         /* r = (b * Hq + h) * Sq + i reads the row of list head h / (Hq / list_heads) */
@@ -111,6 +104,19 @@ int sel_lists_recall(const sa_shape *s, const float *mass, int per_query, int li
         for (int j = 0; j < c; j++)
             acc += mass[r * n + list[j]];
         recall[r] = (float)acc;
+    }
+    return SA_OK;
+}
+
+int sel_rows_check(const int32_t *indices, const int32_t *counts, int k, size_t rows, int n)
+{
+    for (size_t row = 0; row < rows; row++) {
+        const int c = counts ? counts[row] : k;
+        if (c < 0 || c > k)
+            return SA_ERR_COUNT;
+        for (int j = 0; j < c; j++)
+            if (indices[row * (size_t)k + j] < 0 || indices[row * (size_t)k + j] >= n)
+                return SA_ERR_INDEX;
     }
     return SA_OK;
 }

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sa_omp.h"
 #include "sel_cuda.h"
 #include "sel_internal.h"
 
@@ -128,7 +127,7 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
                             per_query ? SEL_MODES_GROUP : SEL_MODES_HEADS, &c);
     if (err)
         return err;
-    const int n = c.kv_blocks, kk = c.k_sel;
+    const int n = c.kv_blocks;
     float *bmax = malloc((size_t)s->batch * c.qh * s->len_q * n * sizeof *bmax);
     if (!bmax)
         return SA_ERR_NOMEM;
@@ -144,9 +143,8 @@ static int nvfp4_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 #pragma omp parallel
     {
         sel_row w;
-        const int w_oom = sel_row_init(&w, n, kk);
+        const int failed = sel_row_start(&w, &c, &oom, 0);
         float *score = w.score;
-        const int failed = sa_omp_any_failed(&oom, w_oom);
 #pragma omp for schedule(dynamic, 16)
         for (int r = 0; r < rows; r++) {
             if (failed)

@@ -24,7 +24,6 @@
 
 #include "ref_internal.h" /* ref_blas_single_begin / _end */
 #include "sa_checked.h"
-#include "sa_omp.h"
 #include "sel_cuda.h"
 #include "sel_internal.h"
 
@@ -58,7 +57,7 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_MASS, &c);
     if (err)
         return err;
-    const int n = c.kv_blocks, kk = c.k_sel, dim = c.dim;
+    const int n = c.kv_blocks, dim = c.dim;
     float *qf = nvfp4_values(c.q, (size_t)s->batch * c.qh * s->len_q * dim, &err);
     float *kf = err ? NULL : nvfp4_values(c.k, (size_t)s->batch * c.kh * s->len_kv * dim, &err);
     if (err) {
@@ -82,8 +81,7 @@ static int mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         float *sc = sa_sz_malloc(sa_sz_mul(SA_TILE, s->len_kv), sizeof *sc);
         float *qs = sa_sz_malloc(sa_sz_mul(SA_TILE, dim), sizeof *qs); /* the sampled rows */
         sel_row w;
-        const int w_oom = sel_row_init(&w, n, kk);
-        const int failed = sa_omp_any_failed(&oom, !acc || !part || !sc || !qs || w_oom);
+        const int failed = sel_row_start(&w, &c, &oom, !acc || !part || !sc || !qs);
 #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < rows; r++) {
             if (failed)

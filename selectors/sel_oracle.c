@@ -7,7 +7,6 @@
 #include <stdlib.h>
 
 #include "sa_checked.h"
-#include "sa_omp.h"
 #include "sel_internal.h"
 
 static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
@@ -17,7 +16,7 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 0, SEL_MODES_MASS, &c);
     if (err)
         return err;
-    const int n = c.kv_blocks, kk = c.k_sel;
+    const int n = c.kv_blocks;
     float *mass = sa_sz_malloc(sa_sz_mul((int64_t)sa_lse_elems(s), n), sizeof *mass);
     if (!mass)
         return SA_ERR_NOMEM;
@@ -35,9 +34,8 @@ static int oracle_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     {
         double *acc = malloc((size_t)n * sizeof *acc);
         sel_row w;
-        const int w_oom = sel_row_init(&w, n, kk);
+        const int failed = sel_row_start(&w, &c, &oom, !acc);
         float *score = w.score;
-        const int failed = sa_omp_any_failed(&oom, !acc || w_oom);
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
             if (failed || err)

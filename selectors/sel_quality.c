@@ -24,18 +24,23 @@ static int sees_a_key(const sa_shape *s, int causal, size_t r)
     return !causal || (long long)(r % (size_t)s->len_q) + s->len_kv - s->len_q >= 0;
 }
 
+/* The arguments the recall summaries share, in their order: shape, options, percentile. */
+static int summary_args(const sa_shape *s, const sa_attn_opts *opts, double percentile)
+{
+    const int err = sel_shape_opts_check(s, opts);
+    if (err)
+        return err;
+    return percentile >= 0.0 && percentile <= 1.0 ? SA_OK : SA_ERR_ARG; /* NaN: SA_ERR_ARG */
+}
+
 int sa_recall_summarize(const sa_shape *s, const float *recall, const sa_attn_opts *opts,
                         double percentile, double *mean, double *low, size_t *queries)
 {
     if (!s || !recall || !mean || !low)
         return SA_ERR_NULL;
-    int err = sa_shape_check(s);
+    int err = summary_args(s, opts, percentile);
     if (err)
         return err;
-    if (opts && (err = sa_attn_opts_check(opts)))
-        return err;
-    if (!(percentile >= 0.0 && percentile <= 1.0))
-        return SA_ERR_ARG;
     const int causal = opts ? opts->causal : 0;
     const size_t all = sa_lse_elems(s);
     float *x = sa_sz_malloc((int64_t)all, sizeof *x);
@@ -67,13 +72,9 @@ int sa_lists_recall_stats(const sa_shape *s, const float *mass, int per_query,
 {
     if (!s || !mass || !indices || !mean || !low)
         return SA_ERR_NULL;
-    int err = sa_shape_check(s);
+    int err = summary_args(s, opts, percentile);
     if (err)
         return err;
-    if (opts && (err = sa_attn_opts_check(opts)))
-        return err;
-    if (!(percentile >= 0.0 && percentile <= 1.0))
-        return SA_ERR_ARG;
     if ((err = sel_recall_args(s, per_query, k))) /* before the allocation */
         return err;
     float *recall = sa_sz_malloc((int64_t)sa_lse_elems(s), sizeof *recall);
@@ -102,22 +103,9 @@ int sa_lists_overlap(const sa_shape *s, int per_query, const int32_t *indices,
     const size_t rows = (size_t)s->batch * s->heads_kv * per;
     const size_t ref_rows = (size_t)s->batch * s->heads_kv * tiles;
     /* Every count and entry that will be read, first: a bad list changes no output. */
-    for (size_t r = 0; r < ref_rows; r++) {
-        const int c = ref_counts ? ref_counts[r] : ref_k;
-        if (c < 0 || c > ref_k)
-            return SA_ERR_COUNT;
-        for (int j = 0; j < c; j++)
-            if (ref[r * ref_k + j] < 0 || ref[r * ref_k + j] >= n)
-                return SA_ERR_INDEX;
-    }
-    for (size_t r = 0; r < rows; r++) {
-        const int c = counts ? counts[r] : k;
-        if (c < 0 || c > k)
-            return SA_ERR_COUNT;
-        for (int j = 0; j < c; j++)
-            if (indices[r * k + j] < 0 || indices[r * k + j] >= n)
-                return SA_ERR_INDEX;
-    }
+    if ((err = sel_rows_check(ref, ref_counts, ref_k, ref_rows, n)) ||
+        (err = sel_rows_check(indices, counts, k, rows, n)))
+        return err;
     unsigned char *mark = calloc((size_t)n, 1);
     if (!mark)
         return SA_ERR_NOMEM;
@@ -166,13 +154,12 @@ static int output_error(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 {
     if (!s || !q || !k || !v || !indices || !err_out)
         return SA_ERR_NULL;
-    int err = sa_shape_check(s);
+    /* Options before the flag: both bad is SA_ERR_ARG either way. */
+    int err = sel_shape_opts_check(s, opts);
     if (err)
         return err;
     if (!sa_flag_ok(per_query))
         return SA_ERR_ARG;
-    if (opts && (err = sa_attn_opts_check(opts)))
-        return err;
     /* The lists' codes before any allocation (the reference checks them again; cheap). */
     const sa_query_lists ql = {indices, counts, max_blocks};
     const sa_tile_lists tl = {indices, counts, list_heads, max_blocks};

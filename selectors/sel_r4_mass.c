@@ -24,7 +24,6 @@
 #include <stdlib.h>
 
 #include "sa_checked.h"
-#include "sa_omp.h"
 #include "sel_internal.h"
 
 #define RM_SPAN 32 /* tokens per representative: r4's */
@@ -108,7 +107,7 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     int err = sel_begin_cpu(s, q, k, p, indices, counts, 1, 1, SEL_MODES_MASS, &c);
     if (err)
         return err;
-    const int dim = c.dim, n = c.kv_blocks, kk = c.k_sel, per = SA_TILE / RM_SPAN;
+    const int dim = c.dim, n = c.kv_blocks, per = SA_TILE / RM_SPAN;
     const int qg = (s->len_q + RM_SPAN - 1) / RM_SPAN, kg = (s->len_kv + RM_SPAN - 1) / RM_SPAN;
     const int64_t kvecs = sa_sz_mul4(s->batch, c.kh, kg, dim);
     float *qr = sa_sz_malloc(sa_sz_mul4(s->batch, c.qh, qg, dim), sizeof *qr);
@@ -132,8 +131,7 @@ static int r4_mass_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         /* per key group: the rest's logit and weight, the outlier's logit and weight */
         double *lr = malloc((size_t)kg * 4 * sizeof *lr);
         sel_row w;
-        const int w_oom = sel_row_init(&w, n, kk);
-        const int failed = sa_omp_any_failed(&oom, !acc || !lr || w_oom);
+        const int failed = sel_row_start(&w, &c, &oom, !acc || !lr);
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
             if (failed)

@@ -3,7 +3,6 @@
  * lower bound for select-eval; q and k are not read and may be NULL. */
 #include <stdlib.h>
 
-#include "sa_omp.h"
 #include "sel_internal.h"
 
 #define ROW_STRIDE 0x9e3779b97f4a7c15ull /* golden-ratio step between row seeds */
@@ -16,7 +15,7 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     if (err)
         return err;
     const uint64_t seed = p ? p->seed : 0;
-    const int n = c.kv_blocks, kk = c.k_sel;
+    const int n = c.kv_blocks;
     const int rows = s->batch * c.list_heads * c.q_tiles;
     int oom = 0;
 #pragma omp parallel
@@ -24,9 +23,8 @@ static int random_cpu(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         /* A random score per block, picked like any other selector's scores: forced blocks and
          * the sorted output come from the shared top-k. */
         sel_row w;
-        const int w_oom = sel_row_init(&w, n, kk);
+        const int failed = sel_row_start(&w, &c, &oom, 0);
         float *score = w.score;
-        const int failed = sa_omp_any_failed(&oom, w_oom);
 #pragma omp for schedule(static)
         for (int r = 0; r < rows; r++) {
             if (failed)

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 
 #include "sa_checked.h"
-#include "sa_omp.h"
 #include "sel_internal.h"
 
 /* x is (heads, len, dim) BF16; out is (heads, ceil(len / span), dim): the mean of each group's
@@ -77,7 +76,7 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         return err;
     const int per = SA_TILE / span; /* groups per tile or block */
     const int qg = (s->len_q + span - 1) / span, kg = (s->len_kv + span - 1) / span;
-    const int dim = c.dim, n = c.kv_blocks, kk = c.k_sel;
+    const int dim = c.dim, n = c.kv_blocks;
     /* Scored heads: the attention's (Hq, Hkv), or the index heads (Hi, Hi). */
     float *qr = sa_sz_malloc(sa_sz_mul4(s->batch, c.qh, qg, dim), sizeof *qr);
     float *kr = sa_sz_malloc(sa_sz_mul4(s->batch, c.kh, kg, dim), sizeof *kr);
@@ -98,9 +97,8 @@ int sel_rep_select(const sa_shape *s, const uint16_t *q, const uint16_t *k,
 #pragma omp parallel
     {
         sel_row w;
-        const int w_oom = sel_row_init(&w, n, kk);
+        const int failed = sel_row_start(&w, &c, &oom, 0);
         float *score = w.score;
-        const int failed = sa_omp_any_failed(&oom, w_oom);
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
             if (failed)
