@@ -27,7 +27,7 @@ static int32_t *run(const sa_selector *sel, const sa_shape *s, const uint16_t *q
     ck_assert(idx && *counts);
     for (size_t i = 0; i < rows * p->k; i++)
         idx[i] = -7;
-    for (size_t r = 0; r < rows; r++) // poisoned too: the callers compare counts of two calls
+    for (size_t r = 0; r < rows; r++) /* poisoned too: the callers compare counts of two calls */
         (*counts)[r] = -7;
     int err = sel->cpu(s, q, k, p, idx, *counts);
     ck_assert_msg(err == SA_OK, "%s: %s (seed %llu)", sel->name, sa_strerror(err), SEED);
