@@ -43,7 +43,9 @@
 //   Version 9 is a programmatic dependent launch (sa_pdl.cuh): its CTAs may become resident while
 //   the kernel ahead on the stream (a GPU selector's top-k, which lets them in at its start)
 //   finishes, and every thread waits for that kernel (sa_pdl_wait) before any global access, so
-//   the launch's latency and the prologue hide behind the selector.
+//   the launch's latency and the prologue hide behind the selector. Version 10 copies a block's
+//   row mask with the bulk copy engine on the k-ready barrier's transaction bytes (version 8's
+//   cp.async arrival on that barrier was synccheck's "Missing wait").
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -148,7 +150,7 @@
 //   | q-ready[b]     | mbarrier  | producer -> consumers   | 1 (+ 32 KB TMA bytes) | Q landed in buffer b; its item record (item, count, code, unmasked) is written
 //   | q-free[b]      | mbarrier  | consumers -> producer   | 8 (4 warps x 2 WGs)   | Q of buffer b in registers, record read
 //   | k-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | K in stage s landed; its valid-key count, block and row mask written
-//   |                |           |                         | (+1 cp.async, ROWS)   | (ROWS: the mask's cp.async adds a pending arrival made when it lands)
+//   |                |           |                         | (+16 B, ROWS)         | (ROWS: the mask's bulk copy counts towards the same bytes)
 //   | v-ready[s]     | mbarrier  | producer -> consumers   | 1 + 32 KB TMA bytes   | V in stage s landed
 //   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done, its valid-key count, block and row mask read
 //   | v-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' PV on V[s] done
@@ -542,18 +544,16 @@ __device__ __forceinline__ int read_lane0(const int32_t *word, int lane)
     return __shfl_sync(0xffffffffu, v, 0);
 }
 
-// Version 8: the row mask of the list entry at `entry` into K stage s's record, by cp.async, with
-// the stage's k-ready barrier waiting for it too (cp.async.mbarrier.arrive adds one pending
-// arrival, made when the copy lands): the producer does not wait for the load (version 7's did,
-// before it could issue the block's copies). Lane 0 of the producer, before its own k-ready
-// arrival.
+// Version 10: the row mask of the list entry at `entry` (16 bytes) into K stage s's record by the
+// bulk copy engine, on the stage's k-ready barrier beside K's tensor copies: the caller's
+// expect_tx counts its bytes (ROW_MASK_BYTES). Version 8 used cp.async with
+// cp.async.mbarrier.arrive (one more pending arrival on that barrier), which synccheck reported
+// as "Missing wait" at the producer's arrival. Lane 0 of the producer, after its expect_tx.
+constexpr uint32_t ROW_MASK_BYTES = 16;
 __device__ __forceinline__ void load_rows_async(Smem &sm, int s, const Params &p,
                                                 const int32_t *entry)
 {
-    cp_async16(sa_smem_addr(sm.k_rows[s]), p.row_masks + (entry - p.indices), true);
-    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(
-                     sa_smem_addr(&sm.k_ready[s]))
-                 : "memory");
+    sa_bulk_load(sm.k_rows[s], p.row_masks + (entry - p.indices), ROW_MASK_BYTES, &sm.k_ready[s]);
 }
 // This warp's word of the row mask in K stage s's record (its 16 rows are bits 16 (warp % 2) ..
 // +15 of word 2c + warp / 2), read once the stage is ready.
@@ -623,9 +623,9 @@ __device__ __forceinline__ void load_block(Smem &sm, const CUtensorMap *map_k,
         sm.k_valid[s] = blk == p.kv_blocks - 1 ? p.tail : TILE;
         sm.k_blk[s] = blk;
     }
+    sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES + (ROWS ? ROW_MASK_BYTES : 0u));
     if (ROWS)
         load_rows_async(sm, s, p, entry);
-    sa_mbar_arrive_expect_tx(&sm.k_ready[s], TILE_BYTES);
     sa_tma_load_2d(sm.k[s], map_k, &sm.k_ready[s], 0, krow);
     sa_tma_load_2d(sm.k[s] + HALF_BYTES, map_k, &sm.k_ready[s], HALF_COLS, krow);
     wait_phase(&sm.v_free[s], par);

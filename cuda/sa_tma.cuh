@@ -26,3 +26,16 @@ __device__ __forceinline__ void sa_tma_load_2d(void *dst, const CUtensorMap *map
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(sa_smem_addr(bar)), "r"(c0), "r"(c1)
                  : "memory");
 }
+
+// (Stage 17, version 10.) Copy `bytes` (a multiple of 16; both addresses 16-byte aligned) from
+// global memory to shared memory at dst with the bulk copy engine; the bytes count towards bar's
+// transaction total, like a tensor copy's. For a few contiguous bytes beside a tensor copy on the
+// same barrier, where a cp.async arrival on that barrier would be a second protocol.
+__device__ __forceinline__ void sa_bulk_load(void *dst, const void *src, uint32_t bytes,
+                                             uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];" ::"r"(sa_smem_addr(dst)),
+                 "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(sa_smem_addr(bar))
+                 : "memory");
+}
