@@ -210,6 +210,13 @@ __host__ __device__ __forceinline__ SelRow sel_row_of(const SelRowRule &r, int x
     return o;
 }
 
+// Whether block i of a row is forced into its list (the diagonal block, and with keep_sink block
+// 0); i < rr.n. The one rule of both top-k kernels (sel_warp_rank, topk_rows in sel_topk.cu).
+__device__ __forceinline__ bool sel_forced(const SelRow &rr, const SelRowRule &rule, int i)
+{
+    return i == rr.diag || (rule.keep_sink && i == 0);
+}
+
 // One warp ranks row `row` of a top-k (the rule below, sel_row_of): key(i) gives block i's key
 // for the blocks that compete (i < the row's n); the forced blocks (diagonal, sink) become
 // SEL_KEY_FORCED; the chosen indices go to indices + row * rule.k in index order, -1 in the slots
@@ -226,7 +233,7 @@ __device__ __forceinline__ void sel_warp_rank(Key key, const SelRowRule &rule, s
     for (int j = 0; j < ITEMS; j++) {
         const int i = lane * ITEMS + j;
         v[j] = i < rr.n ? key(i) : 0u;
-        if (i < rr.n && (i == rr.diag || (rule.keep_sink && i == 0)))
+        if (i < rr.n && sel_forced(rr, rule, i))
             v[j] = SEL_KEY_FORCED;
     }
     int32_t *out = indices + row * rule.k;

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
         return;
     for (int i = threadIdx.x; i < n; i += kThreads) {
         uint32_t v = src[i];
-        if (i == rr.diag || (rule.keep_sink && i == 0))
+        if (sel_forced(rr, rule, i))
             v = SEL_KEY_FORCED;
         sk[i] = v;
     }
