@@ -641,9 +641,9 @@ int score_setup(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const SelScore
     if (q_rows >= (1ull << 31) || k_rows >= (1ull << 31)) // TMA row coordinates are int
         return SA_ERR_UNSUPPORTED;
     int sms = 0, major = 0;
-    int err = sa_cuda_device_info(&sms, &major);
-    if (err)
-        return err;
+    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9) // sm_90a code only
+        return SA_ERR_NO_DEVICE;
+    int err;
     if ((err = sa_tensor_map_bf16_2d(&qm, qd, q_rows, sh.dim, SA_TILE, kPanelCols)) ||
         (err = sa_tensor_map_bf16_2d(&km, kd, k_rows, sh.dim, SA_TILE, kPanelCols)))
         return err;

@@ -413,7 +413,7 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
         !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;
     int sms = 0, major = 0; // the score kernel's tile depends on how many CTAs fill the GPU
-    if (sa_cuda_device_info(&sms, &major) != SA_OK)
+    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9) // sm_90a code only
         return SA_ERR_NO_DEVICE;
     cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
     const int P = SA_TILE / span;
