@@ -45,7 +45,10 @@
 //   finishes, and every thread waits for that kernel (sa_pdl_wait) before any global access, so
 //   the launch's latency and the prologue hide behind the selector. Version 10 copies a block's
 //   row mask with the bulk copy engine on the k-ready barrier's transaction bytes (version 8's
-//   cp.async arrival on that barrier was synccheck's "Missing wait").
+//   cp.async arrival on that barrier was synccheck's "Missing wait"). Version 11 (not yet
+//   measured) decides step 5's rescale per warpgroup (a vote on a named barrier) instead of per
+//   warp, so that every warp of the warpgroup reaches the same wgmma.wait_group, as its .aligned
+//   form requires (version 2's arms broke that rule whenever the warps disagreed).
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -155,6 +158,7 @@
 //   | k-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' QK on K[s] done, its valid-key count, block and row mask read
 //   | v-free[s]      | mbarrier  | consumers -> producer   | 8                     | both halves' PV on V[s] done
 //   | turn[c]        | named bar | consumer 1-c -> c       | 256 (arrive + sync)   | c may issue its next batch
+//   | vote[c]        | named bar | within consumer c       | 128 (bar.red.or)      | version 11: any row of warpgroup c moved (step 5 rescales)
 //   The CTA's u-th item uses Q buffer b = u % Q_BUFFERS. With Q in registers (version 4) one
 //   buffer suffices: it is free once an item has started, so the producer loads the next item's
 //   Q and writes its record while this item runs. (With Q read from shared memory, versions 1-3
@@ -216,8 +220,11 @@
 // rescale (its condition is only warp-uniform): compute-sanitizer's synccheck reports
 // "Mismatching warpgroup instruction pc between warps" and stops the kernel. 2 keeps every
 // warp at one wait (synccheck clean) but measured 3-4% slower (docs/stage17.md, "Known issues").
+// 3 (version 11, session 20, not yet measured): version 2's two arms on a warpgroup-wide vote of
+// the rescale (warp_group_any: one bar.red per block), so every warp of the warpgroup takes the
+// same arm; a warp whose rows did not move rescales by factor 1, which is exact.
 #ifndef SA_STAGE17_ARM_WAIT
-#define SA_STAGE17_ARM_WAIT 1
+#define SA_STAGE17_ARM_WAIT 3
 #endif
 // Which launches take the dynamic schedule (WORK, version 3): 0 none, 1 causal ones, 2 all.
 // A/B variant.
@@ -531,6 +538,27 @@ template <int ARM> __device__ __forceinline__ void pv_wait()
         asm volatile("wgmma.wait_group.sync.aligned 0; // rescale arm" ::: "memory");
     else
         asm volatile("wgmma.wait_group.sync.aligned 0; // no-rescale arm" ::: "memory");
+}
+
+// Version 11: whether any thread of consumer warpgroup c holds `pred`, in every thread of it: a
+// reduction on named barrier VOTE_BARRIER0 + c over the warpgroup's 128 threads (barriers 1 and 2
+// are the ping-pong turns). The id is a template argument (sa_warpgroup.cuh says why).
+constexpr int VOTE_BARRIER0 = TURN_BARRIER0 + 2;
+template <int ID> __device__ __forceinline__ bool bar_red_or(bool pred)
+{
+    uint32_t r;
+    asm volatile("{\n\t.reg .pred p, q;\n\t"
+                 "setp.ne.u32 p, %1, 0;\n\t"
+                 "bar.red.or.pred q, %2, 128, p;\n\t"
+                 "selp.u32 %0, 1, 0, q;\n\t}"
+                 : "=r"(r)
+                 : "r"((uint32_t)pred), "n"(ID)
+                 : "memory");
+    return r != 0;
+}
+__device__ __forceinline__ bool warp_group_any(int c, bool pred)
+{
+    return c == 0 ? bar_red_or<VOTE_BARRIER0>(pred) : bar_red_or<VOTE_BARRIER0 + 1>(pred);
 }
 
 // A word the producer left in shared memory, read by lane 0 alone and broadcast: the lane that
@@ -928,7 +956,15 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                 warp_arrive(&sm.q_free[qb], lane);
             const bool moved = softmax_in_place<ROWS>(sc, row_max, row_sum, factor, rows);
             // ---- step 5: the wait for the PV stands in each arm of the branch (pv_wait)
-            if (SA_STAGE17_ARM_WAIT == 2) {
+            if (SA_STAGE17_ARM_WAIT == 3) {
+                if (warp_group_any(c, moved)) { // the same arm in every warp of the warpgroup
+                    pv_wait<1>();
+                    rescale_and_pack(true, factor, o, sc, pa);
+                } else {
+                    pv_wait<2>();
+                    rescale_and_pack(false, factor, o, sc, pa);
+                }
+            } else if (SA_STAGE17_ARM_WAIT == 2) {
                 int arm = 1; // 1 in every thread; opaque, so both arms stay
                 asm volatile("" : "+r"(arm));
                 if (arm)
