@@ -35,7 +35,7 @@ typedef struct bench_flags {
 
 /* If argv[*i] is one of the timing flags (--reps --warmup --gemm-tflops --seed --json), parse its
  * value into *f, advance *i and return 1; else return 0. bench_parse and bench kvcentric take
- * them alike; bench longctx, without --gemm-tflops, keeps its own. */
+ * them alike, and bench longctx beside flags of its own. */
 static inline int bench_timing_flag(int argc, char **argv, int *i, bench_flags *f)
 {
     const char *a = argv[*i];

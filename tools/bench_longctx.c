@@ -43,6 +43,8 @@ static void usage(FILE *f)
             "  --samples N         (head, query) rows checked against the CPU reference\n"
             "                      (default 64, at least 2: the first and the last row)\n"
             "  --seed S            seed of the inputs, lists and sampled rows (default 2026)\n"
+            "  --gemm-tflops X     bf16 GEMM rate that the %% GEMM column divides by (default\n"
+            "                      %.0f; measure it: bench/peers.py prints it)\n"
             "  --contenders C,...  run only these (default: every one below)\n"
             "  --share N           hybrid_share of the hybrid contender, 1..%d (default %d)\n"
             "  --json              one JSON object per line\n"
@@ -56,7 +58,8 @@ static void usage(FILE *f)
             "  hybrid-all (the same with share 128: only blocks every query lists),\n"
             "  qcentric-masked (the same with share 1: each tile's whole union with row masks,\n"
             "  exact)\n",
-            LC_MIN_LEN, LC_MAX_LEN, LC_TOPK, LC_MAX_ROUNDS, SA_TILE, SA_KV_HYBRID_SHARE_DEFAULT,
+            LC_MIN_LEN, LC_MAX_LEN, LC_TOPK, LC_MAX_ROUNDS, BENCH_GEMM_TFLOPS_DEFAULT, SA_TILE,
+            SA_KV_HYBRID_SHARE_DEFAULT,
             LC_MAX_LIST, LC_HEADS_Q, LC_HEAD_DIM, LC_TOPK, SA_TILE);
 }
 
@@ -135,18 +138,12 @@ static void parse(int argc, char **argv, lc_flags *f)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             exit(0);
-        } else if (!strcmp(a, "--reps"))
-            f->b.reps = (int)cli_int_arg(argc, argv, &i, 1, 100000);
+        } else if (bench_timing_flag(argc, argv, &i, &f->b))
+            continue; /* --reps --warmup --gemm-tflops --seed --json, as the other benches */
         else if (!strcmp(a, "--rounds"))
             f->rounds = (int)cli_int_arg(argc, argv, &i, 1, LC_MAX_ROUNDS);
-        else if (!strcmp(a, "--warmup"))
-            f->b.warmup = (int)cli_int_arg(argc, argv, &i, 0, 100000);
         else if (!strcmp(a, "--samples"))
             f->samples = (int)cli_int_arg(argc, argv, &i, 2, 100000);
-        else if (!strcmp(a, "--seed"))
-            f->b.seed = cli_u64_arg(argc, argv, &i);
-        else if (!strcmp(a, "--json"))
-            f->b.json = 1;
         else if (!strcmp(a, "--lens"))
             f->nlens = parse_list(argc, argv, &i, f->lens, one_len);
         else if (!strcmp(a, "--structures"))
@@ -539,7 +536,8 @@ static int run_len(const lc_flags *f, bench_env *e, int len, int *cell, int cell
                    "blocks on average (largest %d)%s\n",
                    len, name, LC_TOPK, sa_kv_blocks(&s), c.useful_flops / 1e12, c.mean_union,
                    c.tile_max, c.union_exact ? ", equal to every query's list" : "");
-        const lc_run_opts o = {f->b.reps, f->b.warmup, f->rounds, f->b.json, f->samples};
+        const lc_run_opts o = {f->b.reps, f->b.warmup, f->rounds, f->b.json, f->samples,
+                               f->b.gemm_tflops};
         c.hybrid_share = f->share;
         lc_contender chosen[NCONT];
         int nchosen = 0;

@@ -124,6 +124,7 @@ typedef struct lc_run_opts {
     int rounds;  /* 1 .. LC_MAX_ROUNDS */
     int json;
     int samples; /* rows of r, printed */
+    double gemm_tflops; /* the bf16 GEMM rate the % GEMM column divides by */
 } lc_run_opts;
 /* Every contender of ct[0 .. n) on cell c: sets all up (a failure skips that one), runs each once
  * on poisoned outputs and compares the sampled rows r against the dense reference (r->dense_o)

@@ -103,9 +103,11 @@ static void print_slot(const lc_run_opts *opt, const lc_cell *c, const lc_slot *
             for (int i = 0; i < opt->rounds; i++)
                 printf("%s%.6g", i ? "," : "", sl->round_ms[i]);
             printf("],\"useful_flops\":%.6g,\"useful_tflops\":%.6g,\"work_flops\":%.6g,"
-                   "\"work_tflops\":%.6g,\"speedup_vs_dense\":",
+                   "\"work_tflops\":%.6g,\"gemm_tflops\":%.6g,\"work_fraction_of_gemm\":%.6g,"
+                   "\"speedup_vs_dense\":",
                    c->useful_flops, bench_tflops(c->useful_flops, ms), work,
-                   bench_tflops(work, ms));
+                   bench_tflops(work, ms), opt->gemm_tflops,
+                   bench_tflops(work, ms) / opt->gemm_tflops);
             if (dense_ms > 0)
                 printf("%.6g", dense_ms / ms);
             else
@@ -125,8 +127,9 @@ static void print_slot(const lc_run_opts *opt, const lc_cell *c, const lc_slot *
         char vs[16] = "     n/a";
         if (dense_ms > 0)
             snprintf(vs, sizeof vs, "%7.2fx", dense_ms / ms);
-        printf("  %-16s %10.3f %9.1f %9.1f %s %10.1f  %-5s %8.2e %8.2e %8.2e  %s\n",
-               sl->ct->name, ms, bench_tflops(c->useful_flops, ms), bench_tflops(work, ms), vs,
+        printf("  %-16s %10.3f %9.1f %9.1f %6.1f%% %s %10.1f  %-5s %8.2e %8.2e %8.2e  %s\n",
+               sl->ct->name, ms, bench_tflops(c->useful_flops, ms), bench_tflops(work, ms),
+               100.0 * bench_tflops(work, ms) / opt->gemm_tflops, vs,
                sl->ws / 1048576.0, sl->exact == LC_APPROX_LISTS ? "no" : "yes", sl->err.rel_l2,
                sl->err.max_abs, sl->err.lse_max_abs, check);
     }
@@ -198,9 +201,9 @@ int lc_run_cell(const lc_run_opts *opt, struct bh_gpu *g, const lc_contender *ct
         }
     }
     if (!opt->json)
-        printf("  %-16s %10s %9s %9s %8s %10s  %-5s %8s %8s %8s  %s\n", "contender", "median ms",
-               "useful TF", "own TF", "vs dense", "extra MiB", "exact", "rel L2", "max abs",
-               "LSE err", "check");
+        printf("  %-16s %10s %9s %9s %7s %8s %10s  %-5s %8s %8s %8s  %s\n", "contender",
+               "median ms", "useful TF", "own TF", "% GEMM", "vs dense", "extra MiB", "exact",
+               "rel L2", "max abs", "LSE err", "check");
     for (int i = 0; i < n; i++) {
         lc_slot tmp = sl[i];
         tmp.ct = &ct[i];

@@ -63,6 +63,8 @@ expect 2 "bench longctx bad length" "$cli" bench longctx --lens 16384,1000
 expect 2 "bench longctx bad structure" "$cli" bench longctx --structures overlap17
 expect 2 "bench longctx unknown contender" "$cli" bench longctx --contenders dense,bogus
 expect 0 "bench longctx help" "$cli" bench longctx --help
+expect 0 "bench longctx takes --gemm-tflops" "$cli" bench longctx --gemm-tflops 800 --help
+expect 2 "bench longctx GEMM rate out of range" "$cli" bench longctx --gemm-tflops 0
 # Flags are judged alike with and without CUDA, before "built without CUDA" or "no usable CUDA
 # device"; an unknown contender's message names the valid ones.
 err=$("$cli" bench longctx --contenders bogus 2>&1 >/dev/null)
