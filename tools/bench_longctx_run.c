@@ -83,6 +83,7 @@ static void print_slot(const lc_run_opts *opt, const lc_cell *c, const lc_slot *
 {
     const double ms = sl->median_ms;
     const double work = sl->ct->work ? sl->ct->work(c) : c->useful_flops;
+    const double own_tf = bench_tflops(work, ms);
     const int ok = !strcmp(sl->status, "ok");
     const char *check = sl->exact == LC_APPROX_LISTS ? "inexact" : sl->err.pass ? "pass" : "FAIL";
     if (opt->json) {
@@ -105,9 +106,8 @@ static void print_slot(const lc_run_opts *opt, const lc_cell *c, const lc_slot *
             printf("],\"useful_flops\":%.6g,\"useful_tflops\":%.6g,\"work_flops\":%.6g,"
                    "\"work_tflops\":%.6g,\"gemm_tflops\":%.6g,\"work_fraction_of_gemm\":%.6g,"
                    "\"speedup_vs_dense\":",
-                   c->useful_flops, bench_tflops(c->useful_flops, ms), work,
-                   bench_tflops(work, ms), opt->gemm_tflops,
-                   bench_tflops(work, ms) / opt->gemm_tflops);
+                   c->useful_flops, bench_tflops(c->useful_flops, ms), work, own_tf,
+                   opt->gemm_tflops, own_tf / opt->gemm_tflops);
             if (dense_ms > 0)
                 printf("%.6g", dense_ms / ms);
             else
@@ -128,8 +128,8 @@ static void print_slot(const lc_run_opts *opt, const lc_cell *c, const lc_slot *
         if (dense_ms > 0)
             snprintf(vs, sizeof vs, "%7.2fx", dense_ms / ms);
         printf("  %-16s %10.3f %9.1f %9.1f %6.1f%% %s %10.1f  %-5s %8.2e %8.2e %8.2e  %s\n",
-               sl->ct->name, ms, bench_tflops(c->useful_flops, ms), bench_tflops(work, ms),
-               100.0 * bench_tflops(work, ms) / opt->gemm_tflops, vs,
+               sl->ct->name, ms, bench_tflops(c->useful_flops, ms), own_tf,
+               100.0 * own_tf / opt->gemm_tflops, vs,
                sl->ws / 1048576.0, sl->exact == LC_APPROX_LISTS ? "no" : "yes", sl->err.rel_l2,
                sl->err.max_abs, sl->err.lse_max_abs, check);
     }
