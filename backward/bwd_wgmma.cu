@@ -68,6 +68,14 @@
 #include "sa_mma_sync.cuh" // cp_async16, cp_async_commit, cp_async_wait_all, fast_exp2, pack_bf16
 #include "sa_wgmma.cuh"
 
+// SA_BWD_CEILING=1 builds a timing variant, not a backward: each exponential of P (P^T) is a
+// plain scaling, so the kernels' times show what their GEMMs, copies and barriers allow without
+// the MUFU work of the chain (docs/backward.md, "Where it stands"). Its gradients are wrong by
+// design.
+#ifndef SA_BWD_CEILING
+#define SA_BWD_CEILING 0
+#endif
+
 namespace {
 
 constexpr int CHUNK = 64; // query rows per step of the dK/dV kernel
@@ -366,8 +374,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dkdv_wgmma(const Args a)
         for (int jj = 0; jj < 8; jj++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                st[4 * jj + e] = fast_exp2(st[4 * jj + e] * a.scale_log2 -
-                                           lse2[8 * jj + 2 * (lane % 4) + (e % 2)]);
+                st[4 * jj + e] = SA_BWD_CEILING
+                                     ? st[4 * jj + e] * (1.f / 64)
+                                     : fast_exp2(st[4 * jj + e] * a.scale_log2 -
+                                                 lse2[8 * jj + 2 * (lane % 4) + (e % 2)]);
         if (mask) // one warp-uniform branch, not one per element
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)
@@ -578,7 +588,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) bwd_dq_wgmma(const Args a)
             for (int jj = 0; jj < 8; jj++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    s[4 * jj + e] = fast_exp2(s[4 * jj + e] * a.scale_log2 - lse2[e / 2]);
+                    s[4 * jj + e] = SA_BWD_CEILING
+                                        ? s[4 * jj + e] * (1.f / 64)
+                                        : fast_exp2(s[4 * jj + e] * a.scale_log2 - lse2[e / 2]);
             if (mask)
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++)
