@@ -45,10 +45,11 @@
 //   finishes, and every thread waits for that kernel (sa_pdl_wait) before any global access, so
 //   the launch's latency and the prologue hide behind the selector. Version 10 copies a block's
 //   row mask with the bulk copy engine on the k-ready barrier's transaction bytes (version 8's
-//   cp.async arrival on that barrier was synccheck's "Missing wait"). Version 11 (not yet
-//   measured) decides step 5's rescale per warpgroup (a vote on a named barrier) instead of per
-//   warp, so that every warp of the warpgroup reaches the same wgmma.wait_group, as its .aligned
-//   form requires (version 2's arms broke that rule whenever the warps disagreed).
+//   cp.async arrival on that barrier was synccheck's "Missing wait"). Version 11 decides step
+//   5's rescale per warpgroup (a vote on a named barrier) instead of per warp, so that every warp
+//   of the warpgroup reaches the same wgmma.wait_group, as its .aligned form requires (version
+//   2's arms broke that rule whenever the warps disagreed). With both, synccheck is clean on
+//   every build; the vote costs 0.4-3.4% (docs/stage17.md).
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -219,10 +220,11 @@
 // break wgmma.wait_group's .aligned rule whenever the warps of a warpgroup disagree on the
 // rescale (its condition is only warp-uniform): compute-sanitizer's synccheck reports
 // "Mismatching warpgroup instruction pc between warps" and stops the kernel. 2 keeps every
-// warp at one wait (synccheck clean) but measured 3-4% slower (docs/stage17.md, "Known issues").
-// 3 (version 11, session 20, not yet measured): version 2's two arms on a warpgroup-wide vote of
-// the rescale (warp_group_any: one bar.red per block), so every warp of the warpgroup takes the
-// same arm; a warp whose rows did not move rescales by factor 1, which is exact.
+// warp at one wait (synccheck clean) but measured 3-4% slower (docs/stage17.md, "Synccheck").
+// 3 (version 11, the default): version 2's two arms on a warpgroup-wide vote of the rescale
+// (warp_group_any: one bar.red per block), so every warp of the warpgroup takes the same arm; a
+// warp whose rows did not move rescales by factor 1, which is exact. Synccheck clean, 0.4-3.4%
+// slower than 1 on the study's lists (session 23).
 #ifndef SA_STAGE17_ARM_WAIT
 #define SA_STAGE17_ARM_WAIT 3
 #endif
