@@ -274,7 +274,8 @@ def main(argv=None):
     ap.add_argument("--lib", required=True)
     ap.add_argument("--len-kv", default=",".join(str(x) for x in peers.SPARSE_LEN_KV))
     ap.add_argument("--heads-kv", default="1,16", help="1: the study's GQA; 16: MHA (cuDNN)")
-    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help="comma list of %s, or none (ours only)" % ",".join(PEERS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--seed", type=int, default=2026)
@@ -283,10 +284,7 @@ def main(argv=None):
                     help="also time our backward with dq_pass=recompute (ours-rc)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    args.peers = set() if args.peers == "none" else {p for p in args.peers.split(",") if p}
-    unknown = sorted(args.peers - set(PEERS))
-    if unknown:
-        ap.error("--peers: unknown %s (known: %s, or none)" % (",".join(unknown), ",".join(PEERS)))
+    args.peers = set(peers.peer_names(ap, args.peers, PEERS))
     os.environ["SPARSEATTN_LIB"] = os.path.abspath(args.lib)
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
     import torch

@@ -527,11 +527,7 @@ def main(argv=None):
     modes = args.mode.split(",")
     if not modes or any(m not in ("dense", "sparse") for m in modes):
         ap.error("--mode: %r is not dense, sparse or dense,sparse" % args.mode)
-    args.peers = [] if args.peers == "none" else args.peers.split(",")
-    unknown = [n for n in args.peers if n not in PEERS]
-    if unknown:
-        ap.error("--peers: unknown %s (known: %s, or none)"
-                 % (",".join(unknown), ",".join(PEERS)))
+    args.peers = P.peer_names(ap, args.peers, PEERS)
     if args.self_test:
         res = self_test()
         P.log("self-test: %d passed, %d failed" % (sum(res), len(res) - sum(res)))

@@ -2,7 +2,7 @@
 """Our GPU stages against their peers, measured in one process on one GPU.
 
     python3 bench/peers.py --lib build-gpu/libsparseattn.so [--mode dense|sparse|all]
-                           [--peers cudnn,flash,flex,fa4,bsa] [--json PATH]
+                           [--peers cudnn,flash,flex,fa4,bsa|none] [--json PATH]
     python3 bench/peers.py --self-test [--lib ...]   # the parts that need no GPU or torch
 
 Loads libsparseattn through the sparseattn package of this checkout (python/sparseattn: its
@@ -178,6 +178,22 @@ GEMM_N = 8192
 COPY_BYTES = 1 << 30
 MAX_SETS = 8
 PEER_NAMES = ("cudnn", "flash", "flex", "fa4", "bsa")
+
+
+def peer_names(ap, text, known):
+    """--peers as peers.py, causal.py and backward.py all take it: a comma list of names from
+    `known`, or `none` for no peer. Empty entries are skipped and a repeated name kept once, in
+    order; an unknown name is a usage error (ap.error: exit 2) that lists the known ones."""
+    if text.strip() == "none":
+        return []
+    names = []
+    for n in (x.strip() for x in text.split(",")):
+        if n and n not in names:
+            names.append(n)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        ap.error("--peers: unknown %s (known: %s, or none)" % (",".join(unknown), ",".join(known)))
+    return names
 # The device sleep ahead of a timed batch: SLEEP_MIN_MS plus SLEEP_MARGIN times the host's time
 # for the batch, at most SLEEP_MAX_MS; calibrated once with SLEEP_CAL_CYCLES.
 SLEEP_MIN_MS, SLEEP_MARGIN, SLEEP_MAX_MS, SLEEP_CAL_CYCLES = 0.2, 2.0, 200.0, 4000000
@@ -1523,6 +1539,10 @@ def self_test(lib_path=None):
                     "--bsa-blocks", "64", "--fa4-pack-gqa", "on"])
     check("parse_args: sparse, two peers, --json -", a.mode == "sparse" and a.json == "-"
           and a.peers == "fa4,bsa" and a.bsa_blocks == "64" and a.fa4_pack_gqa == "on")
+    a = parse_args(["--lib", "x.so", "--peers", "none"])
+    check("parse_args: --peers none", a.peers == "")
+    a = parse_args(["--lib", "x.so", "--peers", "fa4,,bsa,fa4,"])
+    check("parse_args: --peers skips empty and repeated names", a.peers == "fa4,bsa")
     for bad in (["--lib", "x", "--peers", "fa5"], ["--lib", "x", "--bsa-blocks", "32"],
                 ["--lib", "x", "--fa4-pack-gqa", "auto"], []):
         try:
@@ -1651,7 +1671,7 @@ def parse_args(argv=None):
                     help="comma list of peers to run: cudnn (SDPA, cuDNN backend), flash (SDPA, "
                          "FlashAttention backend), flex (FlexAttention), fa4 (FlashAttention-4 "
                          "CuTe: dense, and block-sparse in the sparse mode), bsa (cuDNN "
-                         "frontend block-sparse attention, sparse mode)")
+                         "frontend block-sparse attention, sparse mode), or none (ours only)")
     ap.add_argument("--stages", default="",
                     help="comma list of our stage ids to run (default: every registered stage; "
                          "the dense mode's 'all blocks' row comes with the default tile stage)")
@@ -1688,9 +1708,7 @@ def parse_args(argv=None):
                          "parsing (no GPU, library or torch needed; with --lib also the "
                          "sparseattn package over that library) and exit")
     args = ap.parse_args(argv)
-    unknown = [p for p in args.peers.split(",") if p and p not in PEER_NAMES]
-    if unknown:
-        ap.error("--peers: unknown %s (known: %s)" % (",".join(unknown), ",".join(PEER_NAMES)))
+    args.peers = ",".join(peer_names(ap, args.peers, PEER_NAMES))  # "" for none
     if not args.fa4_pack_gqa or any(p not in ("on", "off") for p in args.fa4_pack_gqa.split(",")):
         ap.error("--fa4-pack-gqa takes on, off or on,off")
     if not args.bsa_blocks or any(b not in ("64", "128") for b in args.bsa_blocks.split(",")):

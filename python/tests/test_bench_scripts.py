@@ -40,6 +40,18 @@ def test_causal_refuses_an_unknown_peer():
     assert "--peers: unknown fa5" in r.stderr
 
 
+def test_peer_lists_read_alike():
+    # The three benches share one reader (peers.peer_names): none for no peer, empty entries
+    # skipped. peers.py refused none, and causal.py a trailing comma, before.
+    r = run_bench(os.path.join(BENCH, "causal.py"), "--self-test", "--peers", "fa4,")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_bench(os.path.join(BENCH, "peers.py"), "--self-test", "--peers", "none")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "parse_args: --peers none" in r.stdout and " 0 failed" in r.stdout
+    r = run_bench(os.path.join(BENCH, "peers.py"), "--self-test", "--peers", "fa5")
+    assert r.returncode == 2 and "--peers: unknown fa5" in r.stderr, r.stdout + r.stderr
+
+
 def test_backward_refuses_an_unknown_peer():
     # A typo used to run no peer at all, silently (the names were only tested for membership).
     r = run_bench(os.path.join(BENCH, "backward.py"), "--lib", "unused.so", "--peers", "fa4,fa5")
