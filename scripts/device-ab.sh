@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 usage='usage: bash scripts/device-ab.sh "CUDA_ARGS" [...] [--] BENCH [BENCH...]'
 [ $# -ge 2 ] || { echo "$usage"; exit 2; }
 out=${OUT:-device-logs}
+source scripts/device-pack.sh # more than 8 files in $OUT: packed on exit
 mkdir -p "$out"
 variants=()
 if [[ " $* " == *" -- "* ]]; then

@@ -13,6 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-logs}
+source scripts/device-pack.sh # more than 8 files in $OUT: packed on exit
 mkdir -p "$out"
 source scripts/device-env.sh || { echo "cannot unpack .deps (run scripts/fetch-check-debs.sh here first)"; exit 1; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"

@@ -8,6 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-logs}
+source scripts/device-pack.sh # more than 8 files in $OUT: packed on exit
 mkdir -p "$out"
 kernels=("$@")
 [ ${#kernels[@]} -eq 0 ] && kernels=(dense_persistent block_sparse gqa_pairs)
