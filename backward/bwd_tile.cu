@@ -348,8 +348,8 @@ extern "C" int sa_gpu_tile_sparse_backward(const sa_gpu_attn_bwd *a)
     int err = bwd_check_args(a);
     if (err)
         return err;
-    int sms = 0, major = 0;
-    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9)
+    int sms = 0;
+    if (sa_cuda_sm90(&sms) != SA_OK)
         return SA_ERR_NO_DEVICE;
     Layout l;
     if ((err = layout(a, &l)))

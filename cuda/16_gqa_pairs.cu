@@ -471,8 +471,8 @@ extern "C" int sa_stage16_launch(const sa_gpu_attn *a)
     int rc = sa_stage16_check(a);
     if (rc != SA_OK)
         return rc;
-    int sms = 0, major = 0;
-    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9)
+    int sms = 0;
+    if (sa_cuda_sm90(&sms) != SA_OK)
         return SA_ERR_NO_DEVICE;
     const sa_shape *s = &a->shape;
     // Bad metadata never reaches the kernel unchecked (unless the caller opts out).

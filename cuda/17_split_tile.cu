@@ -1070,8 +1070,8 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
     int rc = sa_stage17_check(a);
     if (rc != SA_OK)
         return rc;
-    int sms = 0, major = 0;
-    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9)
+    int sms = 0;
+    if (sa_cuda_sm90(&sms) != SA_OK)
         return SA_ERR_NO_DEVICE;
     const sa_shape *s = &a->shape;
     // The verdict: the caller's (asynchronous), or this thread's own, read before we return.

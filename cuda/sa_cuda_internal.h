@@ -32,8 +32,9 @@ struct sa_qkv_maps {
 int sa_tensor_maps_qkv(const sa_gpu_attn *a, uint32_t box_rows, uint32_t box_cols,
                        sa_qkv_maps *maps);
 
-// Multiprocessor count and compute capability of the current device; SA_ERR_NO_DEVICE if none.
-int sa_cuda_device_info(int *sms, int *cc_major);
+// Multiprocessor count of the current device; SA_ERR_NO_DEVICE if there is none or it is not
+// sm_90 (the library holds sm_90a code only: another GPU would fail later with no kernel image).
+int sa_cuda_sm90(int *sms);
 
 // The work counter for a dynamically scheduled launch on `stream` (stage 17, version 3): a
 // device int at 0 that the kernel leaves at 0. *out = NULL (and SA_OK) when the stream is being

@@ -19,16 +19,16 @@ extern "C" int sa_gpu_available(void)
     return p.major == 9 ? 1 : 0; // the stages are built for sm_90a only
 }
 
-int sa_cuda_device_info(int *sms, int *cc_major)
+int sa_cuda_sm90(int *sms)
 {
-    int dev = 0;
+    int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
         (void)cudaGetLastError();
         return SA_ERR_NO_DEVICE;
     }
-    return SA_OK;
+    return major == 9 ? SA_OK : SA_ERR_NO_DEVICE; // the library holds sm_90a code only
 }
 
 // The driver's encoder, looked up once. The pointer does not depend on any tensor, so caching it

@@ -201,8 +201,8 @@ extern "C" int sa_kv_combine(const sa_kv_params *p)
     void (*const kernel)(combine_args) =
         f32 ? (narrow ? kv_combine<float, int> : kv_combine<float, long long>)
             : (narrow ? kv_combine<__nv_bfloat16, int> : kv_combine<__nv_bfloat16, long long>);
-    int sms = 0, major = 0;
-    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9) // sm_90a code only
+    int sms = 0;
+    if (sa_cuda_sm90(&sms) != SA_OK)
         return SA_ERR_NO_DEVICE;
     static int per_sm_of[2][2]; // per format and width, asked once (the same on every sm_90)
     int &per_sm = per_sm_of[f32][narrow];

@@ -417,8 +417,8 @@ int kv_check_args(const sa_kv_params *p)
 
 int kv_device_check(void)
 {
-    int sms = 0, major = 0;
-    return sa_cuda_device_info(&sms, &major) == SA_OK && major == 9 ? SA_OK : SA_ERR_NO_DEVICE;
+    int sms = 0;
+    return sa_cuda_sm90(&sms);
 }
 
 int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)

@@ -408,8 +408,8 @@ int nvfp4_gpu_limits(const sel_ctx &c)
     if (c.dim > SEL_CUDA_NVFP4_MAX_DIM || c.kv_blocks > SEL_CUDA_MAX_BLOCKS ||
         !sel_aligned16(c.q) || !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;
-    int sms = 0, major = 0; // the library holds sm_90a code only: another GPU has no kernel image
-    return sa_cuda_device_info(&sms, &major) == SA_OK && major == 9 ? SA_OK : SA_ERR_NO_DEVICE;
+    int sms = 0;
+    return sa_cuda_sm90(&sms);
 }
 
 // The quantizer's part of a call's scratch: the dequantized Q and K, the amax partials, the

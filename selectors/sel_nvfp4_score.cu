@@ -640,8 +640,8 @@ int score_setup(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const SelScore
     const unsigned long long k_rows = (unsigned long long)sh.batch * sh.kh * sh.len_kv;
     if (q_rows >= (1ull << 31) || k_rows >= (1ull << 31)) // TMA row coordinates are int
         return SA_ERR_UNSUPPORTED;
-    int sms = 0, major = 0;
-    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9) // sm_90a code only
+    int sms = 0;
+    if (sa_cuda_sm90(&sms) != SA_OK)
         return SA_ERR_NO_DEVICE;
     int err;
     if ((err = sa_tensor_map_bf16_2d(&qm, qd, q_rows, sh.dim, SA_TILE, kPanelCols)) ||
@@ -683,8 +683,8 @@ static size_t lse_bytes(const SelScoreShape &sh)
 
 int sel_nvfp4_chunk(const SelScoreShape &sh)
 {
-    int sms = 0, major = 0;
-    if (sa_cuda_device_info(&sms, &major)) // no device: the call that follows says so
+    int sms = 0;
+    if (sa_cuda_sm90(&sms)) // no sm_90 device: the call that follows says so
         sms = 1;
     return choose_chunk(sh, sms);
 }

@@ -412,8 +412,8 @@ int rep_select_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     if (c.kv_blocks > SEL_CUDA_MAX_BLOCKS || !sel_aligned16(c.q) ||
         !sel_aligned16(c.k))
         return SA_ERR_UNSUPPORTED;
-    int sms = 0, major = 0; // the score kernel's tile depends on how many CTAs fill the GPU
-    if (sa_cuda_device_info(&sms, &major) != SA_OK || major != 9) // sm_90a code only
+    int sms = 0; // the score kernel's tile depends on how many CTAs fill the GPU
+    if (sa_cuda_sm90(&sms) != SA_OK)
         return SA_ERR_NO_DEVICE;
     cudaStream_t st = static_cast<cudaStream_t>(p ? p->stream : nullptr);
     const int P = SA_TILE / span;
