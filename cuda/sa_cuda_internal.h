@@ -42,3 +42,12 @@ int sa_cuda_sm90(int *sms);
 // (the next call tries again): the caller then schedules statically. SA_ERR_CUDA if zeroing a
 // new counter on the stream fails.
 int sa_sched_counter(void *stream, int **out);
+
+// A second stream of this thread on the current device, with a fork and a join event, for a
+// call that runs two independent parts beside each other (the KV-centric hybrid, session 24).
+// *side = NULL (and SA_OK) when `stream` is being captured into a graph, or no stream or event
+// can be made (the caller then runs its parts one after the other on `stream`).
+typedef struct sa_side {
+    void *stream, *fork, *join;
+} sa_side;
+int sa_side_stream(void *stream, sa_side *side);

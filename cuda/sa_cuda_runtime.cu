@@ -132,3 +132,47 @@ int sa_sched_counter(void *stream, int **out)
     *out = counter;
     return SA_OK;
 }
+
+// One side stream and two events per (thread, device), made on first use and kept, like the
+// counters above. A stream being captured gets none: its captured side branch would stay part of
+// that capture until it ends, so this thread's next call on another stream could not use it.
+int sa_side_stream(void *stream, sa_side *side)
+{
+    constexpr int SLOTS = 8; // devices per thread with a side stream
+    struct Slot {
+        int dev;
+        sa_side s;
+    };
+    static thread_local Slot slots[SLOTS];
+    static thread_local int used;
+    *side = {nullptr, nullptr, nullptr};
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    int dev = 0;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone || cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return SA_OK;
+    }
+    for (int i = 0; i < used; i++)
+        if (slots[i].dev == dev) {
+            *side = slots[i].s;
+            return SA_OK;
+        }
+    if (used == SLOTS)
+        return SA_OK;
+    cudaStream_t st = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&join, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (st)
+            cudaStreamDestroy(st);
+        if (fork)
+            cudaEventDestroy(fork);
+        return SA_OK; // one stream; the next call tries again
+    }
+    slots[used++] = {dev, {st, fork, join}};
+    *side = slots[used - 1].s;
+    return SA_OK;
+}

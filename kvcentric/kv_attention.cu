@@ -371,14 +371,19 @@ extern "C" int sa_kv_attend(const sa_kv_params *p)
     int err = kv_layout(p, p->workspace, &w);
     if (err)
         return err;
-    const sa_shape *s = &p->shape;
-    int dev = 0, sms = 0;
-    SA_CUDA_TRY(cudaGetDevice(&dev));
-    SA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     // The hybrid schedule: first the Q-centric pass over each tile's planned blocks (it writes
     // p->o and the shared LSE, which the combine takes as one more partial).
     if (p->schedule == SA_KV_SCHEDULE_HYBRID && (err = kv_shared_pass(p, &w)) != SA_OK)
         return err;
+    return kv_attend_part(p, w);
+}
+
+int kv_attend_part(const sa_kv_params *p, const kv_ws &w)
+{
+    const sa_shape *s = &p->shape;
+    int dev = 0, sms = 0;
+    SA_CUDA_TRY(cudaGetDevice(&dev));
+    SA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     if (p->attend == SA_KV_ATTEND_WGMMA)
         return kv_attend_wgmma(p, &w, sms);
     attn_args a;

@@ -530,24 +530,23 @@ extern "C" int sa_kv_index_get(const sa_kv_params *p, sa_kv_index_view *v)
     return SA_OK;
 }
 
-extern "C" int sa_kv_build_index(const sa_kv_params *p)
+int kv_index_begin(const sa_kv_params *p, const kv_ws &w)
 {
-    if (!p || !p->workspace)
-        return SA_ERR_NULL;
-    kv_ws w;
-    int err = kv_layout(p, p->workspace, &w);
-    if (err)
-        return err;
+    int err;
     if ((err = tile_smem_once<COUNT>()) || (err = tile_smem_once<SCATTER>()))
         return err;
+    SA_CUDA_TRY(cudaMemsetAsync(w.err, 0xff, sizeof *w.err, kv_stream(p)));
+    if (p->schedule == SA_KV_SCHEDULE_HYBRID && (err = kv_plan(p, &w)) != SA_OK)
+        return err;
+    return SA_OK;
+}
+
+int kv_index_rest(const sa_kv_params *p, const kv_ws &w)
+{
     cudaStream_t st = kv_stream(p);
     const sa_shape *s = &p->shape;
     const int blocks = sa_kv_blocks(s), q_tiles = sa_q_tiles(s);
-
-    SA_CUDA_TRY(cudaMemsetAsync(w.err, 0xff, sizeof *w.err, st));
     const bool hybrid = p->schedule == SA_KV_SCHEDULE_HYBRID;
-    if (hybrid && (err = kv_plan(p, &w)) != SA_OK)
-        return err;
 
     tile_args a;
     a.idx = p->lists.indices;
@@ -608,4 +607,15 @@ extern "C" int sa_kv_build_index(const sa_kv_params *p)
     SA_CUDA_TRY(cudaMemcpyAsync(&first, w.err, sizeof first, cudaMemcpyDeviceToHost, st));
     SA_CUDA_TRY(cudaStreamSynchronize(st));
     return first == KV_NO_ERROR ? SA_OK : -(int)(first & 0xff);
+}
+
+extern "C" int sa_kv_build_index(const sa_kv_params *p)
+{
+    if (!p || !p->workspace)
+        return SA_ERR_NULL;
+    kv_ws w;
+    int err = kv_layout(p, p->workspace, &w);
+    if (err || (err = kv_index_begin(p, w)))
+        return err;
+    return kv_index_rest(p, w);
 }

@@ -96,6 +96,13 @@ static inline float *kv_shared_lse(const sa_kv_params *p, const kv_ws *w)
     return p->lse ? p->lse : w->shared_lse;
 }
 
+// sa_kv_build_index in two parts: the error word's reset and the hybrid's plan, then the index
+// (the hybrid's Q-centric pass needs only the first; sa_kvcentric_attention runs it beside the
+// second). sa_kv_attend without the hybrid's Q-centric pass: the KV-centric part alone.
+int kv_index_begin(const sa_kv_params *p, const kv_ws &w);
+int kv_index_rest(const sa_kv_params *p, const kv_ws &w);
+int kv_attend_part(const sa_kv_params *p, const kv_ws &w);
+
 // Part 2 on wgmma (kv_attention_wg.cu): the same tasks in, the same partials out.
 int kv_attend_wgmma(const sa_kv_params *p, const kv_ws *w, int sms);
 

@@ -557,7 +557,26 @@ static int run_hybrid(const sa_shape *s, int m, int nshared, int keep_pct, int c
         ck_assert_int_eq(sa_kv_workspace_size(&p, &ws), SA_OK);
         ck_assert_uint_le(ws, c.ws_bytes);
         poison_outputs(&c);
-        ck_assert_int_eq(sa_kvcentric_attention(&p), SA_OK);
+        if (run == 3) {
+            /* Captured into a graph (one stream: no side stream while capturing), replayed. */
+            cudaStream_t st;
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            p.stream = st;
+            CK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            ck_assert_int_eq(sa_kvcentric_attention(&p), SA_OK);
+            CK_CUDA(cudaStreamEndCapture(st, &g));
+            CK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+            CK_CUDA(cudaGraphLaunch(ge, st));
+            CK_CUDA(cudaStreamSynchronize(st));
+            CK_CUDA(cudaGraphExecDestroy(ge));
+            CK_CUDA(cudaGraphDestroy(g));
+            CK_CUDA(cudaStreamDestroy(st));
+        } else {
+            /* Run 2 (unvalidated): the Q-centric pass on a side stream, joined. */
+            ck_assert_int_eq(sa_kvcentric_attention(&p), SA_OK);
+        }
         CK_CUDA(cudaDeviceSynchronize());
         download(out, c.d_o, c.nq * 2);
         download(of, c.d_of, c.nq * 4);
