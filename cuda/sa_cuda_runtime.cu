@@ -86,6 +86,20 @@ int sa_tensor_maps_qkv(const sa_gpu_attn *a, uint32_t box_rows, uint32_t box_col
     return SA_OK;
 }
 
+// Whether `stream` is not being captured into a graph, with the current device in *dev; false
+// (the error cleared) when either query fails. The per-thread resources below are for uncaptured
+// streams only.
+static bool uncaptured_device(void *stream, int *dev)
+{
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone || cudaGetDevice(dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
 // Stage 17 (version 3): the work counter of a dynamically scheduled launch. One per (thread,
 // device, stream): launches on one stream run one after another and each leaves its counter at
 // 0 (the kernel's last fetch resets it), so only concurrent launches would share one, and those
@@ -103,13 +117,9 @@ int sa_sched_counter(void *stream, int **out)
     static thread_local Slot slots[SLOTS];
     static thread_local int used;
     *out = nullptr;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     int dev = 0;
-    if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone || cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
+    if (!uncaptured_device(stream, &dev))
         return SA_OK; // static order: correct everywhere
-    }
     for (int i = 0; i < used; i++)
         if (slots[i].stream == stream && slots[i].dev == dev) {
             *out = slots[i].counter;
@@ -146,13 +156,9 @@ int sa_side_stream(void *stream, sa_side *side)
     static thread_local Slot slots[SLOTS];
     static thread_local int used;
     *side = {nullptr, nullptr, nullptr};
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     int dev = 0;
-    if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone || cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
+    if (!uncaptured_device(stream, &dev))
         return SA_OK;
-    }
     for (int i = 0; i < used; i++)
         if (slots[i].dev == dev) {
             *side = slots[i].s;
