@@ -574,7 +574,8 @@ static int run_hybrid(const sa_shape *s, int m, int nshared, int keep_pct, int c
             CK_CUDA(cudaGraphDestroy(g));
             CK_CUDA(cudaStreamDestroy(st));
         } else {
-            /* Run 2 (unvalidated): the Q-centric pass on a side stream, joined. */
+            /* Runs 0-2 on the caller's stream; run 2 (unvalidated) forks the Q-centric pass
+             * onto the library's side stream and joins it. */
             ck_assert_int_eq(sa_kvcentric_attention(&p), SA_OK);
         }
         CK_CUDA(cudaDeviceSynchronize());
