@@ -178,6 +178,11 @@ GEMM_N = 8192
 COPY_BYTES = 1 << 30
 MAX_SETS = 8
 PEER_NAMES = ("cudnn", "flash", "flex", "fa4", "bsa")
+# The device sleep ahead of a timed batch: SLEEP_MIN_MS plus SLEEP_MARGIN times the host's time
+# for the batch, at most SLEEP_MAX_MS; calibrated once with SLEEP_CAL_CYCLES.
+SLEEP_MIN_MS, SLEEP_MARGIN, SLEEP_MAX_MS, SLEEP_CAL_CYCLES = 0.2, 2.0, 200.0, 4000000
+HOST_CALLS = 8  # calls per contender for the host time per call
+CLOCK_SKIP_S = 0.2  # --clocks: a contender's first seconds in a round, left out of its clock
 
 
 def peer_names(ap, text, known):
@@ -194,11 +199,6 @@ def peer_names(ap, text, known):
     if unknown:
         ap.error("--peers: unknown %s (known: %s, or none)" % (",".join(unknown), ",".join(known)))
     return names
-# The device sleep ahead of a timed batch: SLEEP_MIN_MS plus SLEEP_MARGIN times the host's time
-# for the batch, at most SLEEP_MAX_MS; calibrated once with SLEEP_CAL_CYCLES.
-SLEEP_MIN_MS, SLEEP_MARGIN, SLEEP_MAX_MS, SLEEP_CAL_CYCLES = 0.2, 2.0, 200.0, 4000000
-HOST_CALLS = 8  # calls per contender for the host time per call
-CLOCK_SKIP_S = 0.2  # --clocks: a contender's first seconds in a round, left out of its clock
 
 
 # ---------------------------------------------------------------- the sparseattn package
