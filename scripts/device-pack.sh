@@ -7,8 +7,11 @@ SA_OUT_MAX_FILES=8
 sa_pack_out() {
     [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
     [ "$(find "$OUT" -type f | wc -l)" -gt "$SA_OUT_MAX_FILES" ] || return 0
-    (cd "$OUT" && find . -type f ! -name logs.tar.gz -print0 |
-        tar -czf logs.tar.gz --null -T - --remove-files &&
+    # A second script in the same call packs beside the first one's archive, not over it.
+    local name=logs.tar.gz n=2
+    while [ -e "$OUT/$name" ]; do name=logs-$n.tar.gz; n=$((n + 1)); done
+    (cd "$OUT" && find . -type f ! -name 'logs*.tar.gz' -print0 |
+        tar -czf "$name" --null -T - --remove-files &&
         find . -mindepth 1 -type d -empty -delete) ||
         echo "device-pack.sh: could not pack $OUT (some logs may not come back)"
 }
