@@ -36,14 +36,28 @@ int sa_tensor_maps_qkv(const sa_gpu_attn *a, uint32_t box_rows, uint32_t box_col
 // sm_90 (the library holds sm_90a code only: another GPU would fail later with no kernel image).
 int sa_cuda_sm90(int *sms);
 
+// What the library keeps between calls, per host thread and CUDA context (sa_cuda_runtime.cu):
+// the calling thread's object of `kind` in the context current on it, made by make() on first
+// use (its failure, NULL, is tried again next time) and freed by destroy() in
+// sa_gpu_thread_release. NULL when no context can be made current or make() fails. A context
+// made after cudaDeviceReset is a new one, so nothing made before the reset is handed out.
+enum sa_cached_kind {
+    SA_CACHED_COUNTERS,      // stage 17's work counters (sa_sched_counter)
+    SA_CACHED_SIDE,          // the side stream and its events (sa_side_stream)
+    SA_CACHED_VERDICT,       // the verdict of validated calls without one (sa_verdict.cu)
+    SA_CACHED_CHECK_VERDICT, // the synchronous list check's words (sa_validate.cu)
+    SA_CACHED_KINDS
+};
+void *sa_thread_cached(int kind, void *(*make)(void), void (*destroy)(void *));
+
 // The work counter for a dynamically scheduled launch on `stream` (stage 17, version 3): a
-// device int at 0 that the kernel leaves at 0. *out = NULL (and SA_OK) when the stream is being
+// device int at 0 that the kernel leaves at 0, one per (thread, context, stream). *out = NULL (and SA_OK) when the stream is being
 // captured, this thread has counters for too many streams, or the allocation of a new one fails
 // (the next call tries again): the caller then schedules statically. SA_ERR_CUDA if zeroing a
 // new counter on the stream fails.
 int sa_sched_counter(void *stream, int **out);
 
-// A second stream of this thread on the current device, with a fork and a join event, for a
+// A second stream of this thread in the current context, with a fork and a join event, for a
 // call that runs two independent parts beside each other (the KV-centric hybrid, session 24).
 // *side = NULL (and SA_OK) when `stream` is being captured into a graph, or no stream or event
 // can be made (the caller then runs its parts one after the other on `stream`).

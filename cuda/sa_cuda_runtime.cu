@@ -2,6 +2,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <new>
 
 #include "sa_cuda_internal.h"
 #include "sparseattn.h"
@@ -86,14 +87,127 @@ int sa_tensor_maps_qkv(const sa_gpu_attn *a, uint32_t box_rows, uint32_t box_col
     return SA_OK;
 }
 
-// Whether `stream` is not being captured into a graph, with the current device in *dev; false
-// (the error cleared) when either query fails. The per-thread resources below are for uncaptured
-// streams only.
-static bool uncaptured_device(void *stream, int *dev)
+// ---------------------------------------------------------------- per-thread resources
+// What the library keeps between calls (sa_thread_cached, sa_cuda_internal.h) lives in one
+// table per host thread, one entry per CUDA context, keyed by the context's unique id
+// (cuCtxGetId: a context made after cudaDeviceReset has a new one). So a thread that moves to
+// another device, or resets one, gets resources made in the context it now calls in, never a
+// pointer or handle of a context that is gone.
+namespace {
+
+constexpr int kCacheContexts = 8; // contexts per thread; the oldest entry is forgotten past this
+
+struct CacheEntry {
+    unsigned long long ctx; // 0: free
+    unsigned long long made;
+    void *obj[SA_CACHED_KINDS];
+    void (*destroy[SA_CACHED_KINDS])(void *);
+};
+thread_local CacheEntry cache[kCacheContexts];
+thread_local unsigned long long cache_clock;
+
+struct CtxFns {
+    PFN_cuCtxGetCurrent_v4000 current = nullptr;
+    PFN_cuCtxGetId_v12000 id = nullptr;
+};
+
+template <typename F> F driver_fn(const char *name, int version)
+{
+    void *p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
+    return reinterpret_cast<F>(p);
+}
+
+const CtxFns &ctx_fns()
+{
+    static const CtxFns fns = [] {
+        CtxFns f;
+        f.current = driver_fn<PFN_cuCtxGetCurrent_v4000>("cuCtxGetCurrent", 4000);
+        f.id = driver_fn<PFN_cuCtxGetId_v12000>("cuCtxGetId", 12000);
+        return f;
+    }();
+    return fns;
+}
+
+// The id of the context current on this thread, 0 when there is none or the query fails.
+unsigned long long current_ctx_id()
+{
+    const CtxFns &f = ctx_fns();
+    CUcontext c = nullptr;
+    unsigned long long id = 0;
+    if (!f.current || !f.id || f.current(&c) != CUDA_SUCCESS || !c || f.id(c, &id) != CUDA_SUCCESS)
+        return 0;
+    return id;
+}
+
+} // namespace
+
+void *sa_thread_cached(int kind, void *(*make)(void), void (*destroy)(void *))
+{
+    if (kind < 0 || kind >= SA_CACHED_KINDS)
+        return nullptr;
+    unsigned long long id = current_ctx_id();
+    if (!id) {
+        // No context bound to this thread yet (the runtime binds the device's primary context
+        // lazily): cudaFree(NULL) binds it, as every runtime call that needs one would.
+        if (cudaFree(nullptr) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return nullptr;
+        }
+        if (!(id = current_ctx_id()))
+            return nullptr;
+    }
+    CacheEntry *e = nullptr, *slot = nullptr;
+    for (CacheEntry &c : cache) {
+        if (c.ctx == id) {
+            e = &c;
+            break;
+        }
+        if (!slot || (slot->ctx && (!c.ctx || c.made < slot->made)))
+            slot = &c; // a free entry, else the oldest
+    }
+    if (!e) {
+        // An evicted entry's objects are forgotten, not freed: its context may be gone (then so
+        // are they) or current on another thread.
+        e = slot;
+        *e = CacheEntry{};
+        e->ctx = id;
+        e->made = ++cache_clock;
+    }
+    if (!e->obj[kind] && (e->obj[kind] = make()) != nullptr)
+        e->destroy[kind] = destroy;
+    return e->obj[kind];
+}
+
+extern "C" int sa_gpu_thread_release(void)
+{
+    const unsigned long long id = current_ctx_id();
+    if (!id)
+        return SA_OK;
+    for (CacheEntry &c : cache) {
+        if (c.ctx != id)
+            continue;
+        for (int k = 0; k < SA_CACHED_KINDS; k++)
+            if (c.obj[k])
+                c.destroy[k](c.obj[k]);
+        c = CacheEntry{};
+    }
+    // The frees wait for the work that uses them; an error of theirs is not the caller's.
+    return cudaGetLastError() == cudaSuccess ? SA_OK : SA_ERR_CUDA;
+}
+
+// Whether `stream` is not being captured into a graph; false (the error cleared) when the query
+// fails. The per-thread resources below are for uncaptured streams only.
+static bool uncaptured(void *stream)
 {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone || cudaGetDevice(dev) != cudaSuccess) {
+        capture != cudaStreamCaptureStatusNone) {
         (void)cudaGetLastError();
         return false;
     }
@@ -101,31 +215,43 @@ static bool uncaptured_device(void *stream, int *dev)
 }
 
 // Stage 17 (version 3): the work counter of a dynamically scheduled launch. One per (thread,
-// device, stream): launches on one stream run one after another and each leaves its counter at
-// 0 (the kernel's last fetch resets it), so only concurrent launches would share one, and those
-// get different counters. A stream being captured into a graph gets none (its launches replay
-// later, possibly beside each other): the kernel then takes the static order, as it does when
-// a counter cannot be allocated (the order only changes speed, never the result).
+// context, stream): launches on one stream run one after another and each leaves its counter
+// at 0 (the kernel's last fetch resets it), so only concurrent launches would share one, and
+// those get different counters. A stream being captured into a graph gets none (its launches
+// replay later, possibly beside each other): the kernel then takes the static order, as it does
+// when a counter cannot be allocated (the order only changes speed, never the result).
+namespace {
+constexpr int kCounterStreams = 8; // streams per thread and context with a counter
+struct Counters {
+    void *stream[kCounterStreams];
+    int *counter[kCounterStreams];
+    int used;
+};
+void *counters_make() { return new (std::nothrow) Counters{}; }
+void counters_destroy(void *p)
+{
+    Counters *c = static_cast<Counters *>(p);
+    for (int i = 0; i < c->used; i++)
+        cudaFree(c->counter[i]);
+    delete c;
+}
+} // namespace
+
 int sa_sched_counter(void *stream, int **out)
 {
-    constexpr int SLOTS = 8; // streams per thread with a counter; more fall back to static
-    struct Slot {
-        void *stream;
-        int dev;
-        int *counter;
-    };
-    static thread_local Slot slots[SLOTS];
-    static thread_local int used;
     *out = nullptr;
-    int dev = 0;
-    if (!uncaptured_device(stream, &dev))
+    if (!uncaptured(stream))
         return SA_OK; // static order: correct everywhere
-    for (int i = 0; i < used; i++)
-        if (slots[i].stream == stream && slots[i].dev == dev) {
-            *out = slots[i].counter;
+    Counters *c = static_cast<Counters *>(
+        sa_thread_cached(SA_CACHED_COUNTERS, counters_make, counters_destroy));
+    if (!c)
+        return SA_OK;
+    for (int i = 0; i < c->used; i++)
+        if (c->stream[i] == stream) {
+            *out = c->counter[i];
             return SA_OK;
         }
-    if (used == SLOTS)
+    if (c->used == kCounterStreams)
         return SA_OK;
     int *counter = nullptr;
     if (cudaMalloc(&counter, sizeof *counter) != cudaSuccess) {
@@ -138,34 +264,18 @@ int sa_sched_counter(void *stream, int **out)
         cudaFree(counter);
         return SA_ERR_CUDA;
     }
-    slots[used++] = {stream, dev, counter};
+    c->stream[c->used] = stream;
+    c->counter[c->used++] = counter;
     *out = counter;
     return SA_OK;
 }
 
-// One side stream and two events per (thread, device), made on first use and kept, like the
+// One side stream and two events per (thread, context), made on first use and kept, like the
 // counters above. A stream being captured gets none: its captured side branch would stay part of
 // that capture until it ends, so this thread's next call on another stream could not use it.
-int sa_side_stream(void *stream, sa_side *side)
+namespace {
+void *side_make()
 {
-    constexpr int SLOTS = 8; // devices per thread with a side stream
-    struct Slot {
-        int dev;
-        sa_side s;
-    };
-    static thread_local Slot slots[SLOTS];
-    static thread_local int used;
-    *side = {nullptr, nullptr, nullptr};
-    int dev = 0;
-    if (!uncaptured_device(stream, &dev))
-        return SA_OK;
-    for (int i = 0; i < used; i++)
-        if (slots[i].dev == dev) {
-            *side = slots[i].s;
-            return SA_OK;
-        }
-    if (used == SLOTS)
-        return SA_OK;
     cudaStream_t st = nullptr;
     cudaEvent_t fork = nullptr, join = nullptr;
     if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess ||
@@ -176,9 +286,34 @@ int sa_side_stream(void *stream, sa_side *side)
             cudaStreamDestroy(st);
         if (fork)
             cudaEventDestroy(fork);
-        return SA_OK; // one stream; the next call tries again
+        return nullptr; // one stream; the next call tries again
     }
-    slots[used++] = {dev, {st, fork, join}};
-    *side = slots[used - 1].s;
+    sa_side *s = new (std::nothrow) sa_side{st, fork, join};
+    if (!s) {
+        cudaStreamDestroy(st);
+        cudaEventDestroy(fork);
+        cudaEventDestroy(join);
+    }
+    return s;
+}
+void side_destroy(void *p)
+{
+    sa_side *s = static_cast<sa_side *>(p);
+    cudaStreamDestroy((cudaStream_t)s->stream);
+    cudaEventDestroy((cudaEvent_t)s->fork);
+    cudaEventDestroy((cudaEvent_t)s->join);
+    delete s;
+}
+} // namespace
+
+int sa_side_stream(void *stream, sa_side *side)
+{
+    *side = {nullptr, nullptr, nullptr};
+    if (!uncaptured(stream))
+        return SA_OK;
+    const sa_side *s =
+        static_cast<const sa_side *>(sa_thread_cached(SA_CACHED_SIDE, side_make, side_destroy));
+    if (s)
+        *side = *s;
     return SA_OK;
 }

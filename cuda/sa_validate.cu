@@ -17,8 +17,10 @@
 // zeroes the error word and the counter for the next check. (A memset before and a copy back
 // after cost a stream operation each on every validated call.)
 #include <cuda_runtime.h>
+#include <new>
 
 #include "sa_checked.h"
+#include "sa_cuda_internal.h"
 #include "sa_internal.h"
 #include "sa_pdl.cuh"
 #include "sa_validate.h"
@@ -109,7 +111,8 @@ __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
     }
 }
 
-// The verdict's home, one set per host thread, made on first use and kept: the error word and
+// The verdict's home, one set per host thread and context (sa_thread_cached), made on first use
+// and kept: the error word and
 // done counter rest at zero between checks (the last CTA resets them), `dev` is what the
 // dependent kernel reads, `host` a mapped pinned word the kernel writes directly.
 constexpr int kPending = 1; // not an sa_status: the check has not published yet
@@ -120,31 +123,44 @@ struct Verdict {
     int *host_dev = nullptr; // the device's address of *host
 };
 
+void *verdict_make()
+{
+    int *words = nullptr, *h = nullptr, *hd = nullptr;
+    if (cudaMalloc(&words, 3 * sizeof(int)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
+    Verdict *v = nullptr;
+    if (cudaMemset(words, 0, 3 * sizeof(int)) != cudaSuccess ||
+        cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer(&hd, h, 0) != cudaSuccess ||
+        !(v = new (std::nothrow) Verdict)) {
+        (void)cudaGetLastError();
+        if (h)
+            cudaFreeHost(h);
+        cudaFree(words);
+        return nullptr;
+    }
+    v->error = words;
+    v->dev = words + 2;
+    v->host = h;
+    v->host_dev = hd;
+    return v;
+}
+
+void verdict_destroy(void *p)
+{
+    Verdict *v = static_cast<Verdict *>(p);
+    cudaFree(v->error);
+    cudaFreeHost((void *)v->host);
+    delete v;
+}
+
 int verdict_for_this_thread(Verdict **out)
 {
-    static thread_local Verdict v;
-    if (!v.error) {
-        int *words = nullptr, *h = nullptr, *hd = nullptr;
-        if (cudaMalloc(&words, 3 * sizeof(int)) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return SA_ERR_NOMEM;
-        }
-        if (cudaMemset(words, 0, 3 * sizeof(int)) != cudaSuccess ||
-            cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped) != cudaSuccess ||
-            cudaHostGetDevicePointer(&hd, h, 0) != cudaSuccess) {
-            (void)cudaGetLastError();
-            if (h)
-                cudaFreeHost(h);
-            cudaFree(words);
-            return SA_ERR_NOMEM;
-        }
-        v.error = words;
-        v.dev = words + 2;
-        v.host = h;
-        v.host_dev = hd;
-    }
-    *out = &v;
-    return SA_OK;
+    *out = static_cast<Verdict *>(
+        sa_thread_cached(SA_CACHED_CHECK_VERDICT, verdict_make, verdict_destroy));
+    return *out ? SA_OK : SA_ERR_NOMEM;
 }
 
 // The kernel's shared memory for rows of kv_blocks blocks, or 0 past the 48 KB default

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <new>
 
+#include "sa_cuda_internal.h"
 #include "sa_verdict.h"
 
 struct sa_gpu_verdict {
@@ -81,16 +82,20 @@ extern "C" void sa_gpu_verdict_destroy(sa_gpu_verdict *v)
 
 extern "C" int *sa_verdict_word(sa_gpu_verdict *v) { return v ? v->word : nullptr; }
 
+namespace {
+void *own_verdict_make()
+{
+    sa_gpu_verdict *v = nullptr;
+    return sa_gpu_verdict_create(&v) == SA_OK ? v : nullptr;
+}
+void own_verdict_destroy(void *v) { sa_gpu_verdict_destroy(static_cast<sa_gpu_verdict *>(v)); }
+} // namespace
+
 extern "C" int sa_verdict_for_this_thread(sa_gpu_verdict **out)
 {
-    static thread_local sa_gpu_verdict *mine;
-    if (!mine) {
-        int rc = sa_gpu_verdict_create(&mine);
-        if (rc != SA_OK)
-            return rc;
-    }
-    *out = mine;
-    return SA_OK;
+    *out = static_cast<sa_gpu_verdict *>(
+        sa_thread_cached(SA_CACHED_VERDICT, own_verdict_make, own_verdict_destroy));
+    return *out ? SA_OK : SA_ERR_NOMEM;
 }
 
 extern "C" int sa_verdict_record(sa_gpu_verdict *v, int code, void *stream)

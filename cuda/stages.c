@@ -93,6 +93,7 @@ int sa_gpu_verdict_read(sa_gpu_verdict *v, void *stream)
     return v ? SA_ERR_NOT_BUILT : SA_ERR_NULL;
 }
 void sa_gpu_verdict_destroy(sa_gpu_verdict *v) { (void)v; }
+int sa_gpu_thread_release(void) { return SA_OK; } /* nothing is ever kept */
 #endif
 
 #ifndef SA_HAVE_CUDA

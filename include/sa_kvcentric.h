@@ -158,9 +158,9 @@ SA_API int sa_kv_workspace_size(const sa_kv_params *p, size_t *bytes);
  * p->validate), runs the attention and the combine on p->stream. Returns when the work is
  * queued (or done, if it had to validate or allocate). With SA_KV_SCHEDULE_HYBRID and
  * validate = 0, outside graph capture, the Q-centric pass runs on a second stream of the
- * library's (one per thread and device, made on first use and kept), forked from p->stream and
- * joined back into it before the combine: work queued on p->stream after the call still waits
- * for all of it. */
+ * library's (one per thread and CUDA context, made on first use and kept until
+ * sa_gpu_thread_release), forked from p->stream and joined back into it before the combine:
+ * work queued on p->stream after the call still waits for all of it. */
 SA_API int sa_kvcentric_attention(const sa_kv_params *p);
 
 /* The three parts alone, for tests and benchmarks; each needs p->workspace. */

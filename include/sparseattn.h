@@ -308,6 +308,14 @@ SA_API int sa_gpu_verdict_create(sa_gpu_verdict **out);
 SA_API int sa_gpu_verdict_read(sa_gpu_verdict *v, void *stream);
 SA_API void sa_gpu_verdict_destroy(sa_gpu_verdict *v); /* NULL is a no-op */
 
+/* The library keeps a few GPU resources per host thread and CUDA context between calls, made on
+ * first use (docs/api.md, "Resources kept between calls"). This frees the calling thread's ones
+ * in its current context, after the device work that uses them; the next call makes them again.
+ * Call it before cudaDeviceReset (after a reset the library makes new ones in the new context
+ * and forgets the old, whose memory the reset freed) or when a thread is done with the library.
+ * SA_OK (also without CUDA, where nothing is kept), or SA_ERR_CUDA if a free failed. */
+SA_API int sa_gpu_thread_release(void);
+
 /* Validate lists that live in device memory, with a small GPU kernel (the shape and the list
  * struct are host memory). Same codes as the host validators, and SA_ERR_UNSUPPORTED past
  * SA_GPU_LISTS_CHECK_MAX_KV_BLOCKS KV blocks; synchronizes `stream`. With several bad rows the

@@ -5,9 +5,11 @@
  * Cases: len_q = len_kv, len_q < len_kv (chunked prefill), len_q > len_kv (leading rows see no key:
  * O = 0, LSE = -inf), partial blocks, empty rows, GQA 1/4/16, per-head and group-shared lists,
  * every visible block (causal dense), and future blocks (refused with SA_ERR_FUTURE_BLOCK, or
- * allowed and contributing nothing). SA_SMALL=1 runs the first case and the future-block one. */
+ * allowed and contributing nothing), and the library's kept resources across cudaDeviceReset.
+ * SA_SMALL=1 runs the first case, the future-block one and the reset one. */
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -323,6 +325,37 @@ START_TEST(future_blocks)
 }
 END_TEST
 
+/* The resources the library keeps per thread and context (docs/api.md, "Resources kept between
+ * calls": stage 17's work counter, the verdict of validated calls without one, the synchronous
+ * check's words) after cudaDeviceReset: the next calls must make new ones in the new context
+ * (an old counter or mapped word would be a dangling device address), then again after
+ * sa_gpu_thread_release and a reset, and on a second thread. */
+static void *other_thread(void *arg)
+{
+    const causal_case *c = arg;
+    run_causal(c, 53);
+    ck_assert_int_eq(sa_gpu_thread_release(), SA_OK);
+    return NULL;
+}
+
+START_TEST(after_reset)
+{
+    causal_case c = {1, 4, 1, 1000, 1000, 0, 4, 1, 4.0f};
+    run_causal(&c, 50);
+    CK_CUDA(cudaDeviceReset());
+    run_causal(&c, 51);
+    ck_assert_int_eq(sa_gpu_thread_release(), SA_OK);
+    CK_CUDA(cudaDeviceReset());
+    run_causal(&c, 52);
+    ck_assert_int_eq(sa_gpu_thread_release(), SA_OK);
+    ck_assert_int_eq(sa_gpu_thread_release(), SA_OK); /* nothing left: still SA_OK */
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, other_thread, &c), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    run_causal(&c, 54);
+}
+END_TEST
+
 int main(void)
 {
     sa_test_require_gpu();
@@ -334,6 +367,7 @@ int main(void)
     tcase_add_test(tc, prefill_chunk);
     tcase_add_test(tc, more_queries_than_keys);
     tcase_add_test(tc, gqa_ratios);
+    tcase_add_test(tc, after_reset);
     suite_add_tcase(s, tc);
     return sa_test_run(s);
 }

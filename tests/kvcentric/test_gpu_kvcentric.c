@@ -681,6 +681,24 @@ START_TEST(test_hybrid)
 }
 END_TEST
 
+/* The hybrid's side stream and stage 17's work counter are kept per thread and context
+ * (docs/api.md, "Resources kept between calls"): after cudaDeviceReset the next calls must make
+ * new ones (the old stream handle and counter address belong to a destroyed context), and again
+ * after sa_gpu_thread_release and a reset. Causal, so that the Q-centric pass takes a counter. */
+START_TEST(test_after_reset)
+{
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x77);
+    sa_shape e = shape(1, 2, 2, 600, 600);
+    run_hybrid(&e, 4, 2, 100, 1, 0, &r);
+    CK_CUDA(cudaDeviceReset());
+    run_hybrid(&e, 4, 3, 75, 1, 0, &r);
+    ck_assert_int_eq(sa_gpu_thread_release(), SA_OK);
+    CK_CUDA(cudaDeviceReset());
+    run_hybrid(&e, 4, 2, 100, 1, 0, &r);
+}
+END_TEST
+
 /* Corrupted lists: the GPU validation returns what sa_query_lists_check returns (the first bad
  * row and slot decide), and O stays poisoned: the attention never ran. */
 static void expect_error(kv_case *c, int allow_empty, int with_counts)
@@ -831,6 +849,7 @@ int main(void)
     tcase_add_test(tc, test_small);
     tcase_add_test(tc, test_causal);
     tcase_add_test(tc, test_hybrid);
+    tcase_add_test(tc, test_after_reset);
     tcase_add_test(tc, test_validation);
     tcase_add_test(tc, test_own_workspace);
     tcase_add_test(tc, test_gqa);
