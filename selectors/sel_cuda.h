@@ -64,6 +64,13 @@ static inline int sa_nvfp4_quantize_bf16_cuda(const uint16_t *x, size_t n, sa_nv
 }
 #endif
 
+/* For the GPU test only: the quantizer's E4M3 conversions of n floats x >= 0 (device) into codes
+ * (device, n bytes), and the decoding of each of the 256 codes into decoded (device, 256 floats);
+ * synchronises the device. */
+#ifdef SA_HAVE_CUDA
+SA_INTERNAL_API int sel_e4m3_cuda(const float *x, size_t n, uint8_t *codes, float *decoded);
+#endif
+
 /* Bytes of the quantizer's device work buffer (the per-CTA maxima and flags of its first
  * kernel, for two tensors). */
 #define SEL_NVFP4_QUANT_WORK_BYTES 4352

@@ -24,6 +24,8 @@
 //      with per-head lists, sa_select_params.head_lists), the lists of the first list head of
 //      each share are copied to the others (replicate_kernel).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "sa_verdict.h"
 #include "sel_cuda.cuh"
@@ -32,15 +34,21 @@ namespace {
 
 constexpr float kE2M1Max = 6.0f;
 constexpr float kE4M3Max = 448.0f;
+#ifdef SA_NVFP4_QUANT_V1
 constexpr uint8_t kE4M3MaxCode = 0x7E;
 constexpr float kE4M3MinNormal = 0x1p-6f;
 constexpr float kE4M3SubnormalStepInv = 512.0f;
+#endif
 constexpr int kBlock = 16;
 constexpr float kTensorDiv = kE2M1Max * kE4M3Max; // 2688
 
+#ifdef SA_NVFP4_QUANT_V1
 constexpr uint32_t kE2M1KeepMant = 0xFFC00000u; // sign, exponent and the top mantissa bit
 constexpr uint32_t kE2M1HalfDrop = 0x001FFFFFu;  // half of the dropped 22 bits, less one
 
+#endif
+
+#ifdef SA_NVFP4_QUANT_V1
 // |x| rounded to E2M1's magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, nearest with ties to the even
 // code, as the CPU's thresholds do (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
 // 3.5 -> 4, 5 -> 4, above 5 -> 6; NaN and inf -> 6). Below 1 the grid is 0.5 apart: rint(2a)/2.
@@ -55,7 +63,9 @@ __device__ __forceinline__ float e2m1_round(float a)
     return a < 1.0f ? 0.5f * rintf(2.0f * a) : hi;
 }
 
-// The E2M1 code of a value e2m1_round gave, with its sign: magnitudes below 1 are 0.5 * code;
+#endif
+
+// The E2M1 code of a rounded value (e2m1_mag_round's, with its sign): magnitudes below 1 are 0.5 * code;
 // from 1 up the exponent field and the top mantissa bit count up by one code per step (1.0,
 // FP32 bits >> 22 = 254, is code 2).
 __device__ __forceinline__ uint32_t e2m1_code(float v)
@@ -66,6 +76,36 @@ __device__ __forceinline__ uint32_t e2m1_code(float v)
     return sign | mag;
 }
 
+#ifndef SA_NVFP4_QUANT_V1
+// |q| rounded to E2M1's magnitudes (as e2m1_round) and saturated at lim (6, or 0 for a block
+// whose scale is 0; NaN gives lim). Adding c = 2^(E + 22), where 2^E is |q|'s binade floored
+// at 1, leaves a sum whose last mantissa bit is worth 2^(E - 1), so the sum's rounding (to
+// nearest, ties to even) is the E2M1 rounding: steps of 0.5 below 2, 1 in [2, 4), 2 in [4, 8);
+// subtracting c again is exact. Seven instructions where e2m1_round with its sign took about
+// ten.
+__device__ __forceinline__ float e2m1_mag_round(float q, float lim)
+{
+    const float a = fminf(fabsf(q), lim);
+    const uint32_t binade = max(__float_as_uint(a) & 0x7F800000u, 0x3F800000u);
+    const float c = __uint_as_float(binade + (22u << 23));
+    return __fsub_rn(__fadd_rn(a, c), c);
+}
+
+// The E4M3 code of x >= 0 (or +inf) by the hardware conversion (round to nearest even,
+// saturating at 448 = code 0x7E), which is e4m3_from_f32's rounding for such x: the GPU test
+// test_e4m3_hardware compares the two on every code's neighbourhood and random values.
+__device__ __forceinline__ uint8_t e4m3_from_f32_hw(float x)
+{
+    return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ float e4m3_to_f32_hw(uint8_t code)
+{
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+}
+#endif
+
+#ifdef SA_NVFP4_QUANT_V1
 __device__ __forceinline__ uint8_t e4m3_from_f32(float x)
 {
     if (!(x > 0.0f))
@@ -95,6 +135,8 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t code)
     const float v = e == 0 ? (float)m * 0x1p-9f : __uint_as_float(((e + 120u) << 23) | (m << 20));
     return code & 0x80 ? -v : v;
 }
+
+#endif
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
 
@@ -216,6 +258,132 @@ __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
     }
 }
 
+#ifndef SA_NVFP4_QUANT_V1
+// The two tensor scales RN(amax / 2688) from the amax CTAs' partials, for every thread of the
+// CTA, and in CTA 0 the flag stored. One warp reduces and divides (the other seven wait at the
+// barrier, issuing nothing), where every warp had repeated the reduction. After sa_pdl_wait();
+// every thread of the CTA must call it.
+__device__ __forceinline__ float2 tensor_scales(const QuantJob &j)
+{
+    __shared__ float2 ts;
+    if (threadIdx.x < 32) {
+        float m0 = 0.0f, m1 = 0.0f;
+        int nf = 0;
+        for (int i = threadIdx.x; i < j.grid0 + j.grid1; i += 32) {
+            const float v = j.part[i];
+            if (i < j.grid0)
+                m0 = fmaxf(m0, v);
+            else
+                m1 = fmaxf(m1, v);
+            nf |= j.part_bad[i];
+        }
+        for (int o = 16; o; o >>= 1) {
+            m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+            m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+            nf |= __shfl_xor_sync(0xffffffffu, nf, o);
+        }
+        if (threadIdx.x == 0) {
+            ts = make_float2(__fdiv_rn(m0, kTensorDiv), __fdiv_rn(m1, kTensorDiv));
+            if (blockIdx.x == 0)
+                *j.bad = nf;
+        }
+    }
+    __syncthreads();
+    return ts;
+}
+
+// One thread per block of 16, over tensor 0's blocks and then tensor 1's. values/scales may be
+// NULL (the scorer needs only deq), deq may be NULL (the quantizer API). (Two threads per block,
+// each with 8 elements and one shuffle for the block's |max|, measured 20% slower; a thread
+// looping over blocks, or one in 32 registers, slower too: docs/log/selectors-history.md.)
+__global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
+{
+    sa_pdl_trigger(); // the scorer's CTAs may be scheduled once these have all started
+    const size_t b0 = j.n[0] / kBlock, all = b0 + j.n[1] / kBlock;
+    size_t blk = blockIdx.x * (size_t)kQuantThreads + threadIdx.x;
+    // Threads past the end (last CTA only) load nothing but still reach the one barrier in
+    // tensor_scales: every thread of a warp must execute the same bar.sync.
+    const bool live = blk < all;
+    const int which = live && blk >= b0;
+    if (which)
+        blk -= b0;
+    const uint16_t *x = which ? j.x[1] : j.x[0]; // selects: see amax_kernel
+    uint8_t *values = which ? nullptr : j.values, *scales = which ? nullptr : j.scales;
+    __nv_bfloat16 *deq = which ? j.deq[1] : j.deq[0];
+    // The elements and their block's |max| do not depend on amax_kernel: read them while it
+    // may still run (programmatic dependent launch), then wait for its tensor maxima.
+    const uint4 *src = reinterpret_cast<const uint4 *>(x + blk * kBlock);
+    const uint4 v0 = live ? __ldg(src) : make_uint4(0, 0, 0, 0);
+    const uint4 v1 = live ? __ldg(src + 1) : make_uint4(0, 0, 0, 0);
+    const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float f[kBlock];
+    float bamax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        f[2 * i] = bf16_bits_to_f32(w[i] & 0xffffu);
+        f[2 * i + 1] = bf16_bits_to_f32(w[i] >> 16);
+    }
+    // fmaxf drops a NaN as the CPU's `|x| > bamax ? |x| : bamax` does (bamax is never NaN).
+#pragma unroll
+    for (int i = 0; i < kBlock; i++)
+        bamax = fmaxf(bamax, fabsf(f[i]));
+    sa_pdl_wait();
+    const float2 tss = tensor_scales(j);
+    if (!live)
+        return;
+    const float ts = which ? tss.y : tss.x;
+    if (blk == 0 && j.ts)
+        j.ts[which] = ts;
+    const uint8_t sc = ts > 0.0f ? e4m3_from_f32_hw(__fdiv_rn(__fdiv_rn(bamax, kE2M1Max), ts)) : 0;
+    const float d = e4m3_to_f32_hw(sc);
+    // Each element's E2M1 value with x's sign (+0 for every element when d is 0): the rounding of
+    // the quotient RN(x / denom) the CPU computes. In the denominators' common range the quotient
+    // comes from one reciprocal per block and Markstein's correction (three operations per
+    // element, where __fdiv_rn takes about ten).
+    const float denom = __fmul_rn(d, ts);
+    const float lim = d == 0.0f ? 0.0f : kE2M1Max;
+    const uint32_t sign = d == 0.0f ? 0u : 0x80000000u;
+    if (denom != 0.0f && (denom < kMarksteinMin || denom > kMarksteinMax)) {
+#pragma unroll
+        for (int i = 0; i < kBlock; i++)
+            f[i] = __uint_as_float(__float_as_uint(e2m1_mag_round(__fdiv_rn(f[i], denom), lim)) |
+                                   (__float_as_uint(f[i]) & sign));
+    } else {
+        const float y = __frcp_rn(denom);
+#pragma unroll
+        for (int i = 0; i < kBlock; i++)
+            f[i] = __uint_as_float(
+                __float_as_uint(e2m1_mag_round(markstein_div(f[i], denom, y), lim)) |
+                (__float_as_uint(f[i]) & sign));
+    }
+    if (values) { // the codes, only for the quantizer API (the scorer needs deq alone)
+        uint32_t packed[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < kBlock; i++)
+            packed[i / 8] |= e2m1_code(f[i]) << (4 * (i % 8));
+        *reinterpret_cast<uint2 *>(values + blk * (kBlock / 2)) = make_uint2(packed[0], packed[1]);
+    }
+    if (scales)
+        scales[blk] = sc;
+    if (deq) {
+        // An E2M1 value has at most two significant bits, so its FP32 bits' upper half is its
+        // BF16; the product with d is exact in BF16 (see the file comment), so one BF16x2
+        // multiply per pair gives what __float2bfloat16_rn(f * d) gives.
+        const __nv_bfloat162 d2 = __float2bfloat162_rn(d);
+        uint32_t out[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t pair =
+                __byte_perm(__float_as_uint(f[2 * i]), __float_as_uint(f[2 * i + 1]), 0x7632);
+            const __nv_bfloat162 p = __hmul2(*reinterpret_cast<const __nv_bfloat162 *>(&pair), d2);
+            out[i] = *reinterpret_cast<const uint32_t *>(&p);
+        }
+        uint4 *dst = reinterpret_cast<uint4 *>(deq + blk * kBlock);
+        dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+        dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+}
+#else
 // The tensor maxima from the amax CTAs' partials (every thread of the CTA gets both) and, in
 // CTA 0, the flag stored. After sa_pdl_wait(); every thread of the CTA must call it.
 __device__ __forceinline__ float2 reduce_parts(const QuantJob &j)
@@ -316,6 +484,8 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
         dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
 }
+
+#endif
 
 int amax_grid(size_t n)
 {
@@ -556,6 +726,18 @@ int nvfp4_mass_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     return finish(scr.at<int>(qs.bad), p, st);
 }
 
+#ifndef SA_NVFP4_QUANT_V1
+// For the GPU test of the hardware E4M3 conversions against the CPU's (sel_e4m3_cuda).
+__global__ void e4m3_kernel(const float *x, size_t n, uint8_t *codes, float *decoded)
+{
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n)
+        codes[i] = e4m3_from_f32_hw(x[i]);
+    if (i < 256)
+        decoded[i] = e4m3_to_f32_hw((uint8_t)i);
+}
+#endif
+
 } // namespace
 
 extern "C" int sel_nvfp4_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
@@ -624,3 +806,17 @@ extern "C" int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *va
     return quantize_one_async(x, n, work, bad, values, scales,
                               reinterpret_cast<__nv_bfloat16 *>(deq), tensor_scale, st);
 }
+
+#ifndef SA_NVFP4_QUANT_V1
+extern "C" int sel_e4m3_cuda(const float *x, size_t n, uint8_t *codes, float *decoded)
+{
+    if (!x || !codes || !decoded)
+        return SA_ERR_NULL;
+    const size_t threads = n > 256 ? n : 256, per_cta = 256;
+    e4m3_kernel<<<(unsigned)((threads + per_cta - 1) / per_cta), (unsigned)per_cta>>>(x, n, codes,
+                                                                                    decoded);
+    SA_CUDA_TRY(cudaGetLastError());
+    SA_CUDA_TRY(cudaDeviceSynchronize());
+    return SA_OK;
+}
+#endif

@@ -565,6 +565,64 @@ static void quant_same(const uint16_t *x, size_t n)
     free(c.values), free(c.scales), free(gv), free(gs);
 }
 
+/* The quantizer takes its block scales' E4M3 codes and their values from the hardware
+ * conversions (cvt with satfinite): they must be sa_e4m3_from_f32 / sa_e4m3_to_f32 on every
+ * value the quantizer can pass (x >= 0, or +inf). Tested on each code's value, the midpoint to
+ * the next code (a tie: the even code wins) and the floats beside both, the saturation and
+ * subnormal edges, and random values log-uniform over 2^-14 .. 2^10. */
+START_TEST(test_e4m3_hardware)
+{
+    const size_t n_rand = small() ? 1000 : 1000000, n_max = 127 * 6 + 16 + n_rand;
+    float *x = malloc(n_max * 4), *dec = malloc(256 * 4);
+    uint8_t *codes = malloc(n_max);
+    ck_assert(x && dec && codes);
+    size_t n = 0;
+    for (int c = 0; c < 0x7F; c++) {
+        const float v = sa_e4m3_to_f32((uint8_t)c);
+        x[n++] = v;
+        x[n++] = nextafterf(v, INFINITY);
+        if (v > 0.0f)
+            x[n++] = nextafterf(v, 0.0f);
+        if (c < 0x7E) {
+            const float mid = 0.5f * (v + sa_e4m3_to_f32((uint8_t)(c + 1))); /* exact */
+            x[n++] = mid;
+            x[n++] = nextafterf(mid, 0.0f);
+            x[n++] = nextafterf(mid, INFINITY);
+        }
+    }
+    const float edges[] = {448.0f, 449.0f, 463.9f, 464.0f, 480.0f, 1e30f, INFINITY, 0x1p-10f,
+                           0x1.0p-11f, 0x1.8p-10f, 0x1p-126f, 0x1p-149f, 0.0f, 0x1.fp-7f,
+                           0x1p-6f, 0x1.ep-7f};
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++)
+        x[n++] = edges[i];
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0xe4e3);
+    for (size_t i = 0; i < n_rand; i++)
+        x[n++] = ldexpf(1.0f + (float)sa_rng_uniform(&r), (int)sa_rng_below(&r, 25) - 14);
+    float *dx, *ddec;
+    uint8_t *dcodes;
+    CK_CUDA(cudaMalloc((void **)&dx, n * 4));
+    CK_CUDA(cudaMalloc((void **)&dcodes, n));
+    CK_CUDA(cudaMalloc((void **)&ddec, 256 * 4));
+    CK_CUDA(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemset(dcodes, 0xff, n));
+    ck_assert_int_eq(sel_e4m3_cuda(dx, n, dcodes, ddec), SA_OK);
+    CK_CUDA(cudaMemcpy(codes, dcodes, n, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(dec, ddec, 256 * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(codes[i] == sa_e4m3_from_f32(x[i]),
+                      "E4M3 of %a: GPU 0x%02x, CPU 0x%02x (seed %llu)", x[i], codes[i],
+                      sa_e4m3_from_f32(x[i]), (unsigned long long)sa_test_seed());
+    for (int c = 0; c < 256; c++) {
+        const float cpu = sa_e4m3_to_f32((uint8_t)c);
+        ck_assert_msg(isnan(cpu) ? isnan(dec[c]) : !memcmp(&cpu, &dec[c], 4),
+                      "E4M3 code 0x%02x: GPU %a, CPU %a", c, dec[c], cpu);
+    }
+    cudaFree(dx), cudaFree(dcodes), cudaFree(ddec);
+    free(x), free(dec), free(codes);
+}
+END_TEST
+
 START_TEST(test_quantizer_bits)
 {
     const size_t n = small() ? 16 * 64 : 16 * 40000;
@@ -1185,6 +1243,7 @@ int main(void)
     Suite *s = suite_create("gpu_selectors");
     TCase *tc = tcase_create("selectors");
     tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_e4m3_hardware);
     tcase_add_test(tc, test_quantizer_bits);
     tcase_add_test(tc, test_quantizer_errors);
     tcase_add_test(tc, test_errors);
