@@ -135,14 +135,17 @@ const CtxFns &ctx_fns()
 }
 
 // The id of the context current on this thread, 0 when there is none or the query fails.
+// (Every driver that runs this CUDA 12+ runtime has cuCtxGetId; the handle is the fallback key.)
 unsigned long long current_ctx_id()
 {
     const CtxFns &f = ctx_fns();
     CUcontext c = nullptr;
     unsigned long long id = 0;
-    if (!f.current || !f.id || f.current(&c) != CUDA_SUCCESS || !c || f.id(c, &id) != CUDA_SUCCESS)
+    if (!f.current || f.current(&c) != CUDA_SUCCESS || !c)
         return 0;
-    return id;
+    if (!f.id)
+        return (unsigned long long)(uintptr_t)c;
+    return f.id(c, &id) == CUDA_SUCCESS ? id : 0;
 }
 
 } // namespace
