@@ -7,8 +7,9 @@
 //   2. quant_kernel, a programmatic dependent launch (it reads its elements while amax_kernel
 //      ends, then waits and reduces the per-CTA maxima, a few hundred loads per CTA from L2;
 //      CTA 0 stores the flag): one thread per 16-element block, the algorithm of nvfp4.c with
-//      the same single-rounding FP32 operations (__fdiv_rn, __fmul_rn), so codes and scales are
-//      bit-identical to sa_nvfp4_quantize_bf16. It can also write the dequantized value without
+//      the same single-rounding FP32 operations (__fdiv_rn, __fmul_rn; E4M3 by the hardware's
+//      conversion, E2M1 by an exact add-and-subtract, both the CPU's roundings), so codes and
+//      scales are bit-identical to sa_nvfp4_quantize_bf16. It can also write the dequantized value without
 //      the tensor scale, E2M1(code) * E4M3(scale), as BF16: that product is exact in BF16 (an
 //      E2M1 magnitude has at most 2 significant bits, an E4M3 value at most 4, so the product has
 //      at most 6 <= 8; its range 2^-10 .. 2688 is far inside BF16's).
@@ -34,40 +35,12 @@ namespace {
 
 constexpr float kE2M1Max = 6.0f;
 constexpr float kE4M3Max = 448.0f;
-#ifdef SA_NVFP4_QUANT_V1
-constexpr uint8_t kE4M3MaxCode = 0x7E;
-constexpr float kE4M3MinNormal = 0x1p-6f;
-constexpr float kE4M3SubnormalStepInv = 512.0f;
-#endif
 constexpr int kBlock = 16;
 constexpr float kTensorDiv = kE2M1Max * kE4M3Max; // 2688
 
-#ifdef SA_NVFP4_QUANT_V1
-constexpr uint32_t kE2M1KeepMant = 0xFFC00000u; // sign, exponent and the top mantissa bit
-constexpr uint32_t kE2M1HalfDrop = 0x001FFFFFu;  // half of the dropped 22 bits, less one
-
-#endif
-
-#ifdef SA_NVFP4_QUANT_V1
-// |x| rounded to E2M1's magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, nearest with ties to the even
-// code, as the CPU's thresholds do (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
-// 3.5 -> 4, 5 -> 4, above 5 -> 6; NaN and inf -> 6). Below 1 the grid is 0.5 apart: rint(2a)/2.
-// From 1 up it is FP32 with one mantissa bit: round the mantissa to its top bit (ties to even
-// bit 22), then saturate at 6. About ten instructions, where seven threshold tests with their
-// selects and the decoding of the code back to a value had taken about thirty.
-__device__ __forceinline__ float e2m1_round(float a)
-{
-    const uint32_t b = __float_as_uint(a);
-    const float hi = fminf(__uint_as_float((b + kE2M1HalfDrop + ((b >> 22) & 1u)) & kE2M1KeepMant),
-                           kE2M1Max);
-    return a < 1.0f ? 0.5f * rintf(2.0f * a) : hi;
-}
-
-#endif
-
-// The E2M1 code of a rounded value (e2m1_mag_round's, with its sign): magnitudes below 1 are 0.5 * code;
-// from 1 up the exponent field and the top mantissa bit count up by one code per step (1.0,
-// FP32 bits >> 22 = 254, is code 2).
+// The E2M1 code of a rounded value (e2m1_mag_round's, with its sign): magnitudes below 1 are
+// 0.5 * code; from 1 up the exponent field and the top mantissa bit count up by one code per
+// step (1.0, FP32 bits >> 22 = 254, is code 2).
 __device__ __forceinline__ uint32_t e2m1_code(float v)
 {
     const uint32_t b = __float_as_uint(v), a = b & 0x7FFFFFFFu, sign = b >> 31 << 3;
@@ -76,13 +49,13 @@ __device__ __forceinline__ uint32_t e2m1_code(float v)
     return sign | mag;
 }
 
-#ifndef SA_NVFP4_QUANT_V1
-// |q| rounded to E2M1's magnitudes (as e2m1_round) and saturated at lim (6, or 0 for a block
-// whose scale is 0; NaN gives lim). Adding c = 2^(E + 22), where 2^E is |q|'s binade floored
-// at 1, leaves a sum whose last mantissa bit is worth 2^(E - 1), so the sum's rounding (to
-// nearest, ties to even) is the E2M1 rounding: steps of 0.5 below 2, 1 in [2, 4), 2 in [4, 8);
-// subtracting c again is exact. Seven instructions where e2m1_round with its sign took about
-// ten.
+// |q| rounded to E2M1's magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, nearest with ties to the even
+// code as the CPU's thresholds do (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
+// 3.5 -> 4, 5 -> 4), saturated at lim (6; 0 for a block whose scale is 0; NaN gives lim).
+// Adding c = 2^(E + 22), where 2^E is |q|'s binade floored at 1, leaves a sum whose last
+// mantissa bit is worth 2^(E - 1), so the sum's rounding is the E2M1 rounding: steps of 0.5
+// below 2, 1 in [2, 4), 2 from 4; subtracting c again is exact. Seven instructions (session 25)
+// where a rounding of the mantissa bits and a rint below 1, with their select, took about ten.
 __device__ __forceinline__ float e2m1_mag_round(float q, float lim)
 {
     const float a = fminf(fabsf(q), lim);
@@ -92,7 +65,7 @@ __device__ __forceinline__ float e2m1_mag_round(float q, float lim)
 }
 
 // The E4M3 code of x >= 0 (or +inf) by the hardware conversion (round to nearest even,
-// saturating at 448 = code 0x7E), which is e4m3_from_f32's rounding for such x: the GPU test
+// saturating at 448 = code 0x7E), which is sa_e4m3_from_f32's rounding for such x: the GPU test
 // test_e4m3_hardware compares the two on every code's neighbourhood and random values.
 __device__ __forceinline__ uint8_t e4m3_from_f32_hw(float x)
 {
@@ -103,40 +76,6 @@ __device__ __forceinline__ float e4m3_to_f32_hw(uint8_t code)
 {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
 }
-#endif
-
-#ifdef SA_NVFP4_QUANT_V1
-__device__ __forceinline__ uint8_t e4m3_from_f32(float x)
-{
-    if (!(x > 0.0f))
-        return 0;
-    if (x >= kE4M3Max)
-        return kE4M3MaxCode;
-    if (x < kE4M3MinNormal)
-        return (uint8_t)rintf(__fmul_rn(x, kE4M3SubnormalStepInv));
-    int e;
-    const float f = frexpf(x, &e);
-    float m = rintf(__fmul_rn(__fsub_rn(__fmul_rn(2.0f, f), 1.0f), 8.0f));
-    int ex = e - 1;
-    if (m == 8.0f) {
-        m = 0.0f;
-        ex++;
-    }
-    const int code = ((ex + 7) << 3) | (int)m;
-    return (uint8_t)(code > kE4M3MaxCode ? kE4M3MaxCode : code);
-}
-
-__device__ __forceinline__ float e4m3_to_f32(uint8_t code)
-{
-    if ((code & 0x7F) == 0x7F)
-        return __int_as_float(0x7fc00000);
-    // Subnormal m * 2^-9; normal (8 + m) * 2^(e - 10), whose FP32 exponent field is e + 120.
-    const uint32_t e = (code >> 3) & 15u, m = code & 7u;
-    const float v = e == 0 ? (float)m * 0x1p-9f : __uint_as_float(((e + 120u) << 23) | (m << 20));
-    return code & 0x80 ? -v : v;
-}
-
-#endif
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
 
@@ -155,6 +94,7 @@ __device__ __forceinline__ float markstein_div(float x, float b, float y)
 }
 
 constexpr int kQuantThreads = 256;
+constexpr int kQuantCtasPerSm = 6; // 40 registers a thread: six CTAs of quant_kernel per SM
 
 // Up to two tensors per launch (the scorer quantizes Q and K together: one launch fewer each
 // for the amax and the quantization). The first grid0 CTAs take tensor 0, the rest tensor 1.
@@ -258,12 +198,67 @@ __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
     }
 }
 
-#ifndef SA_NVFP4_QUANT_V1
+// The two tensor scales RN(amax / 2688) from the amax CTAs' partials, for every thread of the
+// CTA, and in CTA 0 the flag stored. Each warp reduces a slice of the partials (its loads in
+// flight together), warp 0 the warps' results, and one thread divides. After sa_pdl_wait();
+// every thread of the CTA must call it.
+constexpr int kQuantWarps = kQuantThreads / 32;
+constexpr int kPartsPerThread = (2 * kAmaxCtas + kQuantThreads - 1) / kQuantThreads;
+__device__ __forceinline__ float2 tensor_scales(const QuantJob &j)
+{
+    __shared__ float2 wm[kQuantWarps];
+    __shared__ int wnf[kQuantWarps];
+    __shared__ float2 ts;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, n = j.grid0 + j.grid1;
+    float m0 = 0.0f, m1 = 0.0f;
+    int nf = 0;
+#pragma unroll
+    for (int u = 0; u < kPartsPerThread; u++) {
+        const int i = u * kQuantThreads + threadIdx.x;
+        if (i < n) {
+            const float v = j.part[i];
+            if (i < j.grid0)
+                m0 = fmaxf(m0, v);
+            else
+                m1 = fmaxf(m1, v);
+            nf |= j.part_bad[i];
+        }
+    }
+    for (int o = 16; o; o >>= 1) {
+        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+        nf |= __shfl_xor_sync(0xffffffffu, nf, o);
+    }
+    if (lane == 0) {
+        wm[warp] = make_float2(m0, m1);
+        wnf[warp] = nf;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const float2 w = lane < kQuantWarps ? wm[lane] : make_float2(0.0f, 0.0f);
+        m0 = w.x, m1 = w.y;
+        nf = lane < kQuantWarps ? wnf[lane] : 0;
+        for (int o = kQuantWarps / 2; o; o >>= 1) {
+            m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+            m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+            nf |= __shfl_xor_sync(0xffffffffu, nf, o);
+        }
+        if (lane == 0) {
+            ts = make_float2(__fdiv_rn(m0, kTensorDiv), __fdiv_rn(m1, kTensorDiv));
+            if (blockIdx.x == 0)
+                *j.bad = nf;
+        }
+    }
+    __syncthreads();
+    return ts;
+}
+
+#ifdef SA_NVFP4_TS_ONE_WARP
 // The two tensor scales RN(amax / 2688) from the amax CTAs' partials, for every thread of the
 // CTA, and in CTA 0 the flag stored. One warp reduces and divides (the other seven wait at the
 // barrier, issuing nothing), where every warp had repeated the reduction. After sa_pdl_wait();
 // every thread of the CTA must call it.
-__device__ __forceinline__ float2 tensor_scales(const QuantJob &j)
+__device__ __forceinline__ float2 tensor_scales_one_warp(const QuantJob &j)
 {
     __shared__ float2 ts;
     if (threadIdx.x < 32) {
@@ -292,11 +287,13 @@ __device__ __forceinline__ float2 tensor_scales(const QuantJob &j)
     return ts;
 }
 
+#endif
+
 // One thread per block of 16, over tensor 0's blocks and then tensor 1's. values/scales may be
 // NULL (the scorer needs only deq), deq may be NULL (the quantizer API). (Two threads per block,
 // each with 8 elements and one shuffle for the block's |max|, measured 20% slower; a thread
 // looping over blocks, or one in 32 registers, slower too: docs/log/selectors-history.md.)
-__global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
+__global__ void __launch_bounds__(kQuantThreads, kQuantCtasPerSm) quant_kernel(const QuantJob j)
 {
     sa_pdl_trigger(); // the scorer's CTAs may be scheduled once these have all started
     const size_t b0 = j.n[0] / kBlock, all = b0 + j.n[1] / kBlock;
@@ -328,7 +325,11 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
     for (int i = 0; i < kBlock; i++)
         bamax = fmaxf(bamax, fabsf(f[i]));
     sa_pdl_wait();
+#ifdef SA_NVFP4_TS_ONE_WARP
+    const float2 tss = tensor_scales_one_warp(j);
+#else
     const float2 tss = tensor_scales(j);
+#endif
     if (!live)
         return;
     const float ts = which ? tss.y : tss.x;
@@ -383,109 +384,6 @@ __global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
         dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
 }
-#else
-// The tensor maxima from the amax CTAs' partials (every thread of the CTA gets both) and, in
-// CTA 0, the flag stored. After sa_pdl_wait(); every thread of the CTA must call it.
-__device__ __forceinline__ float2 reduce_parts(const QuantJob &j)
-{
-    float m[2] = {0.0f, 0.0f};
-    int nf = 0;
-    for (int i = threadIdx.x; i < j.grid0 + j.grid1; i += kQuantThreads) {
-        const float v = j.part[i];
-        if (i < j.grid0)
-            m[0] = fmaxf(m[0], v);
-        else
-            m[1] = fmaxf(m[1], v);
-        nf |= j.part_bad[i];
-    }
-    cta_max_or(m, nf);
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-        *j.bad = nf;
-    return make_float2(m[0], m[1]);
-}
-
-// One thread per block of 16, over tensor 0's blocks and then tensor 1's. values/scales may be
-// NULL (the scorer needs only deq), deq may be NULL (the quantizer API). (Two threads per block,
-// each with 8 elements and one shuffle for the block's |max|, measured 20% slower.)
-__global__ void __launch_bounds__(kQuantThreads) quant_kernel(const QuantJob j)
-{
-    sa_pdl_trigger(); // the scorer's CTAs may be scheduled once these have all started
-    const size_t b0 = j.n[0] / kBlock, all = b0 + j.n[1] / kBlock;
-    size_t blk = blockIdx.x * (size_t)kQuantThreads + threadIdx.x;
-    // Threads past the end (last CTA only) load nothing but still reach the one barrier in
-    // reduce_parts: every thread of a warp must execute the same bar.sync.
-    const bool live = blk < all;
-    const int which = live && blk >= b0;
-    if (which)
-        blk -= b0;
-    const uint16_t *x = which ? j.x[1] : j.x[0]; // selects: see amax_kernel
-    uint8_t *values = which ? nullptr : j.values, *scales = which ? nullptr : j.scales;
-    __nv_bfloat16 *deq = which ? j.deq[1] : j.deq[0];
-    // The elements and their block's |max| do not depend on amax_kernel: read them while it
-    // may still run (programmatic dependent launch), then wait for its tensor maxima.
-    const uint4 *src = reinterpret_cast<const uint4 *>(x + blk * kBlock);
-    const uint4 v0 = live ? __ldg(src) : make_uint4(0, 0, 0, 0);
-    const uint4 v1 = live ? __ldg(src + 1) : make_uint4(0, 0, 0, 0);
-    const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    float f[kBlock];
-    float bamax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        f[2 * i] = bf16_bits_to_f32(w[i] & 0xffffu);
-        f[2 * i + 1] = bf16_bits_to_f32(w[i] >> 16);
-    }
-#pragma unroll
-    for (int i = 0; i < kBlock; i++)
-        bamax = fabsf(f[i]) > bamax ? fabsf(f[i]) : bamax;
-    sa_pdl_wait();
-    const float2 amax = reduce_parts(j);
-    if (!live)
-        return;
-    const float ts = __fdiv_rn(which ? amax.y : amax.x, kTensorDiv);
-    if (blk == 0 && j.ts)
-        j.ts[which] = ts;
-    const uint8_t sc = ts > 0.0f ? e4m3_from_f32(__fdiv_rn(__fdiv_rn(bamax, kE2M1Max), ts)) : 0;
-    const float d = e4m3_to_f32(sc);
-    // Each element's E2M1 value with its sign (+0 for every element when d is 0), as a float:
-    // e2m1_round of the quotient RN(x / denom) the CPU computes. In the denominators' common range
-    // it comes from one reciprocal per block and Markstein's correction (three operations per
-    // element, where __fdiv_rn takes about ten). The quotient's sign is x's (denom > 0).
-    const float denom = __fmul_rn(d, ts);
-    if (denom != 0.0f && (denom < kMarksteinMin || denom > kMarksteinMax)) {
-#pragma unroll
-        for (int i = 0; i < kBlock; i++)
-            f[i] = copysignf(e2m1_round(fabsf(__fdiv_rn(f[i], denom))), f[i]);
-    } else {
-        const float y = __frcp_rn(denom);
-#pragma unroll
-        for (int i = 0; i < kBlock; i++)
-            f[i] = d == 0.0f ? 0.0f : copysignf(e2m1_round(fabsf(markstein_div(f[i], denom, y))), f[i]);
-    }
-    if (values) { // the codes, only for the quantizer API (the scorer needs deq alone)
-        uint32_t packed[2] = {0, 0};
-#pragma unroll
-        for (int i = 0; i < kBlock; i++)
-            packed[i / 8] |= e2m1_code(f[i]) << (4 * (i % 8));
-        *reinterpret_cast<uint2 *>(values + blk * (kBlock / 2)) = make_uint2(packed[0], packed[1]);
-    }
-    if (scales)
-        scales[blk] = sc;
-    if (deq) {
-        uint32_t out[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            // Exact: see the file comment.
-            const __nv_bfloat16 lo = __float2bfloat16_rn(__fmul_rn(f[2 * i], d));
-            const __nv_bfloat16 hi = __float2bfloat16_rn(__fmul_rn(f[2 * i + 1], d));
-            out[i] = (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
-        }
-        uint4 *dst = reinterpret_cast<uint4 *>(deq + blk * kBlock);
-        dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
-        dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
-    }
-}
-
-#endif
 
 int amax_grid(size_t n)
 {
@@ -726,7 +624,6 @@ int nvfp4_mass_cuda(const sa_shape *s, const uint16_t *q, const uint16_t *k,
     return finish(scr.at<int>(qs.bad), p, st);
 }
 
-#ifndef SA_NVFP4_QUANT_V1
 // For the GPU test of the hardware E4M3 conversions against the CPU's (sel_e4m3_cuda).
 __global__ void e4m3_kernel(const float *x, size_t n, uint8_t *codes, float *decoded)
 {
@@ -736,7 +633,6 @@ __global__ void e4m3_kernel(const float *x, size_t n, uint8_t *codes, float *dec
     if (i < 256)
         decoded[i] = e4m3_to_f32_hw((uint8_t)i);
 }
-#endif
 
 } // namespace
 
@@ -807,7 +703,6 @@ extern "C" int sel_nvfp4_quantize_async(const uint16_t *x, size_t n, uint8_t *va
                               reinterpret_cast<__nv_bfloat16 *>(deq), tensor_scale, st);
 }
 
-#ifndef SA_NVFP4_QUANT_V1
 extern "C" int sel_e4m3_cuda(const float *x, size_t n, uint8_t *codes, float *decoded)
 {
     if (!x || !codes || !decoded)
@@ -819,4 +714,3 @@ extern "C" int sel_e4m3_cuda(const float *x, size_t n, uint8_t *codes, float *de
     SA_CUDA_TRY(cudaDeviceSynchronize());
     return SA_OK;
 }
-#endif
