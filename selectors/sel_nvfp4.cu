@@ -253,42 +253,6 @@ __device__ __forceinline__ float2 tensor_scales(const QuantJob &j)
     return ts;
 }
 
-#ifdef SA_NVFP4_TS_ONE_WARP
-// The two tensor scales RN(amax / 2688) from the amax CTAs' partials, for every thread of the
-// CTA, and in CTA 0 the flag stored. One warp reduces and divides (the other seven wait at the
-// barrier, issuing nothing), where every warp had repeated the reduction. After sa_pdl_wait();
-// every thread of the CTA must call it.
-__device__ __forceinline__ float2 tensor_scales_one_warp(const QuantJob &j)
-{
-    __shared__ float2 ts;
-    if (threadIdx.x < 32) {
-        float m0 = 0.0f, m1 = 0.0f;
-        int nf = 0;
-        for (int i = threadIdx.x; i < j.grid0 + j.grid1; i += 32) {
-            const float v = j.part[i];
-            if (i < j.grid0)
-                m0 = fmaxf(m0, v);
-            else
-                m1 = fmaxf(m1, v);
-            nf |= j.part_bad[i];
-        }
-        for (int o = 16; o; o >>= 1) {
-            m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-            m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-            nf |= __shfl_xor_sync(0xffffffffu, nf, o);
-        }
-        if (threadIdx.x == 0) {
-            ts = make_float2(__fdiv_rn(m0, kTensorDiv), __fdiv_rn(m1, kTensorDiv));
-            if (blockIdx.x == 0)
-                *j.bad = nf;
-        }
-    }
-    __syncthreads();
-    return ts;
-}
-
-#endif
-
 // One thread per block of 16, over tensor 0's blocks and then tensor 1's. values/scales may be
 // NULL (the scorer needs only deq), deq may be NULL (the quantizer API). (Two threads per block,
 // each with 8 elements and one shuffle for the block's |max|, measured 20% slower; a thread
@@ -298,7 +262,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantCtasPerSm) quant_kernel(c
     sa_pdl_trigger(); // the scorer's CTAs may be scheduled once these have all started
     const size_t b0 = j.n[0] / kBlock, all = b0 + j.n[1] / kBlock;
     size_t blk = blockIdx.x * (size_t)kQuantThreads + threadIdx.x;
-    // Threads past the end (last CTA only) load nothing but still reach the one barrier in
+    // Threads past the end (last CTA only) load nothing but still reach the barriers in
     // tensor_scales: every thread of a warp must execute the same bar.sync.
     const bool live = blk < all;
     const int which = live && blk >= b0;
@@ -325,11 +289,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantCtasPerSm) quant_kernel(c
     for (int i = 0; i < kBlock; i++)
         bamax = fmaxf(bamax, fabsf(f[i]));
     sa_pdl_wait();
-#ifdef SA_NVFP4_TS_ONE_WARP
-    const float2 tss = tensor_scales_one_warp(j);
-#else
     const float2 tss = tensor_scales(j);
-#endif
     if (!live)
         return;
     const float ts = which ? tss.y : tss.x;
