@@ -49,7 +49,13 @@
 //   5's rescale per warpgroup (a vote on a named barrier) instead of per warp, so that every warp
 //   of the warpgroup reaches the same wgmma.wait_group, as its .aligned form requires (version
 //   2's arms broke that rule whenever the warps disagreed). With both, synccheck is clean on
-//   every build; the vote costs 0.4-3.4% (docs/stage17.md).
+//   every build; the vote costs 0.4-3.4% (docs/stage17.md). Version 12 takes a gate for the
+//   KV-centric hybrid (sa_stage17_launch_gated): a device word the kernel reads after its
+//   dependent-launch wait, returning at once unless (word != 0) is what the launch wants, so
+//   the hybrid queues the build without row masks and the one with them and the GPU runs the
+//   one its plan asks for (the first when every planned block serves every row of its tile).
+//   Only the builds without step 4's mask take a gate (calls without causal masks and with
+//   whole blocks, SA_ERR_UNSUPPORTED otherwise), so the causal builds keep their code.
 //
 // WHY THE B200 UNIT DOES NOT FIT HOPPER LISTS
 //   On the B200 one thread issues every MMA into Tensor Memory; a CTA holding two Q tiles is two
@@ -679,7 +685,8 @@ template <bool MASKS, bool ROWS>
 __global__ void __launch_bounds__(NTHREADS, 1)
     split_tile_kernel(const __grid_constant__ CUtensorMap map_q,
                       const __grid_constant__ CUtensorMap map_k,
-                      const __grid_constant__ CUtensorMap map_v, const Params p)
+                      const __grid_constant__ CUtensorMap map_v, const Params p,
+                      const int *gate, int gate_want)
 {
     extern __shared__ uint8_t smem_raw[];
     // The dynamic base is only 16-byte aligned; the swizzle atoms need 1024.
@@ -704,6 +711,14 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     // finished and its writes are visible. Every thread waits, the consumers too (they write O
     // and read row masks), so no access depends on the ordering through the producer.
     sa_pdl_wait();
+    // Version 12: a gated launch the plan does not want ends here, every thread alike, having
+    // touched nothing (O, LSE and the work counter are the other launch's). The gate is a
+    // kernel argument of its own, not a field of Params, and only the builds without step 4's
+    // mask test it (the hybrid's whole-block calls): both ways the causal builds' code stays as
+    // it was (a larger Params moved ptxas's spills of the causal build from 28 to 44 bytes).
+    if constexpr (!MASKS)
+        if (gate && (*gate != 0) != (gate_want != 0))
+            return;
     __syncthreads(); // the last CTA-wide barrier: after this the roles never meet again
 
     if (wg == 0) {
@@ -1065,7 +1080,9 @@ extern "C" int sa_stage17_check(const sa_gpu_attn *a)
                                     HEAD_DIM, TILE);
 }
 
-extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
+extern "C" int sa_stage17_launch(const sa_gpu_attn *a) { return sa_stage17_launch_gated(a, nullptr, 0); }
+
+extern "C" int sa_stage17_launch_gated(const sa_gpu_attn *a, const int *gate, int want)
 {
     int rc = sa_stage17_check(a);
     if (rc != SA_OK)
@@ -1121,11 +1138,14 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
     // No block of the call needs the step-4 mask: a kernel without it; row masks: a kernel that
     // reads them (version 7; version 8 has both with and without step 4's mask).
     const bool masks = !SA_STAGE17_MASK_SPECIALIZE || p.causal || p.tail != TILE;
+    if (gate && masks)
+        return SA_ERR_UNSUPPORTED; // only the builds without step 4's mask test a gate
     const int variant = (p.row_masks ? 2 : 0) + masks;
-    void (*const kernels[4])(CUtensorMap, CUtensorMap, CUtensorMap, Params) = {
+    void (*const kernels[4])(CUtensorMap, CUtensorMap, CUtensorMap, Params, const int *, int) = {
         split_tile_kernel<false, false>, split_tile_kernel<true, false>,
         split_tile_kernel<false, true>, split_tile_kernel<true, true>};
-    void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, Params) = kernels[variant];
+    void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, Params, const int *, int) =
+        kernels[variant];
     // The shared-memory opt-in, once per process and kernel (every device of this build is sm_90
     // with the same limit; a failed attempt is retried on the next call).
     static int smem_set[4];
@@ -1136,7 +1156,7 @@ extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
     }
     const int grid = p.items < sms ? p.items : sms;
     SA_CUDA_TRY(sa_launch_pdl(kernel, 1, dim3(grid), dim3(NTHREADS), SMEM_BYTES,
-                              (cudaStream_t)a->stream, maps.q, maps.k, maps.v, p));
+                              (cudaStream_t)a->stream, maps.q, maps.k, maps.v, p, gate, want));
     // Synchronous convenience: no verdict given, so wait for ours and return its code.
     if (a->validate && !a->verdict)
         return sa_gpu_verdict_read(verdict, a->stream);

@@ -489,7 +489,7 @@ int kv_layout(const sa_kv_params *p, void *base, kv_ws *w)
         KV_CARVE(row_masks, sa_sz_mul(plan, 4 * sizeof(uint32_t)));
         KV_CARVE(row_left, sa_sz_mul(sa_query_rows(s), sizeof(int32_t)));
         KV_CARVE(merge_rows, sa_sz_mul(sa_query_rows(s), sizeof(int32_t)));
-        KV_CARVE(merge_n, sizeof(int32_t));
+        KV_CARVE(merge_n, 2 * sizeof(int32_t)); // and the plan's partial-mask word
         KV_CARVE(shared_lse, sa_sz_mul(sa_sz_lse_elems(s), sizeof(float)));
     }
     KV_CARVE(part_lse, sa_sz_mul(partial_rows, sizeof(float)));

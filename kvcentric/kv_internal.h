@@ -60,7 +60,8 @@ typedef struct kv_ws {
     int32_t *row_left;            // (B, Hkv, Sq)
     // The list rows that have entries left (row_left > 0), in no particular order, and their
     // number: the rows the combine merges (without o_f32; the others the Q-centric pass wrote).
-    int32_t *merge_rows, *merge_n; // (B, Hkv, Sq), 1
+    // merge_n[1]: 1 when some planned block leaves out a row of its tile (kv_plan.cu, step 6).
+    int32_t *merge_rows, *merge_n; // (B, Hkv, Sq), 2
     float *shared_lse;            // (B, Hq, Sq)
     float *part_lse;    // (B, Hq, Sq, max_blocks)
     void *part_o;       // (B, Hq, Sq, max_blocks, D), FP32 or BF16

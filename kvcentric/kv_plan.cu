@@ -33,11 +33,17 @@
 //      plan position (or -1) in its counter, and zeroes the planned blocks' row masks;
 //   5. every (query, slot) again: a planned block sets the query's bit in its row mask, the
 //      others count towards the query's row_left (entries left to the KV-centric part); a query
-//      with entries left goes on the combine's list (merge_rows: the only rows it reads).
+//      with entries left goes on the combine's list (merge_rows: the only rows it reads);
+//   6. with row masks, a planned block whose mask leaves out a row of the tile raises the call's
+//      partial-mask word (merge_n[1]). While it stays 0 every planned block serves every row, and
+//      the Q-centric pass runs stage 17's build without row masks (its gated launches,
+//      kv_shared_pass; calls without causal masks and with whole blocks): the masks would only
+//      cost their selects (3-4% of the pass).
 // With validation on, duplicates are still caught: the index's per-tile pass (kv_index.cu) marks
 // every entry in its block's query mask, planned or not.
 #include "kv_internal.h"
 #include "sa_internal.h"
+#include "sa_stage_entries.h"
 
 namespace {
 
@@ -55,8 +61,23 @@ struct plan_args {
     int whole; // 1: the whole-union rule of step 3 (row masks: share below 128)
     long long tiles;
     int32_t *tile_idx, *tile_cnt, *row_left, *merge_rows, *merge_n;
+    int32_t *partial; // step 6's word; NULL without row masks
     uint32_t *row_masks;
 };
+
+// Whether a row mask has the bits of all of a tile's nq rows.
+__device__ __forceinline__ bool mask_full(uint4 m, int nq)
+{
+    const uint32_t w[4] = {m.x, m.y, m.z, m.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int rows = min(max(nq - 32 * i, 0), 32);
+        const uint32_t want = rows == 32 ? ~0u : (1u << rows) - 1u;
+        if ((w[i] & want) != want)
+            return false;
+    }
+    return true;
+}
 
 // The block of the tile's entry e (query e / m, slot e % m), or -1 for a slot past the row's
 // count or an index out of range.
@@ -172,6 +193,13 @@ __global__ void __launch_bounds__(kThreads) kv_plan_kernel(const plan_args a)
                 atomicAdd(&left[qi], 1);
         });
         __syncthreads();
+        // Step 6. The masks were set by this CTA's atomics (in L2): read past L1.
+        if (a.partial) {
+            const int n = a.tile_cnt[tr];
+            for (int pos = threadIdx.x; pos < n; pos += kThreads)
+                if (!mask_full(__ldcg(reinterpret_cast<const uint4 *>(masks + 4 * pos)), nq))
+                    *a.partial = 1; // any writer: they all write 1
+        }
         for (int qi = threadIdx.x; qi < nq; qi += kThreads) {
             const long long row = bh * a.len_q + q0 + qi;
             a.row_left[row] = left[qi];
@@ -190,6 +218,8 @@ int kv_plan(const sa_kv_params *p, const kv_ws *w)
     const int blocks = sa_kv_blocks(s), q_tiles = sa_q_tiles(s), m = p->lists.max_blocks;
     const long long tiles = (long long)s->batch * s->heads_kv * q_tiles;
     cudaStream_t st = kv_stream(p);
+    // merge_n[0] (the rows to merge) and merge_n[1] (step 6's word) start at 0.
+    SA_CUDA_TRY(cudaMemsetAsync(w->merge_n, 0, 2 * sizeof(int32_t), st));
     if (!kv_plan_fits(s)) { // too many blocks for the histogram: all KV-centric
         SA_CUDA_TRY(cudaMemsetAsync(w->tile_cnt, 0, (size_t)tiles * sizeof(int32_t), st));
         // Any nonzero row_left: every row goes through the combine's merge.
@@ -223,7 +253,7 @@ int kv_plan(const sa_kv_params *p, const kv_ws *w)
     a.row_masks = w->row_masks;
     a.merge_rows = w->merge_rows;
     a.merge_n = w->merge_n;
-    SA_CUDA_TRY(cudaMemsetAsync(w->merge_n, 0, sizeof(int32_t), st));
+    a.partial = a.whole ? w->merge_n + 1 : nullptr;
     const unsigned grid = (unsigned)(tiles < 65535 ? tiles : 65535);
     kv_plan_kernel<<<grid, kThreads, smem, st>>>(a);
     SA_CUDA_TRY(cudaGetLastError());
@@ -255,5 +285,14 @@ int kv_shared_pass(const sa_kv_params *p, const kv_ws *w)
     // A block every query of a causal tile lists may still lie after some of its queries'
     // last keys (when the lists were allowed future blocks): the stage masks it per row.
     a.allow_future_blocks = 1;
-    return st->launch(&a);
+    if (!masked || st->id != 17 || a.causal || p->shape.len_kv % SA_TILE)
+        return st->launch(&a); // stage 17 gates only its builds without step 4's mask
+    // Stage 17's two builds, gated by step 6's word: the one without row masks when every
+    // planned block serves every row of its tile, else the one with them. The launch the word
+    // does not want ends at its start (a few microseconds).
+    const int *partial = w->merge_n + 1;
+    a.row_masks = nullptr;
+    int err = sa_stage17_launch_gated(&a, partial, 0);
+    a.row_masks = w->row_masks;
+    return err ? err : sa_stage17_launch_gated(&a, partial, 1);
 }

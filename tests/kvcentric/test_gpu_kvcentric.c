@@ -662,6 +662,12 @@ START_TEST(test_hybrid)
     ck_assert_msg(run_hybrid(&a, 6, 3, 100, 0, 2, &r),
                   "the whole-union rule never fired (seed %llu)",
                   (unsigned long long)sa_test_seed());
+    /* Whole blocks without causal masks: the Q-centric pass is stage 17's two gated builds
+     * (kv_shared_pass). Every row keeping every shared block leaves each planned mask full (the
+     * build without row masks runs), 70% leaves some rows out (the build with them runs). */
+    sa_shape g = shape(1, 4, 1, 300, 4096); /* own blocks from 29: few queries each */
+    run_hybrid(&g, 6, 3, 100, 0, 0, &r);
+    run_hybrid(&g, 6, 3, 70, 0, 0, &r);
     if (small_only())
         return;
     sa_shape b = shape(2, 16, 1, 700, 3000);
