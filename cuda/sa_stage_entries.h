@@ -3,7 +3,7 @@
 #ifndef SA_STAGE_ENTRIES_H
 #define SA_STAGE_ENTRIES_H
 
-#include "sparseattn.h"
+#include "sa_internal_api.h" /* SA_INTERNAL_API; includes sparseattn.h */
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,8 +20,9 @@ int sa_stage17_launch(const sa_gpu_attn *a);
 /* Stage 17 (version 12) for the KV-centric hybrid: the launch of sa_stage17_launch whose kernel
  * does nothing unless (*gate != 0) == (want != 0), gate being device memory written by work
  * queued before it (the hybrid's plan). With a gate, SA_ERR_UNSUPPORTED for calls that need
- * step 4's mask (causal, or len_kv not a multiple of 128): only the other builds test it. */
-int sa_stage17_launch_gated(const sa_gpu_attn *a, const int *gate, int want);
+ * step 4's mask (causal, or len_kv not a multiple of 128): only the other builds test it.
+ * Exported for its test (tests/gpu_sparse/test_gpu_row_masks.c). */
+SA_INTERNAL_API int sa_stage17_launch_gated(const sa_gpu_attn *a, const int *gate, int want);
 
 #ifdef __cplusplus
 }

@@ -6,13 +6,15 @@
  * Masks: random with a per-case density, plus entries with every row, entries with no row, and
  * rows left out of every entry (O = 0, LSE = -inf). Cases: partial tiles and blocks, GQA 1/4/16,
  * empty rows, causal (len_q = len_kv and len_q < len_kv), validation on and off, and the call
- * repeated bit for bit. SA_SMALL=1 runs the two small cases. */
+ * repeated bit for bit; and stage 17's gate (version 12). SA_SMALL=1 runs the two small cases and
+ * the gate. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "sa_stage_entries.h"
 #include "sa_test_gpu.h"
 
 #define SEED (unsigned long long)sa_test_seed()
@@ -223,6 +225,78 @@ START_TEST(row_masks)
 }
 END_TEST
 
+/* Stage 17's gate (version 12, sa_stage17_launch_gated, the KV-centric hybrid's): a launch runs
+ * only when (*gate != 0) equals (want != 0); one that is not wanted touches nothing (O stays
+ * poisoned); calls that need step 4's mask (causal, a partial final block) refuse a gate. */
+START_TEST(gate)
+{
+    sa_shape s = {1, 4, 1, 256, 1024, 128};
+    const int k = 3;
+    sa_tile_lists shape_only = {NULL, NULL, 1, k};
+    const size_t rows = sa_tile_rows(&s, &shape_only), nq = sa_q_elems(&s);
+    const size_t nkv = sa_kv_elems(&s), nl = sa_lse_elems(&s);
+    uint16_t *q = malloc(nq * 2), *kh = malloc(nkv * 2), *vh = malloc(nkv * 2);
+    uint16_t *o_ref = malloc(nq * 2), *o_gpu = malloc(nq * 2);
+    float *lse_ref = malloc(nl * 4), *of_ref = malloc(nq * 4), *of_gpu = malloc(nq * 4);
+    int32_t idx[2 * 3], cnt[2] = {3, 2};
+    ck_assert(q && kh && vh && o_ref && o_gpu && lse_ref && of_ref && of_gpu && rows == 2);
+    sa_rng r;
+    sa_rng_seed(&r, sa_test_seed() ^ 0x6a7e);
+    sa_rng_fill_bf16(&r, q, nq, 4.0f);
+    sa_rng_fill_bf16(&r, kh, nkv, 1.0f);
+    sa_rng_fill_bf16(&r, vh, nkv, 1.0f);
+    idx[0] = 3, idx[1] = 0, idx[2] = 6, idx[3] = 7, idx[4] = 1, idx[5] = 0;
+    sa_tile_lists l = {idx, cnt, 1, k};
+    sa_attn_opts opts;
+    sa_attn_opts_default(&opts);
+    sa_outputs ref = {o_ref, NULL, lse_ref};
+    ck_assert_int_eq(sa_ref_tile_sparse(&s, q, kh, vh, &l, &opts, &ref), SA_OK);
+    sa_bf16_to_f32_array(of_ref, o_ref, nq);
+    sa_test_dev d;
+    sa_test_dev_alloc(&d, &s, rows * k, rows);
+    CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d.k, kh, nkv * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d.v, vh, nkv * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d.idx, idx, sizeof idx, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d.cnt, cnt, sizeof cnt, cudaMemcpyHostToDevice));
+    int *word;
+    CK_CUDA(cudaMalloc((void **)&word, sizeof *word));
+    sa_gpu_attn a = sa_test_dev_args(&s, &d);
+    a.lists = (sa_tile_lists){d.idx, d.cnt, 1, k};
+    a.validate = 0;
+    /* {word, want, runs} */
+    static const int cases[][3] = {{0, 1, 0}, {0, 0, 1}, {7, 1, 1}, {7, 0, 0}};
+    for (int c = 0; c < 4; c++) {
+        CK_CUDA(cudaMemcpy(word, &cases[c][0], sizeof *word, cudaMemcpyHostToDevice));
+        CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
+        CK_CUDA(cudaDeviceSynchronize());
+        ck_assert_int_eq(sa_stage17_launch_gated(&a, word, cases[c][1]), SA_OK);
+        CK_CUDA(cudaDeviceSynchronize());
+        CK_CUDA(cudaMemcpy(o_gpu, d.o, nq * 2, cudaMemcpyDeviceToHost));
+        if (cases[c][2]) {
+            sa_bf16_to_f32_array(of_gpu, o_gpu, nq);
+            sa_cmp cmp = sa_compare(of_gpu, of_ref, nq);
+            ck_assert_msg(sa_cmp_ok(&cmp), "gate %d want %d: O rel_l2 %.3g (seed %llu)",
+                          cases[c][0], cases[c][1], cmp.rel_l2, SEED);
+        } else {
+            for (size_t e = 0; e < nq; e++)
+                ck_assert_msg(o_gpu[e] == (uint16_t)(SA_POISON_BYTE * 0x101),
+                              "gate %d want %d: O[%zu] written by a launch the gate refused",
+                              cases[c][0], cases[c][1], e);
+        }
+    }
+    a.causal = 1;
+    ck_assert_int_eq(sa_stage17_launch_gated(&a, word, 0), SA_ERR_UNSUPPORTED);
+    a.causal = 0;
+    a.shape.len_kv = 1000; /* a partial final block: step 4's mask */
+    ck_assert_int_eq(sa_stage17_launch_gated(&a, word, 0), SA_ERR_UNSUPPORTED);
+    cudaFree(word);
+    sa_test_dev_free(&d);
+    free(q), free(kh), free(vh), free(o_ref), free(o_gpu), free(lse_ref), free(of_ref),
+        free(of_gpu);
+}
+END_TEST
+
 int main(void)
 {
     if (!sa_gpu_available())
@@ -231,6 +305,7 @@ int main(void)
     TCase *tc = tcase_create("row_masks");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, row_masks);
+    tcase_add_test(tc, gate);
     suite_add_tcase(su, tc);
     return sa_test_run(su);
 }
