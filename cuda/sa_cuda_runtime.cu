@@ -192,15 +192,16 @@ extern "C" int sa_gpu_thread_release(void)
     const unsigned long long id = current_ctx_id();
     if (!id)
         return SA_OK;
+    (void)cudaGetLastError(); // an earlier call's error is not this one's
     for (CacheEntry &c : cache) {
         if (c.ctx != id)
             continue;
         for (int k = 0; k < SA_CACHED_KINDS; k++)
             if (c.obj[k])
-                c.destroy[k](c.obj[k]);
+                c.destroy[k](c.obj[k]); // the frees wait for the work that uses them
         c = CacheEntry{};
     }
-    // The frees wait for the work that uses them; an error of theirs is not the caller's.
+    // A free that failed left its error here: reported, and cleared.
     return cudaGetLastError() == cudaSuccess ? SA_OK : SA_ERR_CUDA;
 }
 
