@@ -56,6 +56,21 @@ static inline void sa_test_dev_free(sa_test_dev *d)
     CK_CUDA(cudaFree(d->cnt));
 }
 
+/* Host Q, K, V (BF16, the shape's sizes) and, when given, list_len list entries and rows counts
+ * copied into the buffers sa_test_dev_alloc made. */
+static inline void sa_test_dev_upload(sa_test_dev *d, const sa_shape *s, const uint16_t *q,
+                                      const uint16_t *k, const uint16_t *v, const int32_t *idx,
+                                      size_t list_len, const int32_t *cnt, size_t rows)
+{
+    CK_CUDA(cudaMemcpy(d->q, q, sa_q_elems(s) * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d->k, k, sa_kv_elems(s) * 2, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(d->v, v, sa_kv_elems(s) * 2, cudaMemcpyHostToDevice));
+    if (idx)
+        CK_CUDA(cudaMemcpy(d->idx, idx, list_len * 4, cudaMemcpyHostToDevice));
+    if (cnt)
+        CK_CUDA(cudaMemcpy(d->cnt, cnt, rows * 4, cudaMemcpyHostToDevice));
+}
+
 /* Launch arguments over the buffers, defaults otherwise (no lists). */
 static inline sa_gpu_attn sa_test_dev_args(const sa_shape *s, const sa_test_dev *d)
 {

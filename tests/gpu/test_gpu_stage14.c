@@ -61,9 +61,7 @@ static void check_case(int batch, int hq, int hkv, int len_q, int len_kv, float 
 
     sa_test_dev d;
     sa_test_dev_alloc(&d, &s, 0, 0);
-    CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.k, k, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.v, v, nkv * 2, cudaMemcpyHostToDevice));
+    sa_test_dev_upload(&d, &s, q, k, v, NULL, 0, NULL, 0);
     sa_bf16_to_f32_array(of_ref, o_ref, nq);
     const sa_stage *st;
     for (int si = 0; (st = dense_stage(si)); si++) {

@@ -150,11 +150,7 @@ static void run_causal(const causal_case *c, uint64_t salt)
 
     sa_test_dev d;
     sa_test_dev_alloc(&d, &s, rows * kk, rows);
-    CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.k, k, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.v, v, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.idx, idx, rows * kk * 4, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.cnt, cnt, rows * 4, cudaMemcpyHostToDevice));
+    sa_test_dev_upload(&d, &s, q, k, v, idx, rows * kk, cnt, rows);
     int tested = 0;
     for (int i = 0; i < sa_stage_count(); i++) {
         const sa_stage *st = sa_stage_at(i);
@@ -284,11 +280,7 @@ START_TEST(future_blocks)
 
     sa_test_dev d;
     sa_test_dev_alloc(&d, &s, rows * k, rows);
-    CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.k, kh, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.v, vh, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.idx, idx, rows * k * 4, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.cnt, cnt, rows * 4, cudaMemcpyHostToDevice));
+    sa_test_dev_upload(&d, &s, q, kh, vh, idx, rows * k, cnt, rows);
     sa_gpu_verdict *v;
     ck_assert_int_eq(sa_gpu_verdict_create(&v), SA_OK);
     for (int i = 0; i < sa_stage_count(); i++) {

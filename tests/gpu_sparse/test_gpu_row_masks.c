@@ -130,11 +130,7 @@ static void run_case(const mask_case *c, uint64_t salt)
     sa_test_dev_alloc(&d, &s, rows * c->k, rows);
     uint32_t *d_masks = NULL;
     CK_CUDA(cudaMalloc((void **)&d_masks, rows * c->k * 16));
-    CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.k, k, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.v, v, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.idx, idx, rows * c->k * 4, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.cnt, cnt, rows * 4, cudaMemcpyHostToDevice));
+    sa_test_dev_upload(&d, &s, q, k, v, idx, rows * c->k, cnt, rows);
     CK_CUDA(cudaMemcpy(d_masks, masks, rows * c->k * 16, cudaMemcpyHostToDevice));
     int tested = 0;
     for (int i = 0; i < sa_stage_count(); i++) {
@@ -254,11 +250,7 @@ START_TEST(gate)
     sa_bf16_to_f32_array(of_ref, o_ref, nq);
     sa_test_dev d;
     sa_test_dev_alloc(&d, &s, rows * k, rows);
-    CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.k, kh, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.v, vh, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.idx, idx, sizeof idx, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.cnt, cnt, sizeof cnt, cudaMemcpyHostToDevice));
+    sa_test_dev_upload(&d, &s, q, kh, vh, idx, rows * k, cnt, rows);
     int *word;
     CK_CUDA(cudaMalloc((void **)&word, sizeof *word));
     sa_gpu_attn a = sa_test_dev_args(&s, &d);

@@ -166,11 +166,7 @@ static void run_case(const case_spec *c, uint64_t salt)
 
     sa_test_dev d;
     sa_test_dev_alloc(&d, &s, rows * kk, rows);
-    CK_CUDA(cudaMemcpy(d.q, q, nq * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.k, k, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.v, v, nkv * 2, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.idx, idx, rows * kk * 4, cudaMemcpyHostToDevice));
-    CK_CUDA(cudaMemcpy(d.cnt, cnt, rows * 4, cudaMemcpyHostToDevice));
+    sa_test_dev_upload(&d, &s, q, k, v, idx, rows * kk, cnt, rows);
     const sa_stage *st;
     for (int si = 0; (st = sparse_stage(si)); si++) {
         CK_CUDA(cudaMemset(d.o, SA_POISON_BYTE, nq * 2));
