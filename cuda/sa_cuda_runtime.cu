@@ -32,22 +32,27 @@ int sa_cuda_sm90(int *sms)
     return major == 9 ? SA_OK : SA_ERR_NO_DEVICE; // the library holds sm_90a code only
 }
 
+// A driver function through the runtime's entry-point query (the library never links libcuda),
+// NULL (the error cleared) where the driver lacks it.
+template <typename F> static F driver_fn(const char *name, int version)
+{
+    void *p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
+    return reinterpret_cast<F>(p);
+}
+
 // The driver's encoder, looked up once. The pointer does not depend on any tensor, so caching it
 // is safe; concurrent first calls store the same value.
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
 {
     static PFN_cuTensorMapEncodeTiled_v12000 fn;
-    if (!fn) {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                             &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess) {
-            (void)cudaGetLastError();
-            return nullptr;
-        }
-        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    }
+    if (!fn)
+        fn = driver_fn<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
     return fn;
 }
 
@@ -110,18 +115,6 @@ struct CtxFns {
     PFN_cuCtxGetCurrent_v4000 current = nullptr;
     PFN_cuCtxGetId_v12000 id = nullptr;
 };
-
-template <typename F> F driver_fn(const char *name, int version)
-{
-    void *p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();
-        return nullptr;
-    }
-    return reinterpret_cast<F>(p);
-}
 
 const CtxFns &ctx_fns()
 {

@@ -381,9 +381,9 @@ extern "C" int sa_kv_attend(const sa_kv_params *p)
 int kv_attend_part(const sa_kv_params *p, const kv_ws &w)
 {
     const sa_shape *s = &p->shape;
-    int dev = 0, sms = 0;
-    SA_CUDA_TRY(cudaGetDevice(&dev));
-    SA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int sms = 0;
+    if (sa_cuda_sm90(&sms) != SA_OK)
+        return SA_ERR_NO_DEVICE;
     if (p->attend == SA_KV_ATTEND_WGMMA)
         return kv_attend_wgmma(p, &w, sms);
     attn_args a;
