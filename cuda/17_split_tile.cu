@@ -1080,7 +1080,10 @@ extern "C" int sa_stage17_check(const sa_gpu_attn *a)
                                     HEAD_DIM, TILE);
 }
 
-extern "C" int sa_stage17_launch(const sa_gpu_attn *a) { return sa_stage17_launch_gated(a, nullptr, 0); }
+extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
+{
+    return sa_stage17_launch_gated(a, nullptr, 0);
+}
 
 extern "C" int sa_stage17_launch_gated(const sa_gpu_attn *a, const int *gate, int want)
 {

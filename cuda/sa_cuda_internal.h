@@ -51,10 +51,10 @@ enum sa_cached_kind {
 void *sa_thread_cached(int kind, void *(*make)(void), void (*destroy)(void *));
 
 // The work counter for a dynamically scheduled launch on `stream` (stage 17, version 3): a
-// device int at 0 that the kernel leaves at 0, one per (thread, context, stream). *out = NULL (and SA_OK) when the stream is being
-// captured, this thread has counters for too many streams, or the allocation of a new one fails
-// (the next call tries again): the caller then schedules statically. SA_ERR_CUDA if zeroing a
-// new counter on the stream fails.
+// device int at 0 that the kernel leaves at 0, one per (thread, context, stream). *out = NULL
+// (and SA_OK) when the stream is being captured, this thread has counters for too many streams,
+// or the allocation of a new one fails (the next call tries again): the caller then schedules
+// statically. SA_ERR_CUDA if zeroing a new counter on the stream fails.
 int sa_sched_counter(void *stream, int **out);
 
 // A second stream of this thread in the current context, with a fork and a join event, for a

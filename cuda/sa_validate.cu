@@ -112,9 +112,9 @@ __global__ void validate_rows_kernel(const int32_t *__restrict__ indices,
 }
 
 // The verdict's home, one set per host thread and context (sa_thread_cached), made on first use
-// and kept: the error word and
-// done counter rest at zero between checks (the last CTA resets them), `dev` is what the
-// dependent kernel reads, `host` a mapped pinned word the kernel writes directly.
+// and kept: the error word and done counter rest at zero between checks (the last CTA resets
+// them), `dev` is what the dependent kernel reads, `host` a mapped pinned word the kernel writes
+// directly.
 constexpr int kPending = 1; // not an sa_status: the check has not published yet
 struct Verdict {
     int *error = nullptr; // [0] error word, [1] done counter, [2] verdict

@@ -25,7 +25,8 @@ int kv_parts(const sa_kv_params *p)
     if ((err = kv_layout(p, p->workspace, &w)) || (err = kv_index_begin(p, w)))
         return err;
     cudaStream_t main = kv_stream(p), other = static_cast<cudaStream_t>(side.stream);
-    cudaEvent_t fork = static_cast<cudaEvent_t>(side.fork), join = static_cast<cudaEvent_t>(side.join);
+    cudaEvent_t fork = static_cast<cudaEvent_t>(side.fork);
+    cudaEvent_t join = static_cast<cudaEvent_t>(side.join);
     SA_CUDA_TRY(cudaEventRecord(fork, main));
     SA_CUDA_TRY(cudaStreamWaitEvent(other, fork, 0));
     sa_kv_params q = *p;
