@@ -103,23 +103,89 @@ int sel_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
 // Writes the k chosen block indices to out in index order (the algorithm: sel_topk.cu).
 // Introduced for topk_warp_rows; the fused r1/r4 kernel ranks its rows with it too.
 constexpr int kSelWarpTopkMax = 32 * 32; // the longest row one warp ranks (32 keys per lane)
+constexpr int kSelWarpSortItems = 8;      // up to this many keys per lane, T by a bitonic sort
+
+// The k-th largest of the warp's 32 * ITEMS keys (1 <= k <= 32 * ITEMS; lane l holds keys
+// l * ITEMS .. l * ITEMS + ITEMS - 1), in every lane: the largest T with count(key >= T) >= k.
+// Up to kSelWarpSortItems keys per lane, a bitonic sort of a copy into descending order (session
+// 26: its 28 stages at 4 keys per lane, 15 of them one shuffle round, replace the 32 dependent
+// warp reductions of the radix select, most of the top-k kernel's time in the nvfp4 pipeline);
+// above, the radix select, bit by bit from the top (the sort's stages grow with the keys a lane
+// holds, the select's do not).
+template <int ITEMS>
+__device__ __forceinline__ uint32_t sel_warp_kth(const uint32_t (&v)[ITEMS], int k)
+{
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x % 32;
+    if constexpr (ITEMS <= kSelWarpSortItems) {
+        static_assert((ITEMS & (ITEMS - 1)) == 0, "a power of two keys per lane");
+        uint32_t s[ITEMS];
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++)
+            s[j] = v[j];
+        // Element e = lane * ITEMS + j. In the pass over runs of `size`, runs with (e & size) == 0
+        // are ordered descending, the others ascending, so the last pass leaves all descending;
+        // the step compares e with e ^ d and keeps the larger at the lower index in a
+        // descending run.
+#pragma unroll
+        for (int size = 2; size <= 32 * ITEMS; size <<= 1) {
+#pragma unroll
+            for (int d = size / 2; d > 0; d >>= 1) {
+                if (d < ITEMS) { // both keys in this lane
+#pragma unroll
+                    for (int j = 0; j < ITEMS; j++) {
+                        if (j & d)
+                            continue;
+                        const int e = lane * ITEMS + j;
+                        const bool desc = (e & size) == 0;
+                        const uint32_t a = s[j], b = s[j | d];
+                        s[j] = desc ? max(a, b) : min(a, b);
+                        s[j | d] = desc ? min(a, b) : max(a, b);
+                    }
+                } else { // the partner key sits in lane ^ (d / ITEMS), at the same j
+                    const bool lower = (lane & (d / ITEMS)) == 0;
+#pragma unroll
+                    for (int j = 0; j < ITEMS; j++) {
+                        const int e = lane * ITEMS + j;
+                        const bool desc = (e & size) == 0;
+                        const uint32_t o = __shfl_xor_sync(full, s[j], d / ITEMS);
+                        s[j] = lower == desc ? max(s[j], o) : min(s[j], o);
+                    }
+                }
+            }
+        }
+        // The sorted key k - 1 sits in lane (k - 1) / ITEMS at (k - 1) % ITEMS.
+        uint32_t mine = 0;
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++)
+            if (j == (k - 1) % ITEMS)
+                mine = s[j];
+        return __shfl_sync(full, mine, (k - 1) / ITEMS);
+    } else {
+        (void)lane;
+        uint32_t T = 0; // every candidate is >= 1, so the padding (key 0) is never counted
+        for (int bit = 31; bit >= 0; bit--) {
+            const uint32_t cand = T | (1u << bit);
+            unsigned c = 0;
+#pragma unroll
+            for (int j = 0; j < ITEMS; j++)
+                c += v[j] >= cand;
+            if ((int)__reduce_add_sync(full, c) >= k)
+                T = cand;
+        }
+        return T;
+    }
+}
+
 template <int ITEMS>
 __device__ __forceinline__ void sel_warp_topk(const uint32_t (&v)[ITEMS], int n, int k,
                                               int32_t *out)
 {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x % 32, i0 = lane * ITEMS;
-    uint32_t T = 0; // largest T with count(key >= T) >= k; every candidate is >= 1, so the
-                    // padding (key 0, i >= n) is never counted
-    for (int bit = 31; bit >= 0; bit--) {
-        const uint32_t cand = T | (1u << bit);
-        unsigned c = 0;
-#pragma unroll
-        for (int j = 0; j < ITEMS; j++)
-            c += v[j] >= cand;
-        if ((int)__reduce_add_sync(full, c) >= k)
-            T = cand;
-    }
+    // The k-th largest key (padding keys 0 past n included: k <= n, so it is a row's key or,
+    // like the radix select's answer, 0 where fewer than k keys are above 0).
+    const uint32_t T = sel_warp_kth<ITEMS>(v, k);
     unsigned gt = 0, eq = 0;
 #pragma unroll
     for (int j = 0; j < ITEMS; j++) {
