@@ -103,15 +103,17 @@ int sel_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
 // Writes the k chosen block indices to out in index order (the algorithm: sel_topk.cu).
 // Introduced for topk_warp_rows; the fused r1/r4 kernel ranks its rows with it too.
 constexpr int kSelWarpTopkMax = 32 * 32; // the longest row one warp ranks (32 keys per lane)
-constexpr int kSelWarpSortItems = 8;      // up to this many keys per lane, T by a bitonic sort
+constexpr int kSelWarpSortItems = 4;      // up to this many keys per lane, T by a bitonic sort
 
 // The k-th largest of the warp's 32 * ITEMS keys (1 <= k <= 32 * ITEMS; lane l holds keys
 // l * ITEMS .. l * ITEMS + ITEMS - 1), in every lane: the largest T with count(key >= T) >= k.
-// Up to kSelWarpSortItems keys per lane, a bitonic sort of a copy into descending order (session
-// 26: its 28 stages at 4 keys per lane, 15 of them one shuffle round, replace the 32 dependent
-// warp reductions of the radix select, most of the top-k kernel's time in the nvfp4 pipeline);
-// above, the radix select, bit by bit from the top (the sort's stages grow with the keys a lane
-// holds, the select's do not).
+// Up to kSelWarpSortItems keys per lane, a bitonic sort of a copy into descending order: at 4 keys
+// per lane its 28 stages (15 of them one shuffle round) take about as many instructions as the
+// radix select's 32 steps but no chain of 32 dependent warp reductions, which is what a top-k of
+// few rows waits on (the nvfp4/i1 tile pipeline at 16K: 64 rows of 128 blocks, about 1.5 us
+// shorter, session 26). Above, the radix select, bit by bit from the top: at 8 keys per lane the
+// sort's 36 stages of 8 keys cost more instructions than the select, and the per-query top-k of
+// 32K rows of 256 blocks, bound by its instructions, was 3.6% slower with it (H100, session 26).
 template <int ITEMS>
 __device__ __forceinline__ uint32_t sel_warp_kth(const uint32_t (&v)[ITEMS], int k)
 {
