@@ -6,10 +6,17 @@
 // FP32 accumulation, so the only rounding is the accumulation order. The two FP32 tensor scales
 // are applied after it (score = acc * ts_q * ts_k, monotone, so it commutes with every max).
 //
-// WORK UNIT: (batch, scored head, Q tile of 128 queries, chunk of `chunk` KV blocks). The grid
-// is persistent (one CTA per SM, units round-robin); the chunk is chosen on the host so that the
-// units fill the SMs evenly (choose_chunk). Under causal a tile's units stop at its last visible
-// block, and a unit past it is skipped by both roles.
+// WORK UNIT: (batch, scored head, Q tile of 128 queries, a run of KV blocks). The grid is
+// persistent (one CTA per SM), and the host picks one of two splits by a model of their time
+// (choose_split):
+//   - chunks of `chunk` blocks, dealt round-robin; the chunk is chosen so that the units fill the
+//     SMs evenly (choose_chunk). Under causal a tile's units stop at its last visible block, and
+//     a unit past it is skipped by both roles. The mass modes always take this split.
+//   - balanced (session 26; the max-pool without causal): the (scored head, tile, block) steps in
+//     a row, each CTA one contiguous range of them, cut into units where a tile's row of blocks
+//     ends. Every SM gets the same number of blocks give or take one, where whole chunks leave
+//     some idle (the study's shape with one index head: 64 blocks on each of 128 SMs, or 62-63
+//     on each of 132). Each key still has one writer: a (tile, block) lies in one range.
 //
 // ROLES (384 threads): warpgroups 0 and 1 consume, 64 query rows each (rows 64 wg .. 64 wg + 63
 // of the tile), with 232 registers each (setmaxnreg: two accumulators of 64, Q's A fragments (32
@@ -108,6 +115,8 @@ struct ScoreArgs {
     int per_query, causal;
     int chunk, nchunks;        // blocks per unit, units per tile
     long long units;           // batch * qh * q_tiles * nchunks
+    long long steps;           // > 0: the balanced split over this many (head, tile, block) steps
+                               // (units then counts pieces: unit_of)
     const float *ts;           // tensor scales of Q and K (device)
     unsigned *keys;            // block-score rows (sel_score_key order)
     int store;                 // 1: one scored head per list group, so each key a row reads has
@@ -128,6 +137,22 @@ struct Unit {
 __device__ __forceinline__ Unit unit_of(const ScoreArgs &a, long long u)
 {
     Unit w;
+    if (a.steps > 0) {
+        // Balanced: unit u is piece u / grid of CTA u % grid's range, the part of the range in
+        // its first row plus that many rows; empty where the range ends sooner. Every value is
+        // computed here from u, so the unit loop carries no more state than the chunks' does.
+        const long long g = gridDim.x, cta = u % g, piece = u / g;
+        const long long lo = a.steps * cta / g, hi = a.steps * (cta + 1) / g;
+        const long long row = lo / a.kv_blocks + piece;
+        const long long start = piece == 0 ? lo : row * a.kv_blocks;
+        const long long stop = min(hi, (row + 1) * a.kv_blocks);
+        w.bh = (int)(row / a.q_tiles);
+        w.t = (int)(row % a.q_tiles);
+        w.c = 0;
+        w.k0 = start < stop ? (int)(start - row * a.kv_blocks) : 0;
+        w.k1 = start < stop ? (int)(stop - row * a.kv_blocks) : 0;
+        return w;
+    }
     const int c = (int)(u % a.nchunks);
     const long long r = u / a.nchunks;
     w.c = c;
@@ -142,6 +167,7 @@ __device__ __forceinline__ Unit unit_of(const ScoreArgs &a, long long u)
     w.k1 = min(w.k0 + a.chunk, end);
     return w;
 }
+
 
 // d = Q_half (64 x 64P) K_block^T (64P x 128); q_lo, k_lo: descriptor low words of panel 0.
 template <int P> __device__ __forceinline__ void issue(float (&d)[64], uint32_t q_lo, uint32_t k_lo)
@@ -579,6 +605,31 @@ int choose_chunk(const SelScoreShape &sh, int sms)
     return best;
 }
 
+// The balanced split where the model (choose_chunk's: units' blocks plus kUnitOverhead each, on
+// the busiest SM) says it beats the chunks: a range of `span` blocks meets at most
+// ceil(span / kv_blocks) + 1 tiles' rows, one unit each. The max-pool without causal only.
+// SA_SEL_SCORE_BALANCED=0 builds the chunks only (the A/B switch of session 26).
+#ifndef SA_SEL_SCORE_BALANCED
+#define SA_SEL_SCORE_BALANCED 1
+#endif
+void choose_split(const SelScoreShape &sh, int sms, ScoreArgs &a, int &grid)
+{
+    if (!SA_SEL_SCORE_BALANCED || sh.causal || sms <= 0)
+        return;
+    const long long steps = (long long)sh.batch * sh.qh * sh.q_tiles * sh.kv_blocks;
+    const long long g = steps < sms ? steps : sms;
+    const long long span = (steps + g - 1) / g;
+    const long long pieces = (span + sh.kv_blocks - 1) / sh.kv_blocks + 1; // per CTA, at most
+    const double cost = (double)span + (double)pieces * kUnitOverhead;
+    const double chunked =
+        (double)((a.units + grid - 1) / grid) * ((double)a.chunk + kUnitOverhead);
+    if (cost < chunked - 1e-9) {
+        a.steps = steps;
+        a.units = pieces * g; // unit_of: piece u / g of CTA u % g
+        grid = (int)g;
+    }
+}
+
 template <int P, int MODE>
 int launch(const CUtensorMap &qm, const CUtensorMap &km, const ScoreArgs &a, int grid,
            cudaStream_t st)
@@ -669,6 +720,10 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
     int err = score_setup(qd, kd, sh, 0, qm, km, a, grid);
     if (err)
         return err;
+    int sms = 0;
+    if ((err = sa_cuda_sm90(&sms)))
+        return err;
+    choose_split(sh, sms, a, grid);
     a.ts = ts, a.keys = keys;
     a.store = sh.qh / sh.groups == 1;
     return launch_dim<kMax>(qm, km, a, sh.dim, grid, st);
