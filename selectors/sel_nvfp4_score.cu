@@ -15,8 +15,9 @@
 //   - balanced (session 26; the max-pool without causal): the (scored head, tile, block) steps in
 //     a row, each CTA one contiguous range of them, cut into units where a tile's row of blocks
 //     ends. Every SM gets the same number of blocks give or take one, where whole chunks leave
-//     some idle (the study's shape with one index head: 64 blocks on each of 128 SMs, or 62-63
-//     on each of 132). Each key still has one writer: a (tile, block) lies in one range.
+//     some SMs idle in the last round (16 query heads at 16K: 1024 rows of 128 blocks are 7.8
+//     rounds on 132 SMs, or 993 blocks each). Each key still has one writer: a (tile, block) lies
+//     in one range.
 //
 // ROLES (384 threads): warpgroups 0 and 1 consume, 64 query rows each (rows 64 wg .. 64 wg + 63
 // of the tile), with 232 registers each (setmaxnreg: two accumulators of 64, Q's A fragments (32
@@ -605,9 +606,14 @@ int choose_chunk(const SelScoreShape &sh, int sms)
     return best;
 }
 
-// The balanced split where the model (choose_chunk's: units' blocks plus kUnitOverhead each, on
+// The balanced split where the model (choose_chunk's: units' blocks plus an overhead each, on
 // the busiest SM) says it beats the chunks: a range of `span` blocks meets at most
 // ceil(span / kv_blocks) + 1 tiles' rows, one unit each. The max-pool without causal only.
+// A range's pieces are charged kPieceOverhead blocks each, not kUnitOverhead: with 0.5 the model
+// chose the balanced split for one index head at 16K (63 blocks in 2 pieces against 64 in one),
+// and that scorer was 5-10% slower than the chunks' (H100, session 26); with 16 heads (993
+// blocks in 9 pieces against 8 rounds of 128) it was 2-3% faster, as the model says.
+constexpr double kPieceOverhead = 2.0;
 // SA_SEL_SCORE_BALANCED=0 builds the chunks only (the A/B switch of session 26).
 #ifndef SA_SEL_SCORE_BALANCED
 #define SA_SEL_SCORE_BALANCED 1
@@ -620,7 +626,7 @@ void choose_split(const SelScoreShape &sh, int sms, ScoreArgs &a, int &grid)
     const long long g = steps < sms ? steps : sms;
     const long long span = (steps + g - 1) / g;
     const long long pieces = (span + sh.kv_blocks - 1) / sh.kv_blocks + 1; // per CTA, at most
-    const double cost = (double)span + (double)pieces * kUnitOverhead;
+    const double cost = (double)span + (double)pieces * kPieceOverhead;
     const double chunked =
         (double)((a.units + grid - 1) / grid) * ((double)a.chunk + kUnitOverhead);
     if (cost < chunked - 1e-9) {
