@@ -114,12 +114,15 @@ constexpr int kSelWarpSortItems = 4;      // up to this many keys per lane, T by
 // shorter, session 26). Above, the radix select, bit by bit from the top: at 8 keys per lane the
 // sort's 36 stages of 8 keys cost more instructions than the select, and the per-query top-k of
 // 32K rows of 256 blocks, bound by its instructions, was 3.6% slower with it (H100, session 26).
-template <int ITEMS>
+// SORT picks the sort (allowed up to kSelWarpSortItems); a launch of many rows, bound by its
+// instructions rather than by one row's chain, may keep the select (sel_topk.cu).
+template <int ITEMS, bool SORT = (ITEMS <= kSelWarpSortItems)>
 __device__ __forceinline__ uint32_t sel_warp_kth(const uint32_t (&v)[ITEMS], int k)
 {
+    static_assert(!SORT || ITEMS <= kSelWarpSortItems, "the sort up to kSelWarpSortItems");
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x % 32;
-    if constexpr (ITEMS <= kSelWarpSortItems) {
+    if constexpr (SORT) {
         static_assert((ITEMS & (ITEMS - 1)) == 0, "a power of two keys per lane");
         uint32_t s[ITEMS];
 #pragma unroll
@@ -179,7 +182,7 @@ __device__ __forceinline__ uint32_t sel_warp_kth(const uint32_t (&v)[ITEMS], int
     }
 }
 
-template <int ITEMS>
+template <int ITEMS, bool SORT = (ITEMS <= kSelWarpSortItems)>
 __device__ __forceinline__ void sel_warp_topk(const uint32_t (&v)[ITEMS], int n, int k,
                                               int32_t *out)
 {
@@ -187,7 +190,7 @@ __device__ __forceinline__ void sel_warp_topk(const uint32_t (&v)[ITEMS], int n,
     const int lane = threadIdx.x % 32, i0 = lane * ITEMS;
     // The k-th largest key (padding keys 0 past n included: k <= n, so it is a row's key or,
     // like the radix select's answer, 0 where fewer than k keys are above 0).
-    const uint32_t T = sel_warp_kth<ITEMS>(v, k);
+    const uint32_t T = sel_warp_kth<ITEMS, SORT>(v, k);
     unsigned gt = 0, eq = 0;
 #pragma unroll
     for (int j = 0; j < ITEMS; j++) {
@@ -290,7 +293,7 @@ __device__ __forceinline__ bool sel_forced(const SelRow &rr, const SelRowRule &r
 // SEL_KEY_FORCED; the chosen indices go to indices + row * rule.k in index order, -1 in the slots
 // past the row's count, and the count to counts[row] (counts may be NULL). rule.n <= 32 * ITEMS.
 // Introduced for topk_warp_rows; the fused r1/r4 kernel ranks with it too.
-template <int ITEMS, typename Key>
+template <int ITEMS, bool SORT = (ITEMS <= kSelWarpSortItems), typename Key>
 __device__ __forceinline__ void sel_warp_rank(Key key, const SelRowRule &rule, size_t row,
                                               int32_t *indices, int32_t *counts)
 {
@@ -306,7 +309,7 @@ __device__ __forceinline__ void sel_warp_rank(Key key, const SelRowRule &rule, s
     }
     int32_t *out = indices + row * rule.k;
     if (rr.k > 0) // a causal row that sees no key keeps nothing (uniform over the warp)
-        sel_warp_topk<ITEMS>(v, rr.n, rr.k, out);
+        sel_warp_topk<ITEMS, SORT>(v, rr.n, rr.k, out);
     for (int j = rr.k + lane; j < rule.k; j += 32)
         out[j] = -1; // causal: the slots past the row's count
     if (counts && lane == 0)

@@ -129,8 +129,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 constexpr int kWarpRowsPerCta = 4;
+constexpr int kSortRowsMax = 2048; // about 16 warps per SM on 132 SMs
 
-template <int ITEMS> // keys per lane: rule.n <= 32 * ITEMS
+template <int ITEMS, bool SORT> // keys per lane: rule.n <= 32 * ITEMS; SORT: sel_warp_kth's
 __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
     topk_warp_rows(const uint32_t *__restrict__ keys, int rows, SelRowRule rule,
                    int32_t *__restrict__ indices, int32_t *__restrict__ counts, const int *bad,
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
     if (row >= (size_t)rows) // whole warps leave together
         return;
     const uint32_t *src = keys + row * rule.n;
-    sel_warp_rank<ITEMS>([&](int i) { return src[i]; }, rule, row, indices, counts);
+    sel_warp_rank<ITEMS, SORT>([&](int i) { return src[i]; }, rule, row, indices, counts);
 }
 
 } // namespace
@@ -161,18 +162,23 @@ int sel_cuda_topk(const uint32_t *keys, int rows, const SelRowRule &rule, int32_
         return SA_OK;
     const dim3 warp_ctas((unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta));
     const dim3 wt(32 * kWarpRowsPerCta);
+    // Few rows (one warp each) wait on each row's chain: the sort (sel_warp_kth). Many rows fill
+    // the SMs and are bound by instructions: the select, as before the sort came (session 26).
+    if (n <= 32 * 4 && rows <= kSortRowsMax)
+        return sel_launch_pdl(topk_warp_rows<4, true>, warp_ctas, wt, 0, st, keys, rows, rule,
+                              indices, counts, bad, verdict);
     if (n <= 32 * 4)
-        return sel_launch_pdl(topk_warp_rows<4>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
-                              counts, bad, verdict);
+        return sel_launch_pdl(topk_warp_rows<4, false>, warp_ctas, wt, 0, st, keys, rows, rule,
+                              indices, counts, bad, verdict);
     if (n <= 32 * 8)
-        return sel_launch_pdl(topk_warp_rows<8>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
-                              counts, bad, verdict);
+        return sel_launch_pdl(topk_warp_rows<8, false>, warp_ctas, wt, 0, st, keys, rows, rule,
+                              indices, counts, bad, verdict);
     if (n <= 32 * 16)
-        return sel_launch_pdl(topk_warp_rows<16>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
-                              counts, bad, verdict);
+        return sel_launch_pdl(topk_warp_rows<16, false>, warp_ctas, wt, 0, st, keys, rows, rule,
+                              indices, counts, bad, verdict);
     if (n <= 32 * 32)
-        return sel_launch_pdl(topk_warp_rows<32>, warp_ctas, wt, 0, st, keys, rows, rule, indices,
-                              counts, bad, verdict);
+        return sel_launch_pdl(topk_warp_rows<32, false>, warp_ctas, wt, 0, st, keys, rows, rule,
+                              indices, counts, bad, verdict);
     return sel_launch_pdl(topk_rows, dim3(rows), dim3(kThreads), (size_t)n * sizeof(uint32_t), st,
                           keys, rule, indices, counts, bad, verdict);
 }
