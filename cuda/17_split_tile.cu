@@ -202,6 +202,8 @@
 #include "sa_mbarrier.cuh"
 #include "sa_mma_sync.cuh"
 #include "sa_pdl.cuh"
+#include "sa_timeline.cuh"
+#include "sa_timeline.h"
 #include "sa_stage14.cuh"
 #include "sa_stage15.cuh"
 #include "sa_stage_entries.h"
@@ -694,6 +696,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw + pad);
 
     const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0)
+        SA_TL_START(0);
     if (threadIdx.x == 0) {
         for (int b = 0; b < Q_BUFFERS; b++) {
             sa_mbar_init(&sm.q_ready[b], 1);
@@ -711,6 +715,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     // finished and its writes are visible. Every thread waits, the consumers too (they write O
     // and read row masks), so no access depends on the ordering through the producer.
     sa_pdl_wait();
+    if (threadIdx.x == 0)
+        SA_TL_WAITED(0);
     // Version 12: a gated launch the plan does not want ends here, every thread alike, having
     // touched nothing (O, LSE and the work counter are the other launch's). The gate is a
     // kernel argument of its own, not a field of Params, and only the builds without step 4's
@@ -1068,6 +1074,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     // named barrier is left half-arrived when the CTA exits.
     if (PINGPONG && c == 0)
         turn_wait(c);
+    if (threadIdx.x % 128 == 0) // the consumer warpgroups' first threads
+        SA_TL_END(0);
 }
 
 } // namespace
@@ -1165,3 +1173,5 @@ extern "C" int sa_stage17_launch_gated(const sa_gpu_attn *a, const int *gate, in
         return sa_gpu_verdict_read(verdict, a->stream);
     return SA_OK;
 }
+
+SA_TL_HOST(s17) // sa_timeline_s17: slot 0 split_tile_kernel (every build)

@@ -30,6 +30,8 @@
 
 #include "sa_verdict.h"
 #include "sel_cuda.cuh"
+#include "sa_timeline.cuh"
+#include "sa_timeline.h"
 
 namespace {
 
@@ -162,10 +164,14 @@ template <int N> __device__ __forceinline__ void cta_max_or(float (&m)[N], int &
 
 __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
 {
+    if (threadIdx.x == 0)
+        SA_TL_START(0);
     // Launched as a dependent too: wait for the kernel ahead (it may have written x), then
     // let quant_kernel start loading its elements beside this launch (after the wait, so its
     // early reads see x complete as well).
     sa_pdl_wait();
+    if (threadIdx.x == 0)
+        SA_TL_WAITED(0);
     sa_pdl_trigger();
     const int which = blockIdx.x >= (unsigned)j.grid0;
     const unsigned cta = which ? blockIdx.x - j.grid0 : blockIdx.x;
@@ -195,6 +201,7 @@ __global__ void __launch_bounds__(kQuantThreads) amax_kernel(const QuantJob j)
     if (threadIdx.x == 0) {
         j.part[blockIdx.x] = mm[0];
         j.part_bad[blockIdx.x] = nf;
+        SA_TL_END(0);
     }
 }
 
@@ -259,6 +266,8 @@ __device__ __forceinline__ float2 tensor_scales(const QuantJob &j)
 // looping over blocks, or one in 32 registers, slower too: docs/log/selectors-history.md.)
 __global__ void __launch_bounds__(kQuantThreads, kQuantCtasPerSm) quant_kernel(const QuantJob j)
 {
+    if (threadIdx.x == 0)
+        SA_TL_START(1);
     sa_pdl_trigger(); // the scorer's CTAs may be scheduled once these have all started
     const size_t b0 = j.n[0] / kBlock, all = b0 + j.n[1] / kBlock;
     size_t blk = blockIdx.x * (size_t)kQuantThreads + threadIdx.x;
@@ -289,6 +298,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantCtasPerSm) quant_kernel(c
     for (int i = 0; i < kBlock; i++)
         bamax = fmaxf(bamax, fabsf(f[i]));
     sa_pdl_wait();
+    if (threadIdx.x == 0)
+        SA_TL_WAITED(1);
     const float2 tss = tensor_scales(j);
     if (!live)
         return;
@@ -343,6 +354,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantCtasPerSm) quant_kernel(c
         dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
         dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
+    if (threadIdx.x == 0) // thread 0 of the last CTA is live (the early return above)
+        SA_TL_END(1);
 }
 
 int amax_grid(size_t n)
@@ -674,3 +687,5 @@ extern "C" int sel_e4m3_cuda(const float *x, size_t n, uint8_t *codes, float *de
     SA_CUDA_TRY(cudaDeviceSynchronize());
     return SA_OK;
 }
+
+SA_TL_HOST(nvfp4) // sa_timeline_nvfp4: slot 0 amax_kernel, slot 1 quant_kernel

@@ -69,6 +69,8 @@
 #include "sa_warpgroup.cuh"
 #include "sa_wgmma.cuh"
 #include "sel_cuda.cuh"
+#include "sa_timeline.cuh"
+#include "sa_timeline.h"
 
 namespace {
 
@@ -387,6 +389,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned *const slot = reinterpret_cast<unsigned *>(k_empty + G::S);
     float *const wslot = reinterpret_cast<float *>(slot); // kMass: kMaxChunk per warp
     const int tid = threadIdx.x;
+    if (tid == 0)
+        SA_TL_START(0);
     if (tid == 0) {
         for (int i = 0; i < G::QB; i++)
             sa_mbar_init(&q_full[i], 1), sa_mbar_init(&q_empty[i], kConsumerWarps);
@@ -401,6 +405,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // its tail; every read of its outputs (Q, K, the tensor scales, lse2) comes after this. The
     // top-k behind this launch waits for all of it in turn, so it may be scheduled now.
     sa_pdl_wait();
+    if (tid == 0)
+        SA_TL_WAITED(0);
     sa_pdl_trigger();
 
     if (tid >= kConsumerThreads) { // ---------------------------------------------- producer
@@ -579,6 +585,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             sa_named_barrier_sync<1>(kConsumerThreads);
         }
     }
+    if (tid == 0)
+        SA_TL_END(0);
 }
 
 // The chunk (blocks per unit) that minimises the modelled time: waves of units per SM times the
@@ -810,3 +818,5 @@ extern "C" int sel_nvfp4_score_only(const uint16_t *qd, const uint16_t *kd, cons
     return sel_nvfp4_score(reinterpret_cast<const __nv_bfloat16 *>(qd),
                            reinterpret_cast<const __nv_bfloat16 *>(kd), ts, sh, keys, st);
 }
+
+SA_TL_HOST(score) // sa_timeline_score: slot 0 score_wgmma (every mode)

@@ -15,6 +15,8 @@
 // With distinct keys step 3 picks exactly one; with ties it reproduces the CPU's "lower index
 // wins", so the GPU list equals the CPU list whenever the scores are equal.
 #include "sel_cuda.cuh"
+#include "sa_timeline.cuh"
+#include "sa_timeline.h"
 
 namespace {
 
@@ -71,8 +73,12 @@ __global__ void __launch_bounds__(kThreads)
 {
     extern __shared__ uint32_t sk[];
     __shared__ int red[kWarps];
+    if (threadIdx.x == 0)
+        SA_TL_START(0);
     sa_pdl_trigger(); // see topk_warp_rows
     sa_pdl_wait();    // the keys come from the previous launch
+    if (threadIdx.x == 0)
+        SA_TL_WAITED(0);
     fold_flag(bad, verdict);
     const size_t row = blockIdx.x;
     const uint32_t *src = keys + row * rule.n;
@@ -126,6 +132,8 @@ __global__ void __launch_bounds__(kThreads)
         if (take)
             out[pos++] = i;
     }
+    if (threadIdx.x == 0)
+        SA_TL_END(0);
 }
 
 constexpr int kWarpRowsPerCta = 4;
@@ -140,14 +148,20 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerCta)
     // A dependent launch behind the lists (stage 17's, which waits for this kernel to finish
     // before any access) may take the SMs this small grid leaves idle, so its launch and
     // prologue overlap the selection.
+    if (threadIdx.x == 0)
+        SA_TL_START(0);
     sa_pdl_trigger();
     sa_pdl_wait(); // the keys come from the previous launch
+    if (threadIdx.x == 0)
+        SA_TL_WAITED(0);
     fold_flag(bad, verdict);
     const size_t row = (size_t)blockIdx.x * kWarpRowsPerCta + threadIdx.x / 32;
     if (row >= (size_t)rows) // whole warps leave together
         return;
     const uint32_t *src = keys + row * rule.n;
     sel_warp_rank<ITEMS, SORT>([&](int i) { return src[i]; }, rule, row, indices, counts);
+    if (threadIdx.x % 32 == 0)
+        SA_TL_END(0);
 }
 
 } // namespace
@@ -182,3 +196,5 @@ int sel_cuda_topk(const uint32_t *keys, int rows, const SelRowRule &rule, int32_
     return sel_launch_pdl(topk_rows, dim3(rows), dim3(kThreads), (size_t)n * sizeof(uint32_t), st,
                           keys, rule, indices, counts, bad, verdict);
 }
+
+SA_TL_HOST(topk) // sa_timeline_topk: slot 0 either top-k kernel

@@ -697,3 +697,34 @@ extern "C" int bh_read_once(const void *a, size_t a_bytes, const void *b, size_t
     CK(cudaGetLastError());
     return SA_OK;
 }
+
+namespace {
+// Spins on the global timer for ns nanoseconds (bh_spin_us).
+__global__ void spin_kernel(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+} // namespace
+
+extern "C" int bh_spin_us(bh_gpu *g, int us)
+{
+    if (!g)
+        return SA_ERR_NULL;
+    if (us < 0)
+        return SA_ERR_ARG;
+    spin_kernel<<<1, 1, 0, g->stream>>>((unsigned long long)us * 1000ull);
+    CK(cudaGetLastError());
+    return SA_OK;
+}
+
+extern "C" int bh_sync(bh_gpu *g)
+{
+    if (!g)
+        return SA_ERR_NULL;
+    CK(cudaStreamSynchronize(g->stream));
+    return SA_OK;
+}

@@ -49,6 +49,10 @@ typedef struct bh_gpu bh_gpu;
 int bh_open(bh_gpu **g, bh_device *info /* may be NULL */);
 void bh_close(bh_gpu *g);
 void *bh_stream(bh_gpu *g); /* cudaStream_t */
+/* Queues a kernel that spins for `us` microseconds on the stream, so that the calls queued
+ * behind it are all in the stream before the first starts (no host gap inside them). */
+int bh_spin_us(bh_gpu *g, int us);
+int bh_sync(bh_gpu *g); /* waits for the stream */
 
 /* Device memory. bh_alloc checks free memory first and returns SA_ERR_NOMEM with a message
  * rather than failing inside the driver. */

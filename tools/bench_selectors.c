@@ -38,12 +38,15 @@
 #include "cli.h"
 #include "sel_cuda.h"     /* SEL_CUDA_MAX_BLOCKS; the GPU functions with CUDA */
 #include "sel_internal.h" /* sel_index_heads: the index-head rule the selectors apply */
+#include "sa_timeline.h"  /* --timeline: the kernels' stamps (a -Dtimeline=true build) */
 
 static const int bench_lens[] = SA_BENCH_SPARSE_LEN_KV;
 #define NLENS (int)(sizeof bench_lens / sizeof bench_lens[0])
 /* --len-kv: at least BENCH_K blocks (the lists, and the placeholder lists 0..BENCH_K-1 every set
  * starts with), at most the GPU selectors' top-k limit. */
 #define BS_MIN_LEN_KV ((BENCH_K - 1) * SA_TILE + 1)
+#define BS_TIMELINE_MAX 200     /* --timeline's most calls per row */
+#define BS_TIMELINE_SPIN_US 300 /* the spin ahead of each: longer than the host's launches */
 #define BS_MAX_LEN_KV (SEL_CUDA_MAX_BLOCKS * SA_TILE)
 /* The quantizer takes whole blocks of 16 values (sa_q_elems / 2 and / 16 bytes) and the read-once
  * kernel whole 16-byte chunks of Q and K: both hold for every shape of this bench while D does. */
@@ -88,12 +91,17 @@ static void usage(FILE *f)
             "                    torch.matmul on the H200; bench/peers.py measures it)\n"
             "  --seed S          seed of the inputs, workloads and index vectors (default 2026)\n"
             "  --json            one JSON object per line\n"
+            "  --timeline N      after each tile pipeline row, N more calls one at a time, each\n"
+            "                    queued behind a spinning kernel: when each stamped kernel (the\n"
+            "                    nvfp4 quantizer, scorer, top-k, stage 17) started, passed its\n"
+            "                    dependent-launch wait and ended, medians in us; needs a build\n"
+            "                    configured with -Dtimeline=true (N 1..%d)\n"
             "Long context, one index head:\n"
             "  --batch 1 --len-q 32768 --len-kv 32768 --selectors nvfp4_query/i1\n"
             "GPU selectors:",
             BENCH_K, BS_MIN_LEN_KV, BS_MAX_LEN_KV, BENCH_K, SA_TILE, SEL_CUDA_MAX_BLOCKS,
             SA_BENCH_SPARSE_SQ, SA_BENCH_SPARSE_B, SA_BENCH_SPARSE_HKV, SA_BENCH_SPARSE_HQ,
-            BENCH_GEMM_TFLOPS_DEFAULT);
+            BENCH_GEMM_TFLOPS_DEFAULT, BS_TIMELINE_MAX);
     int any = 0;
     for (int i = 0; i < sa_selector_count(); i++)
         if (sa_selector_at(i)->cuda) {
@@ -107,6 +115,7 @@ static void usage(FILE *f)
 
 /* --selectors and --workloads (NULL: every one). */
 static const char *want_selectors, *want_workloads;
+static int want_timeline; /* --timeline N: N single pipeline calls per tile selector row */
 
 /* One entry of --selectors (*ctx 1) or --workloads (*ctx 0), split by cli_list: a usage error
  * unless it names a workload, or "scorer", or a selector (a row "name/..." too) that has a GPU
@@ -144,7 +153,7 @@ static void check_name(const char *flag, const char *entry, void *ctx)
  * bad flag is a usage error (exit 2) there too. */
 typedef struct sel_flags {
     bench_flags f;
-    int validate, only_len, no_pipeline, index_heads, len_q, batch;
+    int validate, only_len, no_pipeline, index_heads, len_q, batch, timeline;
 } sel_flags;
 
 /* What the bench relies on about its sizes, judged after parsing and before any GPU work (in both
@@ -180,7 +189,7 @@ static void check_sizes(const sel_flags *o)
 
 static void parse_flags(int argc, char **argv, sel_flags *o)
 {
-    o->validate = 0, o->only_len = 0, o->no_pipeline = 0;
+    o->validate = 0, o->only_len = 0, o->no_pipeline = 0, o->timeline = 0;
     o->index_heads = SA_BENCH_SPARSE_HKV, o->len_q = SA_BENCH_SPARSE_SQ;
     o->batch = SA_BENCH_SPARSE_B;
     for (int i = 1; i < argc; i++) {
@@ -204,6 +213,15 @@ static void parse_flags(int argc, char **argv, sel_flags *o)
             int j = i;
             o->batch = (int)cli_int_arg(argc, argv, &j, 1, 1 << 16);
             used = 2;
+        } else if (!strcmp(argv[i], "--timeline")) {
+            int j = i;
+            o->timeline = (int)cli_int_arg(argc, argv, &j, 1, BS_TIMELINE_MAX);
+#ifndef SA_TIMELINE
+            cli_usage_error("bench selectors: --timeline needs a build configured with "
+                            "-Dtimeline=true (meson configure BUILD -Dtimeline=true), whose "
+                            "kernels stamp the GPU timer");
+#endif
+            used = 2;
         } else if (!strcmp(argv[i], "--index-heads")) {
             int j = i;
             o->index_heads = (int)cli_int_arg(argc, argv, &j, 0, SA_BENCH_SPARSE_HQ);
@@ -225,6 +243,7 @@ static void parse_flags(int argc, char **argv, sel_flags *o)
     }
     bench_parse(argc, argv, "selectors", 1, usage, &o->f);
     o->f.no_validate = !o->validate;
+    want_timeline = o->timeline;
     check_sizes(o);
 }
 
@@ -631,6 +650,78 @@ static int wl_load(const bench_flags *f, const sa_shape *s, int w, wl_host *h, b
     return rc;
 }
 
+#ifdef SA_TIMELINE
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --timeline: want_timeline single calls of the pipeline c, each queued behind a spinning
+ * kernel (so the host's launches leave no gap inside it) and synchronized, the stamps read and
+ * cleared around it (cuda/sa_timeline.cuh); prints the median of each stamp, in us from the
+ * first stamped kernel's start, for the kernels that ran. Runs unvalidated, as the timing. */
+static int timeline(bench_env *e, sel_call c, bh_set *sets, int nsets, const char *name)
+{
+    enum { NK = 5, NS = SA_TIMELINE_STAMPS };
+    static const char *const label[NK] = {"amax", "quantize", "score_wgmma", "top-k",
+                                          "stage 17"};
+    int (*const read[4])(unsigned long long *, int) = {sa_timeline_nvfp4, sa_timeline_score,
+                                                       sa_timeline_topk, sa_timeline_s17};
+    const int n = want_timeline;
+    double *v = malloc(sizeof(double) * NK * 3 * (size_t)n);
+    int ran[NK] = {0};
+    if (!v)
+        return SA_ERR_NOMEM;
+    int rc = SA_OK;
+    for (int r = 0; !rc && r < n; r++) {
+        unsigned long long t[4][NS];
+        for (int i = 0; !rc && i < 4; i++)
+            rc = read[i](NULL, 1);
+        if (!rc)
+            rc = bh_spin_us(e->g, BS_TIMELINE_SPIN_US);
+        c.a = &sets[r % nsets].a;
+        if (!rc)
+            rc = call_pipeline(&c, bh_stream(e->g));
+        if (!rc)
+            rc = bh_sync(e->g);
+        for (int i = 0; !rc && i < 4; i++)
+            rc = read[i](t[i], 0);
+        if (rc)
+            break;
+        /* Kernel k's three stamps: amax and quantize are slots 0 and 1 of the nvfp4 unit. */
+        const unsigned long long *k[NK] = {t[0], t[0] + 3, t[1], t[2], t[3]};
+        unsigned long long t0 = ~0ull;
+        for (int i = 0; i < NK; i++)
+            if (k[i][0] < t0)
+                t0 = k[i][0];
+        for (int i = 0; i < NK; i++) {
+            ran[i] |= k[i][0] != ~0ull;
+            for (int j = 0; j < 3; j++)
+                v[((size_t)i * 3 + j) * n + r] = ((double)k[i][j] - (double)t0) / 1000.0;
+        }
+    }
+    if (!rc) {
+        printf("timeline %s: medians of %d calls, us from the first kernel's start\n", name, n);
+        printf("timeline %-12s %8s %8s %8s\n", "kernel", "start", "waited", "end");
+        for (int i = 0; i < NK; i++) {
+            if (!ran[i])
+                continue;
+            double m[3];
+            for (int j = 0; j < 3; j++) {
+                double *x = v + ((size_t)i * 3 + j) * n;
+                qsort(x, (size_t)n, sizeof *x, cmp_double);
+                m[j] = x[n / 2];
+            }
+            printf("timeline %-12s %8.2f %8.2f %8.2f\n", label[i], m[0], m[1], m[2]);
+        }
+        fflush(stdout);
+    }
+    free(v);
+    return rc;
+}
+#endif
+
 /* Part 2 on the workload in the sets: per tile selector, the pipeline vs the attention alone.
  * idx: host room for one set's tile lists. */
 static int tile_pipelines(bench_env *e, const bench_flags *f, const sa_shape *s, bh_set *sets,
@@ -671,6 +762,15 @@ static int tile_pipelines(bench_env *e, const bench_flags *f, const sa_shape *s,
                            nsets, &tp);
         if (!rc)
             rc = sa_gpu_verdict_read(pipe_verdict, NULL);
+#ifdef SA_TIMELINE
+        if (!rc && want_timeline) {
+            for (int j = 0; j < nsets; j++)
+                sets[j].a.validate = 0;
+            rc = timeline(e, smoke, sets, nsets, name);
+            for (int j = 0; j < nsets; j++)
+                sets[j].a.validate = !f->no_validate;
+        }
+#endif
         /* The attention alone, on the lists the selector just left in every set. */
         if (!rc)
             rc = bh_time_stage(e->g, attn, sets, nsets, !f->no_validate, f->warmup, f->reps,

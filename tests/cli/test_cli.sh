@@ -116,6 +116,14 @@ quick=(--reps 1 --warmup 0)
 selq=(--no-pipeline --batch 1 --len-q 256 --len-kv 2048 --index-heads 0 "${quick[@]}")
 expect_parsed "bench selectors GPU selectors" "$cli" bench selectors --selectors r1,nvfp4 "${selq[@]}"
 expect_parsed "bench selectors a row" "$cli" bench selectors --selectors nvfp4_query/i1 "${selq[@]}"
+# --timeline: 1..200 calls, and only in a build configured with -Dtimeline=true; elsewhere one
+# line that names the option.
+expect 2 "bench selectors --timeline 0" "$cli" bench selectors --timeline 0 "${selq[@]}"
+err=$("$cli" bench selectors --timeline 3 "${selq[@]}" 2>&1 >/dev/null)
+case "$?:$err" in
+    2:*"-Dtimeline=true"*|0:*|1:*"built without CUDA"*|1:*"no usable CUDA device"*) ;;
+    *) echo "FAIL: bench selectors --timeline 3: $err"; fail=1 ;;
+esac
 # The ids of the registry, from the help (none without CUDA, where any id in 1..99 parses).
 sparse_id=$("$cli" run --help | sed -n 's/^sparse stages: \([0-9]*\) .*/\1/p')
 dense_id=$("$cli" bench dense --help | sed -n 's/^dense stages: \([0-9]*\) .*/\1/p')
