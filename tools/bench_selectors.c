@@ -702,7 +702,9 @@ static int timeline(bench_env *e, sel_call c, bh_set *sets, int nsets, const cha
         }
     }
     if (!rc) {
-        printf("timeline %s: medians of %d calls, us from the first kernel's start\n", name, n);
+        printf("timeline %s: medians of %d calls, us from the first stamped kernel's start (the "
+               "stamped kernels only: nvfp4's quantizer and scorer, the top-k, stage 17)\n",
+               name, n);
         printf("timeline %-12s %8s %8s %8s\n", "kernel", "start", "waited", "end");
         for (int i = 0; i < NK; i++) {
             if (!ran[i])
