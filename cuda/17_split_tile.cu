@@ -1088,6 +1088,11 @@ extern "C" int sa_stage17_check(const sa_gpu_attn *a)
                                     HEAD_DIM, TILE);
 }
 
+extern "C" int sa_stage17_gate_builds(void)
+{
+    return SA_STAGE17_MASK_SPECIALIZE != 0;
+}
+
 extern "C" int sa_stage17_launch(const sa_gpu_attn *a)
 {
     return sa_stage17_launch_gated(a, nullptr, 0);

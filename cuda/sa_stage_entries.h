@@ -23,6 +23,10 @@ int sa_stage17_launch(const sa_gpu_attn *a);
  * step 4's mask (causal, or len_kv not a multiple of 128): only the other builds test it.
  * Exported for its test (tests/gpu_sparse/test_gpu_row_masks.c). */
 SA_INTERNAL_API int sa_stage17_launch_gated(const sa_gpu_attn *a, const int *gate, int want);
+/* 1 where this library has the builds without step 4's mask, so that whole-block calls take a
+ * gate; 0 in a library compiled with -DSA_STAGE17_MASK_SPECIALIZE=0, where every gated launch
+ * is SA_ERR_UNSUPPORTED (and the hybrid launches ungated). For the gate's test. */
+SA_INTERNAL_API int sa_stage17_gate_builds(void);
 
 #ifdef __cplusplus
 }
