@@ -110,10 +110,10 @@ constexpr int kSelWarpSortItems = 4;      // up to this many keys per lane, T by
 // Up to kSelWarpSortItems keys per lane, a bitonic sort of a copy into descending order: at 4 keys
 // per lane its 28 stages (15 of them one shuffle round) take about as many instructions as the
 // radix select's 32 steps but no chain of 32 dependent warp reductions, which is what a top-k of
-// few rows waits on (the nvfp4/i1 tile pipeline at 16K: 64 rows of 128 blocks, about 1.5 us
-// shorter, session 26). Above, the radix select, bit by bit from the top: at 8 keys per lane the
-// sort's 36 stages of 8 keys cost more instructions than the select, and the per-query top-k of
-// 32K rows of 256 blocks, bound by its instructions, was 3.6% slower with it (H100, session 26).
+// few rows waits on (the nvfp4/i1 tile top-k at 16K, 64 rows of 128 blocks: 2.8 us from its wait
+// to its end against 3.3, H100, session 26). Above, the radix select, bit by bit from the top: at
+// 8 keys per lane the sort's 36 stages of 8 keys cost more instructions than the select, and the
+// per-query top-k of 32K rows of 256 blocks, bound by its instructions, was 3.6% slower with it.
 // SORT picks the sort (allowed up to kSelWarpSortItems); a launch of many rows, bound by its
 // instructions rather than by one row's chain, may keep the select (sel_topk.cu).
 template <int ITEMS, bool SORT = (ITEMS <= kSelWarpSortItems)>
@@ -121,9 +121,9 @@ __device__ __forceinline__ uint32_t sel_warp_kth(const uint32_t (&v)[ITEMS], int
 {
     static_assert(!SORT || ITEMS <= kSelWarpSortItems, "the sort up to kSelWarpSortItems");
     const unsigned full = 0xffffffffu;
-    const int lane = threadIdx.x % 32;
     if constexpr (SORT) {
         static_assert((ITEMS & (ITEMS - 1)) == 0, "a power of two keys per lane");
+        const int lane = threadIdx.x % 32;
         uint32_t s[ITEMS];
 #pragma unroll
         for (int j = 0; j < ITEMS; j++)
@@ -167,7 +167,6 @@ __device__ __forceinline__ uint32_t sel_warp_kth(const uint32_t (&v)[ITEMS], int
                 mine = s[j];
         return __shfl_sync(full, mine, (k - 1) / ITEMS);
     } else {
-        (void)lane;
         uint32_t T = 0; // every candidate is >= 1, so the padding (key 0) is never counted
         for (int bit = 31; bit >= 0; bit--) {
             const uint32_t cand = T | (1u << bit);

@@ -7,8 +7,9 @@
 // 1. Load the keys of the row's competing blocks (sel_row_of: all n, or with causal the prefix
 //    the row can see, whose last block is the forced diagonal); forced blocks (diagonal, sink)
 //    get SEL_KEY_FORCED. A causal row keeps min(k, visible) blocks and writes -1 past them.
-// 2. Radix select: the k-th largest key T, found bit by bit from the top (32 counts of
-//    "keys >= candidate").
+// 2. The k-th largest key T: by radix select, bit by bit from the top (32 counts of
+//    "keys >= candidate"), or, in a warp holding at most 4 keys per lane of a launch of few rows,
+//    by a bitonic sort of the row (sel_warp_kth: the same T without the chain of 32 counts).
 // 3. Every key above T is chosen; of the keys equal to T, the r = k - count(> T) with the lowest
 //    block indices (an exclusive scan over index order: each thread owns a contiguous range).
 // 4. Chosen blocks are compacted in index order by a second scan: rows come out sorted.
