@@ -174,7 +174,6 @@ template <bool BAL> __device__ __forceinline__ Unit unit_of(const ScoreArgs &a, 
     return w;
 }
 
-
 // d = Q_half (64 x 64P) K_block^T (64P x 128); q_lo, k_lo: descriptor low words of panel 0.
 template <int P> __device__ __forceinline__ void issue(float (&d)[64], uint32_t q_lo, uint32_t k_lo)
 {
@@ -623,7 +622,7 @@ int choose_chunk(const SelScoreShape &sh, int sms)
 // A range's pieces are charged kPieceOverhead blocks each, not kUnitOverhead: with 0.5 the model
 // chose the balanced split for one index head at 16K (63 blocks in 2 pieces against 64 in one),
 // and that scorer was 5-10% slower than the chunks' (H100, session 26); with 16 heads (993
-// blocks in 9 pieces against 8 rounds of 128) it was 2-3% faster, as the model says.
+// blocks in 9 pieces against 8 rounds of 128) the selector was 5-6% faster, as the model says.
 constexpr double kPieceOverhead = 2.0;
 // SA_SEL_SCORE_BALANCED=0 builds the chunks only (the A/B switch of session 26).
 #ifndef SA_SEL_SCORE_BALANCED
