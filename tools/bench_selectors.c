@@ -45,9 +45,9 @@ static const int bench_lens[] = SA_BENCH_SPARSE_LEN_KV;
 /* --len-kv: at least BENCH_K blocks (the lists, and the placeholder lists 0..BENCH_K-1 every set
  * starts with), at most the GPU selectors' top-k limit. */
 #define BS_MIN_LEN_KV ((BENCH_K - 1) * SA_TILE + 1)
+#define BS_MAX_LEN_KV (SEL_CUDA_MAX_BLOCKS * SA_TILE)
 #define BS_TIMELINE_MAX 200     /* --timeline's most calls per row */
 #define BS_TIMELINE_SPIN_US 300 /* the spin ahead of each: longer than the host's launches */
-#define BS_MAX_LEN_KV (SEL_CUDA_MAX_BLOCKS * SA_TILE)
 /* The quantizer takes whole blocks of 16 values (sa_q_elems / 2 and / 16 bytes) and the read-once
  * kernel whole 16-byte chunks of Q and K: both hold for every shape of this bench while D does. */
 _Static_assert(SA_BENCH_SPARSE_D % 16 == 0, "bench selectors needs D a multiple of 16");
