@@ -102,6 +102,14 @@ SA_INTERNAL_API int sel_nvfp4_score_only(const uint16_t *qd, const uint16_t *kd,
                                          unsigned *keys, void *stream);
 #endif
 
+/* 1 where the nvfp4 scorer would take its balanced split (sel_nvfp4_score.cu, choose_split) on
+ * this device for batch x qh scored heads, len_q queries and len_kv keys without causal (tile
+ * or per-query rows alike), else 0 (also without a usable GPU). For the test that covers that
+ * split: whether it is taken depends on the SM count. */
+#ifdef SA_HAVE_CUDA
+SA_INTERNAL_API int sel_nvfp4_balanced_split(int batch, int qh, int len_q, int len_kv);
+#endif
+
 /* Runs sel->cuda on HOST inputs, for callers that do not link the CUDA runtime (select-eval
  * --device cuda): copies q, k and p's index vectors to the device, runs the selector on a
  * stream of its own, copies indices (and counts, if not NULL) back. *gpu_ms (may be NULL) gets

@@ -697,6 +697,16 @@ __global__ void lse_kernel(const float2 *__restrict__ part, float *__restrict__ 
     lse2[r] = sum > 0.0f ? mx + log2f(sum) : -INFINITY;
 }
 
+// The chunks' split into a (chunk, nchunks, units) and its grid: the caller's chunk, or with 0
+// the model's (choose_chunk).
+void plan_chunks(const SelScoreShape &sh, int sms, int chunk, ScoreArgs &a, int &grid)
+{
+    a.chunk = chunk > 0 ? chunk : choose_chunk(sh, sms);
+    a.nchunks = (sh.kv_blocks + a.chunk - 1) / a.chunk;
+    a.units = (long long)sh.batch * sh.qh * sh.q_tiles * a.nchunks;
+    grid = (int)(a.units < sms ? a.units : sms);
+}
+
 // Shared setup of both entry points: the checks, the tensor maps, the args and the grid. chunk:
 // the caller's (sel_nvfp4_chunk), or 0 to choose it here.
 int score_setup(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const SelScoreShape &sh,
@@ -719,10 +729,7 @@ int score_setup(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const SelScore
     a.qh = sh.qh, a.kh = sh.kh, a.groups = sh.groups;
     a.len_q = sh.len_q, a.len_kv = sh.len_kv, a.q_tiles = sh.q_tiles, a.kv_blocks = sh.kv_blocks;
     a.per_query = sh.per_query, a.causal = sh.causal;
-    a.chunk = chunk > 0 ? chunk : choose_chunk(sh, sms);
-    a.nchunks = (sh.kv_blocks + a.chunk - 1) / a.chunk;
-    a.units = (long long)sh.batch * sh.qh * sh.q_tiles * a.nchunks;
-    grid = (int)(a.units < sms ? a.units : sms);
+    plan_chunks(sh, sms, chunk, a, grid);
     return SA_OK;
 }
 
@@ -794,6 +801,22 @@ int sel_nvfp4_mass(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const float
         a.nchunks, sh.causal, sh.len_kv);
     SA_CUDA_TRY(cudaGetLastError());
     return launch_dim<kMass>(qm, km, a, sh.dim, grid, st);
+}
+
+extern "C" int sel_nvfp4_balanced_split(int batch, int qh, int len_q, int len_kv)
+{
+    int sms = 0;
+    if (batch <= 0 || qh <= 0 || len_q <= 0 || len_kv <= 0 || sa_cuda_sm90(&sms) != SA_OK)
+        return 0;
+    const int q_tiles = (len_q + SA_TILE - 1) / SA_TILE;
+    const int kv_blocks = (len_kv + SA_TILE - 1) / SA_TILE;
+    const SelScoreShape sh = {batch, qh, qh, qh, len_q, len_kv, 2 * kPanelCols, q_tiles,
+                              kv_blocks, 0, 0};
+    ScoreArgs a = ScoreArgs{};
+    int grid = 0;
+    plan_chunks(sh, sms, 0, a, grid);
+    choose_split(sh, sms, a, grid);
+    return a.steps > 0;
 }
 
 extern "C" int sel_nvfp4_score_only(const uint16_t *qd, const uint16_t *kd, const float *ts,

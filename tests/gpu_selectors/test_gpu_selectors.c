@@ -450,6 +450,41 @@ START_TEST(test_causal_vs_cpu)
 }
 END_TEST
 
+/* The nvfp4 scorers' balanced split (sel_nvfp4_score.cu, choose_split), which the model takes
+ * only where whole chunks would leave SMs idle, and none of the cases above is such a shape:
+ * the first of a few shapes for which this device's SM count gives that split (on 132 SMs,
+ * the first), both scorers against the CPU. A device whose SM count gives none of them says so
+ * and checks nothing here. */
+START_TEST(test_nvfp4_balanced)
+{
+    if (small())
+        return;
+    /* {batch, heads_q, heads_kv, len_q, len_kv, D}: 4 scored heads (query heads, no index
+     * heads), rows of 17-25 tiles by 17-31 blocks */
+    static const sa_shape shapes[] = {
+        {1, 4, 1, 2176, 2944, 64}, {1, 4, 2, 3200, 2176, 64}, {1, 4, 1, 2176, 3712, 64}};
+    int picked = -1;
+    for (int i = 0; picked < 0 && i < (int)(sizeof shapes / sizeof shapes[0]); i++)
+        if (sel_nvfp4_balanced_split(shapes[i].batch, shapes[i].heads_q, shapes[i].len_q,
+                                     shapes[i].len_kv))
+            picked = i;
+    if (picked < 0) {
+        fprintf(stderr, "test_nvfp4_balanced: no shape takes the balanced split on this device's "
+                        "SM count; not exercised\n");
+        return;
+    }
+    const sel_case c = {shapes[picked], 4, 0, 0, 0, -1, 0, 0, 0};
+    int ran = 0;
+    for (int si = 0; gpu_selector(si); si++)
+        if (!strcmp(gpu_selector(si)->name, "nvfp4") ||
+            !strcmp(gpu_selector(si)->name, "nvfp4_query")) {
+            check_case(gpu_selector(si)->name, &c);
+            ran++;
+        }
+    ck_assert_int_eq(ran, 2);
+}
+END_TEST
+
 /* r1 and r4 only (the CPU nvfp4 scorer would take minutes here): top-k over 1024 blocks
  * (131072 keys), a NaN block, and a large k. */
 START_TEST(test_many_blocks)
@@ -1251,6 +1286,7 @@ int main(void)
     tcase_add_test(tc, test_causal_errors);
     tcase_add_test(tc, test_causal_vs_cpu);
     tcase_add_test(tc, test_many_blocks);
+    tcase_add_test(tc, test_nvfp4_balanced);
     tcase_add_test(tc, test_host_wrapper);
     tcase_add_test(tc, test_index_heads_unsupported);
     tcase_add_test(tc, test_head_lists);
