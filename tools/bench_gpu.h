@@ -94,6 +94,12 @@ static inline void bench_parse(int argc, char **argv, const char *name, int spar
 static inline double bench_flop_ms(double flops, double tflops) { return flops / (tflops * 1e9); }
 static inline double bench_byte_ms(double bytes, double bps) { return bytes / bps * 1e3; }
 static inline double bench_tflops(double flops, double ms) { return flops / (ms * 1e9); }
+/* qsort's comparator of doubles, ascending (medians of rounds and of timeline stamps). */
+static inline int bench_cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 /* QK^T and PV over every (query, key) pair: 2 GEMMs of 2*D FLOPs per pair. */
 static inline double bench_dense_flops(const sa_shape *s)
 {

@@ -35,12 +35,6 @@ static void slot_fail(lc_slot *sl, const char *status, int rc)
     snprintf(sl->why, sizeof sl->why, "%s", bench_why(rc));
 }
 
-static int cmp_dbl(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* One run on poisoned outputs: every output written, and the sampled rows against `ref`. */
 static int slot_check(lc_slot *sl, struct bh_gpu *g, const lc_rows *r, uint16_t *o, float *lse,
                       const double *ref_o, const double *ref_lse)
@@ -193,7 +187,7 @@ int lc_run_cell(const lc_run_opts *opt, struct bh_gpu *g, const lc_contender *ct
         if (!strcmp(sl[i].status, "ok")) {
             double m[LC_MAX_ROUNDS];
             memcpy(m, sl[i].round_ms, sizeof m);
-            qsort(m, (size_t)opt->rounds, sizeof *m, cmp_dbl);
+            qsort(m, (size_t)opt->rounds, sizeof *m, bench_cmp_double);
             const int h = opt->rounds / 2;
             sl[i].median_ms = opt->rounds % 2 ? m[h] : 0.5 * (m[h - 1] + m[h]);
             if (dense_ms == 0 && sl[i].exact == LC_EXACT_DENSE)

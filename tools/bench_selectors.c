@@ -651,16 +651,11 @@ static int wl_load(const bench_flags *f, const sa_shape *s, int w, wl_host *h, b
 }
 
 #ifdef SA_TIMELINE
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* --timeline: want_timeline single calls of the pipeline c, each queued behind a spinning
  * kernel (so the host's launches leave no gap inside it) and synchronized, the stamps read and
  * cleared around it (cuda/sa_timeline.cuh); prints the median of each stamp, in us from the
- * first stamped kernel's start, for the kernels that ran. Runs unvalidated, as the timing. */
+ * first stamped kernel's start, for the kernels that ran. The caller turns the stage's
+ * validation off: with --validate it would be synchronous, a host wait inside the call. */
 static int timeline(bench_env *e, sel_call c, bh_set *sets, int nsets, const char *name)
 {
     enum { NK = 5, NS = SA_TIMELINE_STAMPS };
@@ -712,7 +707,7 @@ static int timeline(bench_env *e, sel_call c, bh_set *sets, int nsets, const cha
             double m[3];
             for (int j = 0; j < 3; j++) {
                 double *x = v + ((size_t)i * 3 + j) * n;
-                qsort(x, (size_t)n, sizeof *x, cmp_double);
+                qsort(x, (size_t)n, sizeof *x, bench_cmp_double);
                 m[j] = x[n / 2];
             }
             printf("timeline %-12s %8.2f %8.2f %8.2f\n", label[i], m[0], m[1], m[2]);
