@@ -9,10 +9,10 @@
 //      CTA 0 stores the flag): one thread per 16-element block, the algorithm of nvfp4.c with
 //      the same single-rounding FP32 operations (__fdiv_rn, __fmul_rn; E4M3 by the hardware's
 //      conversion, E2M1 by an exact add-and-subtract, both the CPU's roundings), so codes and
-//      scales are bit-identical to sa_nvfp4_quantize_bf16. It can also write the dequantized value without
-//      the tensor scale, E2M1(code) * E4M3(scale), as BF16: that product is exact in BF16 (an
-//      E2M1 magnitude has at most 2 significant bits, an E4M3 value at most 4, so the product has
-//      at most 6 <= 8; its range 2^-10 .. 2688 is far inside BF16's).
+//      scales are bit-identical to sa_nvfp4_quantize_bf16. It can also write the dequantized
+//      value without the tensor scale, E2M1(code) * E4M3(scale), as BF16: that product is exact
+//      in BF16 (an E2M1 magnitude has at most 2 significant bits, an E4M3 value at most 4, so
+//      the product has at most 6 <= 8; its range 2^-10 .. 2688 is far inside BF16's).
 //   3. sel_nvfp4_score (sel_nvfp4_score.cu): wgmma over the dequantized BF16 values, FP32
 //      accumulation, the tensor scales applied after it; the max over each block's keys, then
 //      over the tile's queries (nvfp4) or per query (nvfp4_query), and over the heads whose scores

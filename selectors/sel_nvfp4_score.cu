@@ -654,8 +654,8 @@ int launch(const CUtensorMap &qm, const CUtensorMap &km, const ScoreArgs &a, int
                              Geo<P>::SMEM);
     if (err)
         return err;
-    return sel_launch_pdl(score_wgmma<P, MODE, BAL>, dim3(grid), dim3(kThreads), Geo<P>::SMEM, st, qm,
-                          km, a);
+    return sel_launch_pdl(score_wgmma<P, MODE, BAL>, dim3(grid), dim3(kThreads), Geo<P>::SMEM,
+                          st, qm, km, a);
 }
 
 template <int MODE, bool BAL = false>
@@ -708,7 +708,8 @@ void plan_chunks(const SelScoreShape &sh, int sms, int chunk, ScoreArgs &a, int 
 }
 
 // Shared setup of both entry points: the checks, the tensor maps, the args and the grid. chunk:
-// the caller's (sel_nvfp4_chunk), or 0 to choose it here.
+// the caller's (sel_nvfp4_chunk), or 0 to choose it here, and then also whether the balanced
+// split beats the chunks (choose_split; the max-pool's entry point).
 int score_setup(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const SelScoreShape &sh,
                 int chunk, CUtensorMap &qm, CUtensorMap &km, ScoreArgs &a, int &grid)
 {
@@ -730,6 +731,8 @@ int score_setup(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const SelScore
     a.len_q = sh.len_q, a.len_kv = sh.len_kv, a.q_tiles = sh.q_tiles, a.kv_blocks = sh.kv_blocks;
     a.per_query = sh.per_query, a.causal = sh.causal;
     plan_chunks(sh, sms, chunk, a, grid);
+    if (chunk == 0)
+        choose_split(sh, sms, a, grid);
     return SA_OK;
 }
 
@@ -744,10 +747,6 @@ int sel_nvfp4_score(const __nv_bfloat16 *qd, const __nv_bfloat16 *kd, const floa
     int err = score_setup(qd, kd, sh, 0, qm, km, a, grid);
     if (err)
         return err;
-    int sms = 0;
-    if ((err = sa_cuda_sm90(&sms)))
-        return err;
-    choose_split(sh, sms, a, grid);
     a.ts = ts, a.keys = keys;
     a.store = sh.qh / sh.groups == 1;
     return a.steps > 0 ? launch_dim<kMax, true>(qm, km, a, sh.dim, grid, st)
