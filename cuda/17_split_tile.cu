@@ -203,7 +203,6 @@
 #include "sa_mma_sync.cuh"
 #include "sa_pdl.cuh"
 #include "sa_timeline.cuh"
-#include "sa_timeline.h"
 #include "sa_stage14.cuh"
 #include "sa_stage15.cuh"
 #include "sa_stage_entries.h"

@@ -3,21 +3,20 @@
 // Only a build configured with -Dtimeline=true (SA_TIMELINE) stamps anything; elsewhere every
 // macro below is empty and the kernels are the same code.
 //
-// Each translation unit that includes this header owns SA_TL_SLOTS slots of three stamps, in
-// nanoseconds of %globaltimer: the first CTA's start (atomicMin), the first CTA past its
-// dependent-launch wait (atomicMin), and the last CTA's end (atomicMax). SA_TL_HOST(tag) at the
-// end of the file defines sa_timeline_<tag>(out, reset), which copies the 3 * SA_TL_SLOTS stamps
-// to the host and, with reset, sets them back to (none, none, 0) for the next call.
+// Each translation unit that includes this header owns SA_TIMELINE_SLOTS slots of three stamps
+// (sa_timeline.h), in nanoseconds of %globaltimer: the first CTA's start (atomicMin), the first
+// CTA past its dependent-launch wait (atomicMin), and the last CTA's end (atomicMax).
+// SA_TL_HOST(tag) at the end of the file defines sa_timeline_<tag>(out, reset), which copies the
+// SA_TIMELINE_STAMPS stamps to the host and, with reset, sets them back to (none, none, 0) for
+// the next call.
 #pragma once
+#include "sa_timeline.h" // the slot count, and the host functions' declarations
 #ifdef SA_TIMELINE
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "sa_internal_api.h"
-
-#define SA_TL_SLOTS 2
 namespace {
-__device__ unsigned long long g_sa_tl[3 * SA_TL_SLOTS];
+__device__ unsigned long long g_sa_tl[SA_TIMELINE_STAMPS];
 __device__ __forceinline__ unsigned long long sa_tl_now()
 {
     unsigned long long t;
@@ -34,8 +33,8 @@ __device__ __forceinline__ unsigned long long sa_tl_now()
         if (out && cudaMemcpyFromSymbol(out, g_sa_tl, sizeof g_sa_tl) != cudaSuccess)              \
             return SA_ERR_CUDA;                                                                    \
         if (reset) {                                                                               \
-            unsigned long long init[3 * SA_TL_SLOTS];                                              \
-            for (int i = 0; i < 3 * SA_TL_SLOTS; i++)                                              \
+            unsigned long long init[SA_TIMELINE_STAMPS];                                           \
+            for (int i = 0; i < SA_TIMELINE_STAMPS; i++)                                           \
                 init[i] = i % 3 == 2 ? 0ull : ~0ull;                                               \
             if (cudaMemcpyToSymbol(g_sa_tl, init, sizeof init) != cudaSuccess)                     \
                 return SA_ERR_CUDA;                                                                \

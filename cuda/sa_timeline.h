@@ -6,7 +6,8 @@
 #define SA_TIMELINE_H
 #include "sa_internal_api.h"
 
-#define SA_TIMELINE_STAMPS 6 /* 3 * SA_TL_SLOTS */
+#define SA_TIMELINE_SLOTS 2 /* slots of three stamps per translation unit */
+#define SA_TIMELINE_STAMPS (3 * SA_TIMELINE_SLOTS)
 #ifdef SA_TIMELINE
 #ifdef __cplusplus
 extern "C" {

@@ -31,7 +31,6 @@
 #include "sa_verdict.h"
 #include "sel_cuda.cuh"
 #include "sa_timeline.cuh"
-#include "sa_timeline.h"
 
 namespace {
 

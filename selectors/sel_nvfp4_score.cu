@@ -70,7 +70,6 @@
 #include "sa_wgmma.cuh"
 #include "sel_cuda.cuh"
 #include "sa_timeline.cuh"
-#include "sa_timeline.h"
 
 namespace {
 

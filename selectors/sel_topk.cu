@@ -17,7 +17,6 @@
 // wins", so the GPU list equals the CPU list whenever the scores are equal.
 #include "sel_cuda.cuh"
 #include "sa_timeline.cuh"
-#include "sa_timeline.h"
 
 namespace {
 
