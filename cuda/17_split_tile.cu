@@ -695,9 +695,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw + pad);
 
     const int wg = threadIdx.x / 128;
-    if (threadIdx.x == 0)
-        SA_TL_START(0);
     if (threadIdx.x == 0) {
+        SA_TL_START(0);
         for (int b = 0; b < Q_BUFFERS; b++) {
             sa_mbar_init(&sm.q_ready[b], 1);
             sa_mbar_init(&sm.q_free[b], FREE_ARRIVALS);

@@ -30,10 +30,11 @@ fi
 names=(a)
 letters=(b c d e f g h)
 for i in "${!variants[@]}"; do names+=("${letters[$i]}"); done
-dir_a=build-a
+dirs=()
+for v in "${names[@]}"; do dirs+=("build-$v"); done
 if [ -n "${SA_AB_BASE:-}" ]; then
     [ -x "$SA_AB_BASE/tools/sparseattn" ] || { echo "SA_AB_BASE=$SA_AB_BASE has no tools/sparseattn"; exit 1; }
-    dir_a=$SA_AB_BASE
+    dirs[0]=$SA_AB_BASE
 fi
 build_variant() { # index: meson setup and ninja of build-<name>, in the background
     local i=$1 v=${names[$1]} extra=()
@@ -57,19 +58,16 @@ done
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ $failed = 0 ] || exit 1
-for v in "${names[@]}"; do
-    dir=build-$v
-    [ "$v" = a ] && dir=$dir_a
+for dir in "${dirs[@]}"; do
     [ -x "$dir/tools/sparseattn" ] || { echo "device-ab: $dir/tools/sparseattn was not built"; exit 1; }
 done
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 for r in $(seq 1 "${SA_AB_ROUNDS:-3}"); do
     for k in "${!names[@]}"; do
-        v=${names[$(((k + r - 1) % ${#names[@]}))]}
+        i=$(((k + r - 1) % ${#names[@]}))
+        v=${names[$i]}
         for bench in "$@"; do
-            dir=build-$v
-            [ "$v" = a ] && dir=$dir_a
-            $dir/tools/sparseattn bench "$bench" ${SA_BENCH_ARGS:-} 2>&1 |
+            "${dirs[$i]}"/tools/sparseattn bench "$bench" ${SA_BENCH_ARGS:-} 2>&1 |
                 tee -a "$out/ab-$bench-$v.txt" | sed "s/^/[$v r$r] /"
         done
     done

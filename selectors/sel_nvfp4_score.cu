@@ -387,9 +387,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned *const slot = reinterpret_cast<unsigned *>(k_empty + G::S);
     float *const wslot = reinterpret_cast<float *>(slot); // kMass: kMaxChunk per warp
     const int tid = threadIdx.x;
-    if (tid == 0)
-        SA_TL_START(0);
     if (tid == 0) {
+        SA_TL_START(0);
         for (int i = 0; i < G::QB; i++)
             sa_mbar_init(&q_full[i], 1), sa_mbar_init(&q_empty[i], kConsumerWarps);
         for (int i = 0; i < G::S; i++)
